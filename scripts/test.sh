@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite (what CI runs): set-up, lint, then pytest.  Extra arguments go to pytest.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$root/scripts/setup.sh"
+cd "$root"
+.venv/bin/ruff check src tests benchmarks
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""Shared fixtures.  Tier-specific fixtures live in each tier's conftest."""
