@@ -239,7 +239,7 @@ def parse_assignments(text: str) -> list[tuple[str, str]]:
                         continue
                     key, _, value = piece.partition("=")
                     items.append((key.strip().replace("-", "_"), value.strip()))
-                elif _continues_value(items[-1][0]):
+                elif _continues_value(items[-1][0], piece):
                     key, value = items[-1]
                     items[-1] = (key, f"{value},{piece}")
                 else:
@@ -247,8 +247,9 @@ def parse_assignments(text: str) -> list[tuple[str, str]]:
     return items
 
 
-def _continues_value(key: str) -> bool:
-    return key == "arf_weights"
+def _continues_value(key: str, piece: str) -> bool:
+    # Only arf_weights takes a comma-separated value, and only numbers continue it.
+    return key == "arf_weights" and re.fullmatch(r"[0-9.eE+-]+", piece) is not None
 
 
 def apply_assignments(settings: Settings, assignments: Iterable[tuple[str, str]], *, live_only: bool) -> Settings:
@@ -291,6 +292,9 @@ class MountConfig:
         if missing:
             raise ValueError(f"missing required option{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
         cache = opts.pop("cache")
-        capacity = parse_size(opts.pop("capacity"))
+        try:
+            capacity = parse_size(opts.pop("capacity"))
+        except ValueError as exc:
+            raise ValueError(f"capacity: {exc}") from None
         settings = apply_assignments(Settings(), opts.items(), live_only=False)
         return cls(backing=backing, mountpoint=mountpoint, cache=cache, capacity=capacity, settings=settings)

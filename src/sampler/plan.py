@@ -1,0 +1,385 @@
+"""Mini-epoch plans: which files make up each mini-epoch of an epoch, and in which order they are served.
+
+API
+---
+``plan_epoch(sizes, *, seed, epoch, nm=None, budget=None, composition="random", groups=None, order=None,
+rank=0, world_size=1) -> list[np.ndarray]``
+    The mini-epochs of one epoch, as a list of ``nm`` int64 arrays of indices into the file table (``sizes[i]`` is
+    file ``i``'s size in bytes).  Each array is *this rank's* share of that mini-epoch, sorted in staging order =
+    storage order (ascending ``order`` value, ties by index; ``order`` defaults to the index itself).
+    ``budget`` is **per rank**: every rank's share of every mini-epoch holds at most ``budget`` bytes, so a node
+    that stages its share into a cache of ``2 * budget`` bytes can double-buffer.  Give ``nm``, ``budget`` or both;
+    with ``budget`` alone ``nm`` is the smallest count that fits (see ``min_mini_epochs``).  Every file appears in
+    exactly one mini-epoch of exactly one rank per epoch.  All ranks compute the same global plan from the same
+    arguments and keep their share, so no communication is needed.  Shares may be empty when there are fewer
+    files than ``nm * world_size``.
+``serving_order(indices, *, seed, epoch, mini_epoch, pass_index) -> np.ndarray``
+    A fresh permutation of ``indices`` for each (seed, epoch, mini-epoch, pass).
+``groups_from_paths(paths) -> np.ndarray``
+    Group ids (parent directory) for ``composition="stratified"``.
+``COMPOSITIONS``
+    The accepted ``composition`` names.
+
+Every bad argument raises ``ValueError`` naming the argument and the value received (a file larger than the
+budget included), before any work is done.
+
+Compositions
+------------
+All of them work on the files in storage order and cut a sequence of files into ``nm * world_size`` contiguous
+pieces; piece ``j * world_size + r`` is rank ``r``'s share of mini-epoch ``j``.
+
+``random``
+    A uniform random permutation, cut into pieces of near-equal *bytes* (the cache is what is scarce).  Every file
+    once per epoch, each mini-epoch a uniform random subset.
+``stratified``
+    Files are shuffled within their group, groups are laid end to end in random order and dealt round-robin to the
+    mini-epochs (then, within a mini-epoch, round-robin to the ranks).  Every group's count in every mini-epoch is
+    ``floor`` or ``ceil`` of ``n_group / nm``, i.e. within one file of proportional; mini-epoch counts differ by at
+    most one.  With a budget, ``nm`` grows until every share fits.
+``contiguous``
+    The paper's split: storage order cut into byte-balanced ranges (the same ranges every epoch); only the order in
+    which the mini-epochs are visited is shuffled per epoch.  Cheapest to stage (sequential reads), least random.
+``reservoir``
+    OneAccess: every file gets a uniform key per (seed, epoch) drawn in storage order (``reservoir.epoch_keys``);
+    mini-epoch ``j`` is the bottom-``m`` sample by key among the files not yet taken this epoch, which is exactly
+    what a bounded reservoir computes over one sequential sweep of the remaining stream
+    (``reservoir.oneaccess_samples`` does it that way and yields the same samples).  Samples have equal *counts*
+    (``m`` = ``ceil(n / nm)`` or one less), as in OneAccess; with a budget, when equal counts do not fit, each
+    sample is the longest key-order prefix that fits.  Read cost: choosing a sample reads nothing (keys come from
+    the seed), staging a sample reads its files in one sequential sweep in storage order, so an epoch reads every
+    byte once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from sampler.reservoir import epoch_keys
+
+__all__ = [
+    "COMPOSITIONS",
+    "groups_from_paths",
+    "min_mini_epochs",
+    "plan_epoch",
+    "serving_order",
+]
+
+COMPOSITIONS = ("random", "stratified", "contiguous", "reservoir")
+
+# Domain tags keep the plan's and the serving order's random streams apart for equal (seed, epoch).
+_TAG_PLAN = 0x706C616E  # "plan"
+_TAG_SERVE = 0x73727665  # "srve"
+
+
+# --------------------------------------------------------------------------------------------------- validation
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _as_int_array(name: str, value: object, n: int | None) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"{name} must have one entry per file ({n}), got {arr.shape[0]}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _check_sizes(sizes: object) -> np.ndarray:
+    arr = _as_int_array("sizes", sizes, None)
+    if arr.size and arr.min() < 0:
+        i = int(np.argmin(arr))
+        raise ValueError(f"sizes must be >= 0, got sizes[{i}]={int(arr[i])}")
+    return arr
+
+
+# ----------------------------------------------------------------------------------------------------- cutting
+
+
+def _quantile_bounds(cum: np.ndarray, k: int) -> np.ndarray:
+    """Boundaries (k+1 positions) cutting a sequence with cumulative sizes ``cum`` into k byte-balanced pieces."""
+    n = cum.shape[0]
+    total = int(cum[-1]) if n else 0
+    if total == 0:  # nothing to balance: balance counts instead
+        return np.linspace(0, n, k + 1).round().astype(np.int64)
+    targets = total * (np.arange(1, k, dtype=np.float64) / k)
+    idx = np.searchsorted(cum, targets, side="left")
+    idx = np.minimum(idx, n - 1)
+    before = np.where(idx > 0, cum[np.maximum(idx - 1, 0)], 0)
+    take = (cum[idx] - targets) < (targets - before)
+    pos = idx + take
+    return np.concatenate(([0], pos, [n])).astype(np.int64)
+
+
+def _count_bounds(n: int, k: int) -> np.ndarray:
+    """Boundaries cutting n items into k pieces whose counts differ by at most one (larger pieces first)."""
+    q, r = divmod(n, k)
+    counts = np.full(k, q, dtype=np.int64)
+    counts[:r] += 1
+    return np.concatenate(([0], np.cumsum(counts)))
+
+
+def _greedy_bounds(cum: np.ndarray, budget: int) -> list[int]:
+    """Fewest pieces of at most ``budget`` bytes for this sequence (next fit is optimal for contiguous pieces)."""
+    n = cum.shape[0]
+    bounds = [0]
+    base = 0
+    while bounds[-1] < n:
+        end = int(np.searchsorted(cum, base + budget, side="right"))
+        bounds.append(end)
+        base = int(cum[end - 1])
+    return bounds
+
+
+def _piece_bytes(cum: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    c = np.concatenate(([0], cum))
+    return c[bounds[1:]] - c[bounds[:-1]]
+
+
+def _pad_bounds(cum: np.ndarray, bounds: list[int], k: int) -> np.ndarray:
+    """Split the largest pieces (at their byte midpoint) until there are k; splitting never breaks a budget."""
+    c = np.concatenate(([0], cum))
+    heap = [(-(b - a), a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    heapq.heapify(heap)
+    while len(heap) < k:
+        neg, a, b = heapq.heappop(heap)
+        if -neg <= 1:  # every piece is a single file or empty: the rest are empty pieces
+            heapq.heappush(heap, (neg, a, b))
+            heap.extend((0, b, b) for _ in range(k - len(heap)))
+            break
+        mid = int(np.searchsorted(c, (c[a] + c[b]) / 2, side="left"))
+        mid = min(max(mid, a + 1), b - 1)
+        heapq.heappush(heap, (-(mid - a), a, mid))
+        heapq.heappush(heap, (-(b - mid), mid, b))
+    return np.array(sorted([a for _, a, _ in heap] + [cum.shape[0]]), dtype=np.int64)
+
+
+def _cut(seq_sizes: np.ndarray, k: int, budget: int | None, *, by: str) -> np.ndarray | None:
+    """Boundaries cutting ``seq_sizes`` into exactly k pieces each within ``budget``; None if impossible."""
+    cum = np.cumsum(seq_sizes, dtype=np.int64)
+    bounds = _count_bounds(seq_sizes.shape[0], k) if by == "count" else _quantile_bounds(cum, k)
+    if budget is None or _piece_bytes(cum, bounds).max(initial=0) <= budget:
+        return bounds
+    greedy = _greedy_bounds(cum, budget)
+    if len(greedy) - 1 > k:
+        return None
+    return _pad_bounds(cum, greedy, k)
+
+
+def _min_pieces(seq_sizes: np.ndarray, budget: int) -> int:
+    return max(1, len(_greedy_bounds(np.cumsum(seq_sizes, dtype=np.int64), budget)) - 1)
+
+
+# --------------------------------------------------------------------------------------------------- the plan
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, _TAG_PLAN])
+
+
+def _sequence(composition: str, s_sizes: np.ndarray, seed: int, epoch: int) -> tuple[np.ndarray, str]:
+    """The sequence (of storage ranks) that gets cut, and whether pieces balance bytes or counts."""
+    n = s_sizes.shape[0]
+    if composition == "random":
+        return _rng(seed, epoch).permutation(n), "bytes"
+    if composition == "contiguous":
+        return np.arange(n, dtype=np.int64), "bytes"
+    # reservoir: key order; bottom-m by key among the remaining = the next m of this sequence
+    return np.argsort(epoch_keys(n, seed=seed, epoch=epoch), kind="stable"), "count"
+
+
+def _stratified_bins(
+    s_groups: np.ndarray, s_sizes: np.ndarray, nm: int | None, budget: int | None, world_size: int, seed: int,
+    epoch: int,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Deal files to (mini-epoch, rank) bins; returns (deal sequence of storage ranks, bin per position, nm)."""
+    n = s_groups.shape[0]
+    rng = _rng(seed, epoch)
+    _, inverse = np.unique(s_groups, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if n else 0
+    group_rank = rng.permutation(n_groups)[inverse] if n else inverse
+    shuffled = rng.permutation(n)
+    # groups end to end in random order, files shuffled within each group
+    seq = shuffled[np.argsort(group_rank[shuffled], kind="stable")]
+    offset = int(rng.integers(0, 1 << 62))
+    pos = np.arange(n, dtype=np.int64)
+    seq_sizes = s_sizes[seq]
+
+    def bins_for(k_nm: int) -> np.ndarray:
+        me = (pos + offset) % k_nm
+        # within a mini-epoch the q-th dealt file goes to rank q mod world_size; the first position dealt to
+        # mini-epoch me is (me - offset) mod nm
+        q = (pos - (me - offset) % k_nm) // k_nm
+        return me * world_size + q % world_size
+
+    if nm is not None:
+        bins = bins_for(nm)
+        if budget is not None:
+            worst = _worst_bin(bins, seq_sizes, nm * world_size)
+            if worst > budget:
+                raise ValueError(
+                    f"budget={budget} is too small for nm={nm} with stratified composition "
+                    f"(a share needs {worst} bytes); raise budget or nm, or give budget alone"
+                )
+        return seq, bins, nm
+    assert budget is not None
+    total = int(s_sizes.sum())
+    k_nm = max(1, -(-total // (budget * world_size)))
+    while True:
+        bins = bins_for(k_nm)
+        worst = _worst_bin(bins, seq_sizes, k_nm * world_size)
+        if worst <= budget:
+            return seq, bins, k_nm
+        k_nm = max(k_nm + 1, min(max(n, 1), -(-k_nm * worst // budget)))
+
+
+def _worst_bin(bins: np.ndarray, seq_sizes: np.ndarray, n_bins: int) -> int:
+    if bins.size == 0:
+        return 0
+    return int(np.bincount(bins, weights=seq_sizes, minlength=n_bins).max())
+
+
+def min_mini_epochs(
+    sizes: np.ndarray, *, budget: int, seed: int = 0, epoch: int = 0, composition: str = "random",
+    groups: np.ndarray | None = None, order: np.ndarray | None = None, world_size: int = 1,
+) -> int:
+    """The ``nm`` that ``plan_epoch`` picks when given only ``budget`` (it can differ by epoch for random orders)."""
+    return len(
+        plan_epoch(sizes, seed=seed, epoch=epoch, budget=budget, composition=composition, groups=groups, order=order,
+                   world_size=world_size)
+    )
+
+
+def plan_epoch(
+    sizes: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    nm: int | None = None,
+    budget: int | None = None,
+    composition: str = "random",
+    groups: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[np.ndarray]:
+    """The mini-epochs of one epoch: this rank's share of each, in storage order.  See the module docstring."""
+    s = _check_sizes(sizes)
+    n = s.shape[0]
+    seed = _check_int("seed", seed, minimum=0)
+    epoch = _check_int("epoch", epoch, minimum=0)
+    world_size = _check_int("world_size", world_size, minimum=1)
+    rank = _check_int("rank", rank, minimum=0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be < world_size={world_size}, got {rank}")
+    if composition not in COMPOSITIONS:
+        raise ValueError(f"composition must be one of {', '.join(COMPOSITIONS)}; got {composition!r}")
+    if nm is None and budget is None:
+        raise ValueError("give nm or budget (or both); got nm=None and budget=None")
+    if nm is not None:
+        nm = _check_int("nm", nm, minimum=1)
+    if budget is not None:
+        budget = _check_int("budget", budget, minimum=1)
+        if n and int(s.max()) > budget:
+            i = int(np.argmax(s))
+            raise ValueError(f"budget={budget} is smaller than file {i} ({int(s[i])} bytes); every file must fit")
+    g = None
+    if composition == "stratified":
+        if groups is None:
+            raise ValueError("groups is required for composition='stratified', got None")
+        g = _as_int_array("groups", groups, n)
+    elif groups is not None:
+        _as_int_array("groups", groups, n)
+    if order is not None:
+        o = np.asarray(order)
+        if o.ndim != 1 or o.shape[0] != n:
+            raise ValueError(f"order must be a 1-D array with one entry per file ({n}), got shape {o.shape}")
+        if o.size and not (np.issubdtype(o.dtype, np.integer) or np.issubdtype(o.dtype, np.floating)):
+            raise ValueError(f"order must be numeric, got dtype {o.dtype}")
+        if np.issubdtype(o.dtype, np.floating) and not np.all(np.isfinite(o)):
+            raise ValueError("order must be finite, got NaN or inf")
+        storage = np.argsort(o, kind="stable").astype(np.int64)  # storage rank -> file index
+    else:
+        storage = None
+
+    # Work in storage-rank space: item t is the t-th file in storage order.
+    s_sizes = s if storage is None else s[storage]
+
+    if composition == "stratified":
+        assert g is not None
+        s_groups = g if storage is None else g[storage]
+        seq, bins, nm = _stratified_bins(s_groups, s_sizes, nm, budget, world_size, seed, epoch)
+        mine = bins % world_size == rank
+        me_of = bins[mine] // world_size
+        items = seq[mine]
+        by_me = np.argsort(me_of, kind="stable")
+        counts = np.bincount(me_of, minlength=nm)
+        pieces = np.split(items[by_me], np.cumsum(counts)[:-1])
+    else:
+        seq, by = _sequence(composition, s_sizes, seed, epoch)
+        seq_sizes = s_sizes[seq]
+        if nm is None:
+            assert budget is not None
+            k = _min_pieces(seq_sizes, budget)
+            k = -(-k // world_size) * world_size
+            bounds = _cut(seq_sizes, k, budget, by=by)
+            while bounds is None:  # rounding to a multiple of world_size can only help, but stay safe
+                k += world_size
+                bounds = _cut(seq_sizes, k, budget, by=by)
+            nm = k // world_size
+        else:
+            bounds = _cut(seq_sizes, nm * world_size, budget, by=by)
+            if bounds is None:
+                need = -(-_min_pieces(seq_sizes, budget) // world_size)  # type: ignore[arg-type]
+                raise ValueError(
+                    f"budget={budget} is too small for nm={nm} with {composition} composition "
+                    f"(this epoch needs nm >= {need}); raise budget or nm, or give budget alone"
+                )
+        visit = np.arange(nm)
+        if composition == "contiguous":
+            visit = _rng(seed, epoch).permutation(nm)
+        pieces = [seq[bounds[j * world_size + rank] : bounds[j * world_size + rank + 1]] for j in visit]
+
+    out = []
+    for piece in pieces:
+        ranks_sorted = np.sort(piece).astype(np.int64, copy=False)
+        out.append(ranks_sorted if storage is None else storage[ranks_sorted])
+    return out
+
+
+def serving_order(indices: np.ndarray, *, seed: int, epoch: int, mini_epoch: int, pass_index: int) -> np.ndarray:
+    """A fresh uniform permutation of ``indices`` for this (seed, epoch, mini-epoch, pass).
+
+    Ranks serve disjoint shares, so the same call on each rank's share gives independent orders.
+    """
+    seed = _check_int("seed", seed, minimum=0)
+    epoch = _check_int("epoch", epoch, minimum=0)
+    mini_epoch = _check_int("mini_epoch", mini_epoch, minimum=0)
+    pass_index = _check_int("pass_index", pass_index, minimum=0)
+    arr = np.asarray(indices)
+    if arr.ndim != 1:
+        raise ValueError(f"indices must be a 1-D array, got shape {arr.shape}")
+    rng = np.random.default_rng([seed, epoch, mini_epoch, pass_index, _TAG_SERVE])
+    return arr[rng.permutation(arr.shape[0])]
+
+
+def groups_from_paths(paths: Sequence[str]) -> np.ndarray:
+    """Group id per file = index of its parent directory among the sorted distinct parents."""
+    parents = [os.path.dirname(p) for p in paths]
+    names = {d: i for i, d in enumerate(sorted(set(parents)))}
+    return np.fromiter((names[d] for d in parents), dtype=np.int64, count=len(parents))

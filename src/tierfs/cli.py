@@ -1,0 +1,282 @@
+"""``tierfs`` on the command line: ``mount``, the fstab form, ``status``, ``set``, ``umount``.
+
+Exit codes: 0 ok, 2 usage error (a bad flag or value), 1 runtime error; every failure prints one line,
+``tierfs: error: <reason>``, on stderr.  The fstab form (``tierfs SRC MNT -o cache=...,capacity=...``, what
+``mount -t fuse.tierfs`` runs) daemonizes by default, like other FUSE helpers, so ``mount -a`` returns; give
+``-f`` (or ``-o foreground``) to stay in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from . import __version__
+from .options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, format_size, parse_assignments
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+CONTROL_DIR = ".tierfs"
+
+
+class UsageError(Exception):
+    """Bad command line or option value: exit status 2."""
+
+
+class RuntimeFailure(Exception):
+    """Something went wrong doing what was asked: exit status 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def _mount_parser(prog: str) -> _Parser:
+    p = _Parser(prog=prog, description="Mount BACKING at MOUNTPOINT, showing the current mini-epoch.")
+    p.add_argument("backing", metavar="BACKING")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--cache", metavar="DIR", help="fast-tier cache dir (created 0700 if missing)")
+    p.add_argument("--capacity", metavar="SIZE", help="cap on the cache's bytes, e.g. 150G")
+    p.add_argument("-o", dest="o", action="append", default=[], metavar="KEY=VALUE,...",
+                   help="options in fstab form; generic mount options (rw, nosuid, x-systemd.*, ...) are ignored")
+    p.add_argument("--daemon", action="store_true", help="return once the mount is ready (0) or failed (1)")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (the default for mount)")
+    for opt in OPTIONS.values():
+        flag = "--" + opt.name.replace("_", "-")
+        if opt.flag:
+            p.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=opt.help)
+        else:
+            p.add_argument(flag, dest=f"opt_{opt.name}", metavar="VALUE", help=opt.help)
+    return p
+
+
+def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], bool]:
+    """Merge ``-o`` items and ``--key value`` flags (flags win); returns (options, foreground requested)."""
+    raw: dict[str, str] = {}
+    foreground = False
+    for item in ns.o:
+        for key, value in parse_assignments(item):
+            if key in GENERIC_MOUNT_OPTIONS or key.startswith("x_systemd.") or key.startswith("x-systemd."):
+                continue
+            if key == "foreground":
+                foreground = True
+                continue
+            raw[key] = value
+    for key in ("cache", "capacity"):
+        if getattr(ns, key):
+            raw[key] = getattr(ns, key)
+    for name in OPTIONS:
+        value = getattr(ns, f"opt_{name}")
+        if value is not None:
+            raw[name] = value
+    return raw, foreground
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), format="tierfs: %(levelname)s: %(message)s",
+                        stream=sys.stderr, force=True)
+
+
+def cmd_mount(argv: Sequence[str], *, prog: str, daemon_default: bool) -> int:
+    from .mount import MountError, check_paths, daemonize, run_mount
+
+    ns = _mount_parser(prog).parse_args(argv)
+    raw, foreground = _collect_mount_options(ns)
+    try:
+        config = MountConfig.from_options(ns.backing, ns.mountpoint, raw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        config = check_paths(config)
+    except MountError as exc:
+        raise RuntimeFailure(str(exc)) from None
+
+    daemon = ns.daemon or (daemon_default and not (ns.foreground or foreground))
+    report = None
+    if daemon:
+        report = daemonize(os.path.join(config.cache, "tierfs.log"))
+    _configure_logging(config.settings.log_level)
+    try:
+        run_mount(config, on_ready=(lambda: report(None)) if report else (lambda: None))
+    except MountError as exc:
+        if report:
+            report(str(exc))
+        raise RuntimeFailure(str(exc)) from None
+    except BaseException as exc:
+        if report:
+            report(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, KeyboardInterrupt):
+            return EXIT_OK
+        logging.getLogger("tierfs").exception("the mount failed")
+        raise RuntimeFailure(f"{type(exc).__name__}: {exc}") from None
+    return EXIT_OK
+
+
+def _tierfs_file(mountpoint: str, name: str) -> str:
+    path = os.path.join(mountpoint, CONTROL_DIR, name)
+    if not os.path.exists(path):
+        raise RuntimeFailure(f"{mountpoint} is not a tierfs mount (no {CONTROL_DIR}/{name})")
+    return path
+
+
+def read_status(mountpoint: str) -> dict:
+    """The mount's status object (``MOUNTPOINT/.tierfs/status``)."""
+    with open(_tierfs_file(mountpoint, "status"), "rb") as f:
+        return json.loads(f.read())
+
+
+def _bar(done: float, total: float, width: int = 24) -> str:
+    frac = 0.0 if total <= 0 else min(1.0, done / total)
+    full = int(frac * width)
+    return "[" + "#" * full + "." * (width - full) + f"] {100 * frac:5.1f}%"
+
+
+def format_status(st: dict) -> str:
+    """A human summary of a status object (``tierfs status`` without ``--json``)."""
+    pf = st.get("prefetch", {})
+    reads = st.get("reads", {})
+    arf = st.get("arf", {})
+    total_reads = reads.get("hits", 0) + reads.get("misses", 0)
+    hit = f"{100 * reads.get('hits', 0) / total_reads:.1f}%" if total_reads else "-"
+    lines = [
+        f"epoch {st.get('epoch')}  mini-epoch {st.get('mini_epoch')}  pass {st.get('pass')}  "
+        f"rf {st.get('rf')} (made: {st.get('rf_effective')})",
+        f"view       {st.get('view_files')} files, {format_size(st.get('view_bytes', 0))}",
+        f"cache      {format_size(st.get('cache_bytes', 0))} of {format_size(st.get('cache_capacity', 0))}  "
+        + _bar(st.get("cache_bytes", 0), st.get("cache_capacity", 0)),
+        f"prefetch   {pf.get('files_done')}/{pf.get('files_total')} files  "
+        + _bar(pf.get("bytes_done", 0), pf.get("bytes_total", 0))
+        + f"  {format_size(pf.get('bytes_per_s', 0))}/s",
+        f"reads      {reads.get('hits')} hits, {reads.get('misses')} misses ({hit} hit), "
+        f"{reads.get('out_of_view')} out of view",
+        f"backing    {format_size(st.get('backing_bytes_read', 0))} read;  served "
+        f"{format_size(st.get('served_bytes', 0))};  stalled {st.get('stall_seconds', 0):.1f} s",
+        f"arf        {arf.get('mode')}  score {arf.get('score')}",
+    ]
+    if st.get("last_error"):
+        lines.append(f"last error {st['last_error']}")
+    return "\n".join(lines)
+
+
+def cmd_status(argv: Sequence[str]) -> int:
+    p = _Parser(prog="tierfs status", description="Show a mount's status.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--json", action="store_true", help="print the raw JSON object")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+    ns = p.parse_args(argv)
+    try:
+        while True:
+            st = read_status(ns.mountpoint)
+            text = json.dumps(st, indent=2) if ns.json else format_status(st)
+            if ns.watch:
+                sys.stdout.write("\x1b[H\x1b[2J" if sys.stdout.isatty() else "")
+            print(text, flush=True)
+            if not ns.watch:
+                return EXIT_OK
+            time.sleep(ns.watch)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except OSError as exc:
+        raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}") from None
+
+
+def cmd_set(argv: Sequence[str]) -> int:
+    from .options import Settings, apply_assignments
+
+    p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control).")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    ns = p.parse_args(argv)
+    items = [kv for a in ns.assignments for kv in parse_assignments(a)]
+    bad = [k for k, v in items if not v and k not in ("next_pass", "advance")]
+    if bad:
+        raise UsageError(f"expected KEY=VALUE, got {bad[0]!r}")
+    try:
+        apply_assignments(Settings(), items, live_only=True)  # the same check the mount makes, before writing
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    path = _tierfs_file(ns.mountpoint, "control")
+    payload = "".join(f"{k}={v}\n" for k, v in items).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, payload)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            reason = read_status(ns.mountpoint).get("last_error") or "invalid setting"
+            raise UsageError(reason) from None
+        raise RuntimeFailure(f"cannot write {path}: {exc.strerror}") from None
+    return EXIT_OK
+
+
+def cmd_umount(argv: Sequence[str]) -> int:
+    p = _Parser(prog="tierfs umount", description="Unmount a tierfs mount (the daemon then exits 0).")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
+    ns = p.parse_args(argv)
+    mnt = os.path.realpath(ns.mountpoint)
+    _tierfs_file(mnt, "status")
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool is None:
+        raise RuntimeFailure("fusermount3 not found (install the fuse3 package)")
+    res = subprocess.run([tool, "-u", *(["-z"] if ns.lazy else []), mnt], capture_output=True, text=True)
+    if res.returncode != 0:
+        reason = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"{tool} failed"
+        if "busy" in reason.lower():
+            reason += " (files are open; close them or use --lazy)"
+        raise RuntimeFailure(reason)
+    return EXIT_OK
+
+
+USAGE = """\
+usage: tierfs mount BACKING MOUNTPOINT --cache DIR --capacity SIZE [options]
+       tierfs BACKING MOUNTPOINT -o cache=DIR,capacity=SIZE[,key=value...]   (fstab form)
+       tierfs status MOUNTPOINT [--json] [--watch SECONDS]
+       tierfs set MOUNTPOINT KEY=VALUE ...
+       tierfs umount MOUNTPOINT [--lazy]
+Run 'tierfs mount --help' for the mount options."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not args or args[0] in ("-h", "--help", "help"):
+            print(USAGE)
+            return EXIT_OK if args else EXIT_USAGE
+        if args[0] == "--version":
+            print(f"tierfs {__version__}")
+            return EXIT_OK
+        cmd, rest = args[0], args[1:]
+        if cmd == "mount":
+            return cmd_mount(rest, prog="tierfs mount", daemon_default=False)
+        if cmd == "status":
+            return cmd_status(rest)
+        if cmd == "set":
+            return cmd_set(rest)
+        if cmd in ("umount", "unmount"):
+            return cmd_umount(rest)
+        if cmd.startswith("-") or len(args) < 2:
+            raise UsageError(f"unknown command {cmd!r} (see 'tierfs --help')")
+        return cmd_mount(args, prog="tierfs", daemon_default=True)
+    except UsageError as exc:
+        print(f"tierfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeFailure as exc:
+        print(f"tierfs: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":
+    sys.exit(main())

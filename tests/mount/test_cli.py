@@ -1,0 +1,236 @@
+"""The command line and the mount's life: foreground, --daemon, fstab form, systemd readiness, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tierfs.testing import is_mounted
+
+TIERFS = [sys.executable, "-m", "tierfs"]
+
+
+def run_tierfs(*args, timeout=60, env=None):
+    return subprocess.run([*TIERFS, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+
+def daemon_pids(mnt) -> list[int]:
+    """Processes whose command line names ``mnt`` (the daemon), so a test can prove it is gone."""
+    pids = []
+    needle = os.fspath(mnt).encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if needle in args and any(b"tierfs" in a for a in args if a != needle):
+                pids.append(int(entry))
+    return pids
+
+
+def wait_for(pred, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cleanup_daemons(mount_dirs):
+    """Kill any daemon left for this test's mountpoint (after the fixture's lazy unmount)."""
+    mnt, _ = mount_dirs
+    yield
+    for pid in daemon_pids(mnt):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_foreground_mount_exits_0_on_sigterm_and_unmounts(tierfs_mount, mount_dirs):
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M", rf=2) as m:
+        assert is_mounted(mnt)
+        m.process.send_signal(signal.SIGTERM)
+        assert m.process.wait(timeout=20) == 0
+        assert not is_mounted(mnt)
+
+
+def test_foreground_mount_exits_0_on_sigint(tierfs_mount, mount_dirs):
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M") as m:
+        m.process.send_signal(signal.SIGINT)
+        assert m.process.wait(timeout=20) == 0
+        assert not is_mounted(mnt)
+
+
+def test_external_unmount_ends_the_daemon_cleanly(tierfs_mount, mount_dirs):
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M") as m:
+        res = run_tierfs("umount", mnt)
+        assert res.returncode == 0, res.stderr
+        assert m.process.wait(timeout=20) == 0
+        assert not is_mounted(mnt)
+
+
+def test_daemon_returns_once_ready_and_umount_ends_it(dataset, mount_dirs, cleanup_daemons):
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    res = run_tierfs("mount", backing, mnt, "--cache", cache, "--capacity", "1M", "--rf", "3", "--daemon")
+    assert res.returncode == 0, res.stderr
+    assert is_mounted(mnt)  # ready means mounted and answering, with no wait on our side
+    status = json.loads((mnt / ".tierfs" / "status").read_bytes())
+    assert status["rf"] == 3
+    rel = next(iter(files))
+    assert (mnt / rel).read_bytes() == (backing / rel).read_bytes()
+    assert daemon_pids(mnt)
+    res = run_tierfs("umount", mnt)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: not daemon_pids(mnt), what="the daemon to exit")
+    assert not is_mounted(mnt)
+    assert os.path.exists(cache / "tierfs.log")
+
+
+def test_daemon_reports_failure_with_exit_1_and_one_line(dataset, mount_dirs, cleanup_daemons):
+    backing, _ = dataset
+    mnt, cache = mount_dirs
+    # A cache too small for the largest file cannot work: refused before anything is mounted.
+    res = run_tierfs("mount", backing, mnt, "--cache", cache, "--capacity", "1K", "--daemon")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tierfs: error: "), res.stderr
+    assert "capacity" in lines[0]
+    assert not is_mounted(mnt)
+    wait_for(lambda: not daemon_pids(mnt), what="the failed daemon to exit")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["mount", "B", "M"], "missing required options: cache, capacity"),
+     (["mount", "B", "M", "--cache", "/tmp/c", "--capacity", "1G", "--rf", "0"], "rf: must be >= 1"),
+     (["mount", "B", "M", "--cache", "/tmp/c", "--capacity", "1G", "--composition", "x"], "composition"),
+     (["mount", "B", "M", "--cache", "/tmp/c", "--capacity", "1G", "--bogus", "1"], "unrecognized arguments"),
+     (["B", "M", "-o", "cache=/tmp/c,capacity=1G,nm=zero"], "nm: expected an integer"),
+     (["frobnicate"], "unknown command"),
+     (["set", "M", "rf"], "expected KEY=VALUE"),
+     (["set", "M", "seed=3"], "seed is fixed at mount time")],
+)
+def test_usage_errors_exit_2_with_one_line(args, needle):
+    res = run_tierfs(*args)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tierfs: error: "), res.stderr
+    assert needle in lines[0]
+
+
+def test_runtime_errors_exit_1(tmp_path):
+    res = run_tierfs("mount", tmp_path / "nope", tmp_path, "--cache", tmp_path / "c", "--capacity", "1G")
+    assert res.returncode == 1 and "backing dir" in res.stderr
+    res = run_tierfs("status", tmp_path)
+    assert res.returncode == 1 and "not a tierfs mount" in res.stderr
+    (tmp_path / "b").mkdir()
+    res = run_tierfs("mount", tmp_path / "b", tmp_path / "b" / "x", "--cache", tmp_path / "c", "--capacity", "1G")
+    assert res.returncode == 1 and "must not contain each other" in res.stderr
+    (tmp_path / "m").mkdir()
+    res = run_tierfs("mount", tmp_path / "b", tmp_path / "m", "--cache", tmp_path / "b" / "c", "--capacity", "1G")
+    assert res.returncode == 1 and "must not be inside the backing dir" in res.stderr
+    assert not (tmp_path / "b" / "c").exists()
+
+
+def test_fstab_form_daemonizes_and_ignores_generic_options(dataset, mount_dirs, cleanup_daemons):
+    backing, _ = dataset
+    mnt, cache = mount_dirs
+    opts = f"rw,nosuid,nodev,noexec,_netdev,nofail,x-systemd.automount,cache={cache},capacity=1M,rf=5,nm=4"
+    res = run_tierfs(backing, mnt, "-o", opts)
+    assert res.returncode == 0, res.stderr
+    try:
+        st = json.loads((mnt / ".tierfs" / "status").read_bytes())
+        assert st["rf"] == 5
+        with open("/proc/self/mounts") as f:
+            line = next(ln for ln in f if ln.split()[1] == str(mnt))
+        assert line.split()[0] == str(backing) and line.split()[2] == "fuse.tierfs"
+    finally:
+        run_tierfs("umount", mnt)
+    wait_for(lambda: not daemon_pids(mnt), what="the daemon to exit")
+
+
+@pytest.mark.skipif(shutil.which("mount.fuse3") is None, reason="mount.fuse3 not installed")
+def test_mount_t_fuse_tierfs_goes_through_mount_fuse3(dataset, mount_dirs, cleanup_daemons, tmp_path):
+    """What an fstab line ``BACKING MNT fuse.tierfs cache=...,capacity=... 0 0`` runs."""
+    backing, _ = dataset
+    mnt, cache = mount_dirs
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "tierfs").write_text(f"#!/bin/sh\nexec {sys.executable} -m tierfs \"$@\"\n")
+    (bindir / "tierfs").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    res = subprocess.run(["mount.fuse3", f"tierfs#{backing}", str(mnt), "-o", f"nodev,cache={cache},capacity=1M"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    try:
+        assert is_mounted(mnt)
+        assert json.loads((mnt / ".tierfs" / "status").read_bytes())["cache_capacity"] == 1 << 20
+    finally:
+        run_tierfs("umount", mnt)
+    wait_for(lambda: not daemon_pids(mnt), what="the daemon to exit")
+
+
+def test_systemd_readiness_is_sent_once_the_mount_answers(dataset, mount_dirs, tmp_path):
+    from tierfs.testing import mounted
+
+    backing, _ = dataset
+    mnt, cache = mount_dirs
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(30)
+    try:
+        with mounted(backing, mnt, cache, "1M", env={"NOTIFY_SOCKET": sock_path}) as m:
+            msg = sock.recv(4096).decode()
+            assert "READY=1" in msg.split("\n")
+            assert is_mounted(mnt)
+            m.process.send_signal(signal.SIGTERM)
+            assert "STOPPING=1" in sock.recv(4096).decode().split("\n")
+            assert m.process.wait(timeout=20) == 0
+    finally:
+        sock.close()
+
+
+def test_status_set_and_their_errors(tierfs_mount, mount_dirs):
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M", rf=2):
+        res = run_tierfs("status", mnt, "--json")
+        assert res.returncode == 0
+        assert json.loads(res.stdout)["rf"] == 2
+        res = run_tierfs("status", mnt)
+        assert res.returncode == 0 and "epoch" in res.stdout and "cache" in res.stdout
+
+        res = run_tierfs("set", mnt, "rf=7", "arf=score", "arf_wait=2")
+        assert res.returncode == 0, res.stderr
+        st = json.loads(run_tierfs("status", mnt, "--json").stdout)
+        assert st["rf"] == 7 and st["arf"]["mode"] == "score"
+        control = (mnt / ".tierfs" / "control").read_text()
+        assert "rf=7\n" in control and "arf_wait=2\n" in control
+
+        for bad, needle in [("rf=0", "rf: must be >= 1"), ("cache=/tmp", "cache cannot be changed"),
+                            ("composition=zig", "composition")]:
+            res = run_tierfs("set", mnt, bad)
+            assert res.returncode == 2 and needle in res.stderr, res.stderr
+        assert json.loads(run_tierfs("status", mnt, "--json").stdout)["rf"] == 7
+
+
+def test_allow_other_always_comes_with_default_permissions(tierfs_mount, mount_dirs):
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M", allow_other=True):
+        with open("/proc/self/mounts") as f:
+            opts = next(ln for ln in f if ln.split()[1] == str(mnt)).split()[3].split(",")
+        assert "allow_other" in opts and "default_permissions" in opts
