@@ -73,13 +73,15 @@ def require_root() -> None:
 
 
 def install_sigterm() -> None:
-    """Turn SIGTERM (and SIGHUP) into KeyboardInterrupt so the ``finally`` blocks tear down as on Ctrl-C."""
+    """SIGTERM, SIGHUP and SIGINT (even if inherited as ignored) raise KeyboardInterrupt: ``finally`` tears down."""
 
     def _raise(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGHUP, _raise)
+    # a shell starts background jobs with SIGINT ignored; Ctrl-C / kill -INT must still tear down
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def drop_caches(level: int = 1) -> float:
@@ -145,7 +147,9 @@ class Workload:
         rng = np.random.default_rng((seed, 11))
         sizes = self.sizes(seed)
         total = 0
-        with tqdm(total=int(sizes.sum()), unit="B", unit_scale=True, desc=f"make {self.name}", disable=not progress) as bar:
+        with tqdm(
+            total=int(sizes.sum()), unit="B", unit_scale=True, desc=f"make {self.name}", disable=not progress
+        ) as bar:
             for rel, size in zip(self.paths(), sizes, strict=True):
                 p = root / rel
                 p.parent.mkdir(parents=True, exist_ok=True)
@@ -303,9 +307,8 @@ def slow_tier(
     finally:
         if throttle is not None:
             throttle.clear()
-        if mounted:
-            if subprocess.run(["umount", str(root)], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", str(root)], capture_output=True)
+        if mounted and subprocess.run(["umount", str(root)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(root)], capture_output=True)
         if device is not None:
             # a lazily unmounted fs may hold the device a moment longer; losetup -d then auto-clears on release
             for _ in range(50):
@@ -362,8 +365,8 @@ def verify(args: argparse.Namespace) -> list[tuple[str, float, float, int]]:
         measure("unthrottled, cold, buffered", False, True, 0)
         measure("unthrottled, cold, O_DIRECT", True, True, 0)
         measure(f"throttled {args.bps / 1e6:.1f} MB/s, cold, buffered", False, True, args.bps)
-        measure(f"throttled {args.bps / 1e6:.1f} MB/s, cold, O_DIRECT", True, True, args.bps)
         measure(f"throttled {args.bps / 1e6:.1f} MB/s, warm page cache", False, False, args.bps)
+        measure(f"throttled {args.bps / 1e6:.1f} MB/s, cold, O_DIRECT", True, True, args.bps)
     return rows
 
 
@@ -377,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     require_root()
     install_sigterm()
     rows = verify(args)
-    print(f"\n| condition | MB/s | seconds | device MB read |\n|---|---:|---:|---:|")
+    print("\n| condition | MB/s | seconds | device MB read |\n|---|---:|---:|---:|")
     for label, mbs, s, dev in rows:
         print(f"| {label} | {mbs:.1f} | {s:.2f} | {dev / 1e6:.1f} |")
     import matplotlib

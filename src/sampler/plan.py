@@ -53,6 +53,7 @@ pieces; piece ``j * world_size + r`` is rank ``r``'s share of mini-epoch ``j``.
 from __future__ import annotations
 
 import heapq
+import itertools
 import os
 from collections.abc import Sequence
 
@@ -154,7 +155,7 @@ def _piece_bytes(cum: np.ndarray, bounds: np.ndarray) -> np.ndarray:
 def _pad_bounds(cum: np.ndarray, bounds: list[int], k: int) -> np.ndarray:
     """Split the largest pieces (at their byte midpoint) until there are k; splitting never breaks a budget."""
     c = np.concatenate(([0], cum))
-    heap = [(-(b - a), a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    heap = [(-(b - a), a, b) for a, b in itertools.pairwise(bounds)]
     heapq.heapify(heap)
     while len(heap) < k:
         neg, a, b = heapq.heappop(heap)
@@ -192,76 +193,170 @@ def _rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, _TAG_PLAN])
 
 
+def _permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A uniform permutation of range(n); int32 when it fits, which halves the memory traffic of the shuffle."""
+    perm = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    rng.shuffle(perm)
+    return perm
+
+
+def _stable_group_sort(labels: np.ndarray, n_labels: int) -> np.ndarray:
+    """``argsort(labels, kind="stable")``; with few labels as uint16, which numpy sorts by radix in O(n)."""
+    if n_labels <= 1 << 16:
+        labels = labels.astype(np.uint16)
+    return np.argsort(labels, kind="stable")
+
+
+def _dense_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ids 0..k-1 for integer group values, in the order of the values; O(n) for small non-negative ids."""
+    if values.size == 0:
+        return values.astype(np.int64), 0
+    lo, hi = int(values.min()), int(values.max())
+    if lo >= 0 and hi <= 4 * values.size + 1024:
+        present = np.bincount(values, minlength=hi + 1) > 0
+        dense = np.cumsum(present) - 1
+        return dense[values], int(present.sum())
+    _, inverse = np.unique(values, return_inverse=True)
+    return inverse.reshape(-1), int(inverse.max()) + 1
+
+
+def _reservoir_pieces(
+    s_sizes: np.ndarray, k: int, budget: int | None, seed: int, epoch: int
+) -> list[np.ndarray] | None:
+    """Equal-count reservoir samples without a full sort: cut the keys at k-1 order statistics.
+
+    Returns all k pieces (storage ranks, ascending) or None when equal counts break the budget or when tied keys
+    sit on a cut (then the caller takes the sorting path, which breaks ties by storage position as the stream does).
+    """
+    n = s_sizes.shape[0]
+    keys = epoch_keys(n, seed=seed, epoch=epoch)
+    bounds = _count_bounds(n, k)
+    starts = bounds[1:-1]
+    inner = starts[starts < n]
+    thresholds = np.full(starts.shape[0], np.inf)
+    if inner.size:
+        part = np.partition(keys, np.unique(inner))
+        thresholds[: inner.size] = part[inner]
+    labels = np.searchsorted(thresholds, keys, side="right")
+    counts = np.bincount(labels, minlength=k)
+    if not np.array_equal(counts, np.diff(bounds)):
+        return None
+    if budget is not None and n and np.bincount(labels, weights=s_sizes, minlength=k).max() > budget:
+        return None
+    grouped = _stable_group_sort(labels, k)
+    return np.split(grouped, bounds[1:-1])
+
+
 def _sequence(composition: str, s_sizes: np.ndarray, seed: int, epoch: int) -> tuple[np.ndarray, str]:
     """The sequence (of storage ranks) that gets cut, and whether pieces balance bytes or counts."""
     n = s_sizes.shape[0]
     if composition == "random":
-        return _rng(seed, epoch).permutation(n), "bytes"
+        return _permutation(_rng(seed, epoch), n), "bytes"
     if composition == "contiguous":
         return np.arange(n, dtype=np.int64), "bytes"
     # reservoir: key order; bottom-m by key among the remaining = the next m of this sequence
     return np.argsort(epoch_keys(n, seed=seed, epoch=epoch), kind="stable"), "count"
 
 
-def _stratified_bins(
-    s_groups: np.ndarray, s_sizes: np.ndarray, nm: int | None, budget: int | None, world_size: int, seed: int,
+def _stratified_pieces(
+    s_groups: np.ndarray,
+    s_sizes: np.ndarray,
+    nm: int | None,
+    budget: int | None,
+    world_size: int,
+    rank: int,
+    seed: int,
     epoch: int,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Deal files to (mini-epoch, rank) bins; returns (deal sequence of storage ranks, bin per position, nm)."""
+) -> list[np.ndarray]:
+    """This rank's stratified pieces (unsorted storage ranks), one per mini-epoch.
+
+    Groups are laid end to end in random order with their files shuffled, and position p of that deal goes to
+    slot ``p mod (nm * world_size)``: slot ``a + nm * r`` is rank r's share of the mini-epoch ``label[a]``
+    (``label`` a random permutation).  A group's files form one run of the deal, so every slot, and every
+    mini-epoch (nm consecutive deal positions hold one file of each mini-epoch), gets floor or ceil of its share.
+    """
     n = s_groups.shape[0]
     rng = _rng(seed, epoch)
-    _, inverse = np.unique(s_groups, return_inverse=True)
-    n_groups = int(inverse.max()) + 1 if n else 0
-    group_rank = rng.permutation(n_groups)[inverse] if n else inverse
-    shuffled = rng.permutation(n)
-    # groups end to end in random order, files shuffled within each group
-    seq = shuffled[np.argsort(group_rank[shuffled], kind="stable")]
-    offset = int(rng.integers(0, 1 << 62))
-    pos = np.arange(n, dtype=np.int64)
-    seq_sizes = s_sizes[seq]
+    inverse, n_groups = _dense_ids(s_groups)
+    group_rank = rng.permutation(n_groups)[inverse]
+    shuffled = _permutation(rng, n)
+    deal = shuffled[_stable_group_sort(group_rank[shuffled], n_groups)]
+    del shuffled, group_rank, inverse
 
-    def bins_for(k_nm: int) -> np.ndarray:
-        me = (pos + offset) % k_nm
-        # within a mini-epoch the q-th dealt file goes to rank q mod world_size; the first position dealt to
-        # mini-epoch me is (me - offset) mod nm
-        q = (pos - (me - offset) % k_nm) // k_nm
-        return me * world_size + q % world_size
-
-    if nm is not None:
-        bins = bins_for(nm)
-        if budget is not None:
-            worst = _worst_bin(bins, seq_sizes, nm * world_size)
-            if worst > budget:
+    if budget is not None:
+        deal_sizes = s_sizes[deal]
+        k_nm = nm if nm is not None else max(1, -(-int(s_sizes.sum()) // (budget * world_size)))
+        while True:
+            worst = _worst_slot(deal_sizes, k_nm * world_size)
+            if worst <= budget:
+                break
+            if nm is not None:
                 raise ValueError(
                     f"budget={budget} is too small for nm={nm} with stratified composition "
                     f"(a share needs {worst} bytes); raise budget or nm, or give budget alone"
                 )
-        return seq, bins, nm
-    assert budget is not None
-    total = int(s_sizes.sum())
-    k_nm = max(1, -(-total // (budget * world_size)))
-    while True:
-        bins = bins_for(k_nm)
-        worst = _worst_bin(bins, seq_sizes, k_nm * world_size)
-        if worst <= budget:
-            return seq, bins, k_nm
-        k_nm = max(k_nm + 1, min(max(n, 1), -(-k_nm * worst // budget)))
+            # bytes per slot shrink about in proportion to 1/nm; at nm >= n every slot holds one file, which fits
+            k_nm = max(k_nm + 1, min(max(n, 1), -(-k_nm * worst // budget)))
+        nm = k_nm
+    assert nm is not None
+    label = rng.permutation(nm)
+    k = nm * world_size
+    pieces: list[np.ndarray] = [np.zeros(0, np.int64)] * nm
+    for a in range(nm):
+        pieces[label[a]] = deal[a + nm * rank :: k]
+    return pieces
 
 
-def _worst_bin(bins: np.ndarray, seq_sizes: np.ndarray, n_bins: int) -> int:
-    if bins.size == 0:
+def _worst_slot(deal_sizes: np.ndarray, k: int) -> int:
+    """Largest byte total of the k round-robin slots of the deal."""
+    if deal_sizes.size == 0:
         return 0
-    return int(np.bincount(bins, weights=seq_sizes, minlength=n_bins).max())
+    padded = np.zeros(-(-deal_sizes.size // k) * k, dtype=np.int64)
+    padded[: deal_sizes.size] = deal_sizes
+    return int(padded.reshape(-1, k).sum(axis=0).max())
+
+
+def _reservoir_fast(
+    s_sizes: np.ndarray, nm: int | None, budget: int | None, world_size: int, seed: int, epoch: int
+) -> tuple[int, list[np.ndarray]] | None:
+    """(nm, pieces) from equal-count samples, or None to fall back to the sorting path."""
+    if nm is not None:
+        pieces = _reservoir_pieces(s_sizes, nm * world_size, budget, seed, epoch)
+        return None if pieces is None else (nm, pieces)
+    assert budget is not None
+    # the smallest nm whose equal-count samples fit; a few tries from the lower bound, then the sorting path
+    k_nm = max(1, -(-int(s_sizes.sum()) // (budget * world_size)))
+    for _ in range(4):
+        pieces = _reservoir_pieces(s_sizes, k_nm * world_size, budget, seed, epoch)
+        if pieces is not None:
+            return k_nm, pieces
+        k_nm += 1
+    return None
 
 
 def min_mini_epochs(
-    sizes: np.ndarray, *, budget: int, seed: int = 0, epoch: int = 0, composition: str = "random",
-    groups: np.ndarray | None = None, order: np.ndarray | None = None, world_size: int = 1,
+    sizes: np.ndarray,
+    *,
+    budget: int,
+    seed: int = 0,
+    epoch: int = 0,
+    composition: str = "random",
+    groups: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+    world_size: int = 1,
 ) -> int:
     """The ``nm`` that ``plan_epoch`` picks when given only ``budget`` (it can differ by epoch for random orders)."""
     return len(
-        plan_epoch(sizes, seed=seed, epoch=epoch, budget=budget, composition=composition, groups=groups, order=order,
-                   world_size=world_size)
+        plan_epoch(
+            sizes,
+            seed=seed,
+            epoch=epoch,
+            budget=budget,
+            composition=composition,
+            groups=groups,
+            order=order,
+            world_size=world_size,
+        )
     )
 
 
@@ -317,19 +412,18 @@ def plan_epoch(
     else:
         storage = None
 
+    presorted = False
     # Work in storage-rank space: item t is the t-th file in storage order.
     s_sizes = s if storage is None else s[storage]
 
     if composition == "stratified":
         assert g is not None
         s_groups = g if storage is None else g[storage]
-        seq, bins, nm = _stratified_bins(s_groups, s_sizes, nm, budget, world_size, seed, epoch)
-        mine = bins % world_size == rank
-        me_of = bins[mine] // world_size
-        items = seq[mine]
-        by_me = np.argsort(me_of, kind="stable")
-        counts = np.bincount(me_of, minlength=nm)
-        pieces = np.split(items[by_me], np.cumsum(counts)[:-1])
+        pieces = _stratified_pieces(s_groups, s_sizes, nm, budget, world_size, rank, seed, epoch)
+    elif composition == "reservoir" and (fast := _reservoir_fast(s_sizes, nm, budget, world_size, seed, epoch)):
+        nm, all_pieces = fast
+        pieces = [all_pieces[j * world_size + rank] for j in range(nm)]
+        presorted = True  # a stable sort by sample label kept storage order inside each sample
     else:
         seq, by = _sequence(composition, s_sizes, seed, epoch)
         seq_sizes = s_sizes[seq]
@@ -357,7 +451,7 @@ def plan_epoch(
 
     out = []
     for piece in pieces:
-        ranks_sorted = np.sort(piece).astype(np.int64, copy=False)
+        ranks_sorted = (piece if presorted else np.sort(piece)).astype(np.int64, copy=False)
         out.append(ranks_sorted if storage is None else storage[ranks_sorted])
     return out
 

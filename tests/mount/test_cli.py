@@ -137,7 +137,7 @@ def test_runtime_errors_exit_1(tmp_path):
     assert res.returncode == 1 and "backing dir" in res.stderr
     res = run_tierfs("status", tmp_path)
     assert res.returncode == 1 and "not a tierfs mount" in res.stderr
-    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "x").mkdir(parents=True)
     res = run_tierfs("mount", tmp_path / "b", tmp_path / "b" / "x", "--cache", tmp_path / "c", "--capacity", "1G")
     assert res.returncode == 1 and "must not contain each other" in res.stderr
     (tmp_path / "m").mkdir()

@@ -1,0 +1,319 @@
+"""tierfs data-path micro-benchmarks, each against native reads of the same files in the same run.
+
+No slow tier here: this measures what the FUSE layer itself costs.  The backing dir and the cache dir sit on the
+same local disk; tierfs is mounted with ``policy=lru, view=full`` and a capacity above the data, so a first read
+is a read-through miss that fills the cache and every later read is a hit served from the cache dir.
+
+For 1 and 4 reader threads, on a fresh mount each time:
+
+* ``big first``     a 1 GiB file, page cache dropped, first read through the mount (native: the backing file,
+  page cache dropped);
+* ``big re-read``   the same file again at once (native: again at once -- both may be served from RAM);
+* ``big cold hit``  page cache dropped, read again through the mount, now a cache hit (native: the cached copy
+  in the cache dir, page cache dropped; the backing file if the cache layout cannot be matched);
+* ``small first``   N files of ~110 KiB in 50 dirs, page cache, dentries and inodes dropped, listed and read
+  once (native: the backing files);
+* ``small repeat``  the same files again at once (native: again at once);
+* ``small cold hit`` caches dropped, again (native: the cached copies, caches dropped).
+
+Targets (issue 4): big first >= 1 GiB/s, big re-read >= 0.8 x native; small files >= 3,000 files/s on a first
+pass and >= 5,000 files/s repeated.  ``--py-spy FILE`` records the daemon with py-spy while it runs (a
+speedscope JSON or an SVG flame graph by the suffix).  Writes ``OUT/datapath.md`` and ``OUT/datapath.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loader import read_whole
+from slowtier import GiB, KiB, MiB, Workload, drop_caches, install_sigterm, parse_size, require_root
+
+_BLOCK = 1 * MiB
+
+
+@dataclass(frozen=True)
+class Row:
+    test: str
+    threads: int
+    tierfs: float  # rate (GiB/s or files/s)
+    native: float
+    unit: str
+
+    @property
+    def ratio(self) -> float:
+        return self.tierfs / self.native if self.native else float("nan")
+
+
+def read_files(paths: list[str], threads: int) -> float:
+    """Read every file whole with ``threads`` threads pulling from a shared cursor; returns seconds."""
+    cursor = iter(range(len(paths)))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        buf = bytearray(_BLOCK)
+        while True:
+            with lock:
+                i = next(cursor, None)
+            if i is None:
+                return
+            try:
+                read_whole(paths[i], buf)
+            except OSError as exc:
+                errors.append(exc)
+                return
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - t0
+
+
+def read_big(path: str, threads: int) -> float:
+    """Read one file with ``threads`` threads, each ``pread``-ing its contiguous share in 1 MiB blocks."""
+    size = os.stat(path).st_size
+    share = -(-size // threads)
+
+    def work(lo: int) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        buf = bytearray(_BLOCK)
+        view = memoryview(buf)
+        try:
+            off, hi = lo, min(lo + share, size)
+            while off < hi:
+                k = os.preadv(fd, [view[: min(_BLOCK, hi - off)]], off)
+                if k <= 0:
+                    raise OSError(f"short read at {off} of {path}")
+                off += k
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=work, args=(t * share,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
+def listing(root: Path) -> list[str]:
+    """List like a loader does (so the mount sees the opendir/readdir/lookup traffic too)."""
+    from loader import list_dataset
+
+    return [os.path.join(root, f) for f in list_dataset(root)]
+
+
+def find_cached_copies(cache: Path, rels: list[str]) -> dict[str, str]:
+    """Map dataset-relative paths to files in the cache dir, if the cache keeps dataset names (else empty)."""
+    found: dict[str, str] = {}
+    wanted = {Path(r).name: r for r in rels}
+    for dirpath, _dirs, files in os.walk(cache):
+        for name in files:
+            rel = wanted.get(name)
+            full = os.path.join(dirpath, name)
+            if rel is not None and full.endswith(rel):
+                found[rel] = full
+    return found
+
+
+@contextlib.contextmanager
+def py_spy(pid: int, out: Path | None) -> Iterator[None]:
+    """Record ``pid`` with py-spy for the duration, if asked and available."""
+    if out is None:
+        yield
+        return
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not os.path.exists(exe):
+        print("py-spy not found (pip install py-spy): not profiling", file=sys.stderr)
+        yield
+        return
+    fmt = "speedscope" if out.suffix == ".json" else "flamegraph"
+    proc = subprocess.Popen(
+        [exe, "record", "-p", str(pid), "-o", str(out), "-f", fmt, "--threads", "-r", "200"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    from tqdm import tqdm
+
+    from tierfs.testing import mounted
+
+    base = args.workdir / f"datapath-{os.getpid()}"
+    backing, mnt = base / "backing", base / "mnt"
+    rows: list[Row] = []
+    try:
+        backing.mkdir(parents=True)
+        mnt.mkdir()
+        small = Workload("small", args.small_files, 110 * KiB, classes=50, jitter=0.2)
+        small.populate(backing / "small")
+        Workload("big", 1, args.big_size).populate(backing / "big")
+        data = small.total_bytes + args.big_size
+        big_rel = "big/" + Workload("big", 1, args.big_size).paths()[0]
+        for threads in tqdm(args.threads, desc="thread counts"):
+            cache = base / f"cache-{threads}"
+            mount_opts = {"policy": "lru", "view": "full", **dict(o.split("=", 1) for o in args.option)}
+            with mounted(backing, mnt, cache, int(data * 2.5) + 4 * GiB, timeout=120, **mount_opts) as m:
+                spy_out = None
+                if args.py_spy is not None:
+                    spy_out = args.py_spy.with_name(f"{args.py_spy.stem}-t{threads}{args.py_spy.suffix}")
+                with py_spy(m.process.pid, spy_out):
+                    rows += _small(mnt, backing, cache, threads)
+                    rows += _big(mnt, backing, cache, big_rel, threads, args.big_size)
+                status = m.status()
+            print(
+                f"threads={threads}: hits {status.get('reads', {}).get('hits')}, misses "
+                f"{status.get('reads', {}).get('misses')}, backing_bytes_read {status.get('backing_bytes_read')}"
+            )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return rows
+
+
+def _small(mnt: Path, backing: Path, cache: Path, threads: int) -> list[Row]:
+    def again(root: Path, cold: bool) -> float:
+        if cold:
+            drop_caches(3)
+        t0 = time.perf_counter()
+        paths = listing(root / "small")
+        return len(paths) / (time.perf_counter() - t0 + read_files(paths, threads))
+
+    rows = []
+    t, n = again(mnt, True), again(backing, True)
+    rows.append(Row("small first", threads, t, n, "files/s"))
+    # native "repeat" of the same files: read them again at once, as the mount just did
+    t = again(mnt, False)
+    n = again(backing, False)
+    rows.append(Row("small repeat", threads, t, n, "files/s"))
+    rels = [os.path.relpath(p, backing) for p in listing(backing / "small")]
+    copies = find_cached_copies(cache, rels)
+    t = again(mnt, True)
+    drop_caches(3)
+    if len(copies) == len(rels):
+        nat = len(rels) / read_files([copies[r] for r in rels], threads)
+    else:
+        nat = again(backing, True)
+    rows.append(Row("small cold hit", threads, t, nat, "files/s"))
+    return rows
+
+
+def _big(mnt: Path, backing: Path, cache: Path, rel: str, threads: int, size: int) -> list[Row]:
+    gib = size / GiB
+
+    def rate(path: Path | str, cold: bool) -> float:
+        if cold:
+            drop_caches(1)
+        return gib / read_big(str(path), threads)
+
+    rows = [Row("big first", threads, rate(mnt / rel, True), rate(backing / rel, True), "GiB/s")]
+    t = rate(mnt / rel, False)
+    rows.append(Row("big re-read", threads, t, rate(backing / rel, False), "GiB/s"))
+    copy = find_cached_copies(cache, [rel]).get(rel, str(backing / rel))
+    rows.append(Row("big cold hit", threads, rate(mnt / rel, True), rate(copy, True), "GiB/s"))
+    return rows
+
+
+def report(rows: list[Row], args: argparse.Namespace) -> str:
+    lines = [
+        f"Command: `python benchmarks/datapath.py {' '.join(sys.argv[1:])}`  ",
+        f"Machine: {os.cpu_count()} cores; {args.small_files} small files of ~110 KiB, a {args.big_size / GiB:g} GiB "
+        "file; backing and cache on the same local disk",
+        "",
+        "| test | threads | tierfs | native | tierfs ÷ native | target |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    targets = {
+        "big first": lambda r: f"≥ 1 GiB/s: {'met' if r.tierfs >= 1 else 'not met'}",
+        "big re-read": lambda r: f"≥ 0.8 × native: {'met' if r.ratio >= 0.8 else 'not met'}",
+        "small first": lambda r: f"≥ 3,000 files/s: {'met' if r.tierfs >= 3000 else 'not met'}",
+        "small repeat": lambda r: f"≥ 5,000 files/s: {'met' if r.tierfs >= 5000 else 'not met'}",
+    }
+    for r in rows:
+        spec = ".2f" if r.unit == "GiB/s" else ",.0f"
+        tgt = targets[r.test](r) if r.test in targets else ""
+        lines.append(
+            f"| {r.test} | {r.threads} | {format(r.tierfs, spec)} {r.unit} | {format(r.native, spec)} {r.unit} | "
+            f"{r.ratio:.2f} | {tgt} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+    for ax, unit in zip(axes, ("GiB/s", "files/s"), strict=True):
+        sel = [r for r in rows if r.unit == unit]
+        x = range(len(sel))
+        ax.bar([i - 0.2 for i in x], [r.tierfs for r in sel], 0.4, label="tierfs")
+        ax.bar([i + 0.2 for i in x], [r.native for r in sel], 0.4, label="native", color="tab:gray")
+        ax.set_xticks(list(x), [f"{r.test}\n{r.threads} thr" for r in sel], fontsize=8)
+        ax.set_ylabel(unit)
+        if unit == "GiB/s":
+            ax.axhline(1, color="tab:red", ls="--", lw=1, label="1 GiB/s target")
+        else:
+            ax.axhline(3000, color="tab:red", ls="--", lw=1, label="3,000 files/s")
+            ax.axhline(5000, color="tab:orange", ls="--", lw=1, label="5,000 files/s")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.suptitle("tierfs data path vs native reads of the same files")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--small-files", type=int, default=5000, help="number of ~110 KiB files (5000)")
+    ap.add_argument("--big-size", type=parse_size, default=GiB, help="size of the big file (1G)")
+    ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4], help="1,4")
+    ap.add_argument("-o", "--option", action="append", default=[], help="extra mount option KEY=VALUE")
+    ap.add_argument("--py-spy", type=Path, default=None, help="profile the daemon into this file (.svg/.json)")
+    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/tierfs-bench"))
+    ap.add_argument("--out", type=Path, default=Path("docs/img"))
+    args = ap.parse_args(argv)
+    require_root()
+    install_sigterm()
+    rows = run(args)
+    text = report(rows, args)
+    print("\n" + text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "datapath.md").write_text(text + "\n")
+    plot(rows, args.out / "datapath.png")
+    print(f"wrote {args.out / 'datapath.md'} and {args.out / 'datapath.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""``dslide gen | train | eval`` -- the command line of ``../shared/SPEC.md``.
+
+Exit status: 0 ok, 2 usage error (bad option or value), 1 runtime error (bad data, missing checkpoint, I/O),
+always with one line on stderr.  Defaults of ``train`` are the settings that work best on planted data of
+Amazon-670K shape (see docs/dslide.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from dslide.comm import Comm
+from dslide.feedback import PassReporter
+from dslide.gen import AMAZON_670K
+from dslide.mpicomm import ends_job_on_failure
+
+__all__ = ["main", "make_comm"]
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 -- not argparse's usage dump
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dslide", description="D-SLIDE trainer: LSH-sparse output layer, numba kernels, MPI.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("gen", help="write a planted synthetic XC data set: OUT/train/part-*.txt and OUT/test.txt")
+    g.add_argument("out", metavar="OUT")
+    g.add_argument("--points", type=_nonneg_int, default=100_000, help="training points (default 100000)")
+    g.add_argument("--test-points", type=_nonneg_int, default=None, help="test points (default points/10)")
+    g.add_argument("--features", type=_positive_int, default=AMAZON_670K[0])
+    g.add_argument("--labels", type=_positive_int, default=AMAZON_670K[1])
+    g.add_argument("--shards", type=_positive_int, default=1)
+    g.add_argument("--seed", type=_nonneg_int, default=0)
+    g.add_argument("--labels-per-point", type=_positive_float, default=5.0)
+    g.add_argument("--nnz", type=_positive_float, default=64.0, help="mean non-zero features per point")
+
+    t = sub.add_parser("train", help="train on XC files; one JSON line per evaluation")
+    t.add_argument("--train", nargs="+", required=True, metavar="DIR_OR_FILE")
+    t.add_argument("--test", metavar="FILE")
+    t.add_argument("--epochs", type=_nonneg_int, default=5, help="passes over --train (default 5)")
+    t.add_argument("--hidden", type=_positive_int, default=128)
+    t.add_argument("--batch", type=_positive_int, default=256)
+    t.add_argument("--lr", type=_positive_float, default=1e-3)
+    t.add_argument("--threads", type=_positive_int, default=None, help="numba threads per rank (default: all)")
+    t.add_argument("--seed", type=_nonneg_int, default=0)
+    t.add_argument("--hash", choices=("srp", "dwta"), default="srp")
+    t.add_argument("--k", type=_nonneg_int, default=0, help="bits (srp) / WTA hashes (dwta) per table; 0 = auto")
+    t.add_argument("--tables", type=_nonneg_int, default=16)
+    t.add_argument("--budget", type=_positive_int, default=512, help="active output neurons per sample, all ranks")
+    t.add_argument("--bucket-cap", type=_positive_int, default=128)
+    t.add_argument("--checkpoint", metavar="DIR")
+    t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
+    t.add_argument("--eval-points", type=_nonneg_int, default=10_000, help="test points per evaluation; 0 = all")
+    t.add_argument("--eval-mode", choices=("exact", "lsh"), default="exact")
+    t.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N passes")
+    t.add_argument("--control", metavar="MOUNT/.tierfs/control", help="write tierfs feedback after every pass")
+
+    e = sub.add_parser("eval", help="P@1 and P@5 of a checkpoint on a test file")
+    e.add_argument("--checkpoint", required=True, metavar="DIR")
+    e.add_argument("--test", required=True, metavar="FILE")
+    e.add_argument("--eval-points", type=_nonneg_int, default=0, help="0 = all")
+    e.add_argument("--eval-mode", choices=("exact", "lsh"), default="exact")
+    e.add_argument("--threads", type=_positive_int, default=None)
+    return p
+
+
+def make_comm() -> Comm:
+    """The communicator of this process: :class:`SerialComm` for a single process, MPI under ``mpiexec``."""
+    from dslide.mpicomm import get_comm
+
+    return get_comm()
+
+
+def _cmd_gen(a: argparse.Namespace) -> int:
+    from dslide.gen import Plant, write_dataset
+
+    plant = Plant(labels_per_point=a.labels_per_point, nnz_per_point=a.nnz)
+    summary = write_dataset(
+        a.out, a.points, a.features, a.labels, shards=a.shards, test_points=a.test_points, seed=a.seed, plant=plant
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+def _cmd_train(a: argparse.Namespace) -> int:
+    from dslide.lsh import RehashSchedule
+    from dslide.model import ModelConfig
+    from dslide.train import TrainOptions, list_train_files, run_training
+
+    opts = TrainOptions(
+        train=tuple(a.train), test=a.test, epochs=a.epochs, batch=a.batch, threads=a.threads, seed=a.seed,
+        eval_points=a.eval_points or None, eval_mode=a.eval_mode, eval_every=a.eval_every,
+        checkpoint=a.checkpoint, resume=a.resume,
+    )  # fmt: skip
+    comm = make_comm()
+    # rank 0 alone touches the training directory (on a tierfs mount every listing and open counts)
+    files, header = comm.bcast(_first_header(opts.train, opts.test) if comm.rank == 0 else None)
+    if not files:
+        raise UsageError(f"--train {' '.join(a.train)}: no training files")
+    _, n_features, n_labels = header
+    cfg = ModelConfig(
+        n_features=n_features, n_labels=n_labels, hidden=a.hidden, budget=a.budget, hash=a.hash, k=a.k,
+        tables=a.tables, bucket_cap=a.bucket_cap, lr=a.lr, seed=a.seed, rehash=RehashSchedule(),
+    )  # fmt: skip
+    reporter = PassReporter(comm, a.control, list_train_files)
+    run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister)
+    return 0
+
+
+def _first_header(train: Sequence[str], test: str | None) -> tuple[list[str], tuple[int, int, int] | None]:
+    """The training files and the ``N F L`` header that sizes the model: the test file's when there is one
+    (an open of a training file would count as a read of the first pass on a tierfs mount)."""
+    from dslide.data import read_header
+    from dslide.train import list_train_files
+
+    files = list_train_files(train)
+    if not files:
+        return files, None
+    return files, read_header(test if test else files[0])
+
+
+def _cmd_eval(a: argparse.Namespace) -> int:
+    import numba
+
+    from dslide.checkpoint import load_model
+    from dslide.data import load_xc
+
+    if a.threads:
+        numba.set_num_threads(a.threads)
+    comm = make_comm()
+    model, meta = load_model(a.checkpoint, comm)
+    test = load_xc(a.test)
+    if (test.n_features, test.n_labels) != (model.cfg.n_features, model.cfg.n_labels):
+        raise ValueError(f"{a.test}: data has F={test.n_features} L={test.n_labels}, the checkpoint "
+                         f"F={model.cfg.n_features} L={model.cfg.n_labels}")  # fmt: skip
+    result = model.evaluate(test, a.eval_points or None, a.eval_mode)
+    if comm.rank == 0:
+        print(json.dumps({"passes": meta.get("passes"), "steps": model.step, **result}))
+    return 0
+
+
+@ends_job_on_failure
+def main(argv: Sequence[str] | None = None) -> int:
+    from dslide.checkpoint import CheckpointError
+    from dslide.data import DataError
+
+    try:
+        a = build_parser().parse_args(argv)
+        return {"gen": _cmd_gen, "train": _cmd_train, "eval": _cmd_eval}[a.command](a)
+    except UsageError as e:
+        print(f"dslide: error: {e}", file=sys.stderr)
+        return 2
+    except (DataError, CheckpointError, OSError) as e:
+        print(f"dslide: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # a bad option value caught by a config's validation
+        print(f"dslide: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,310 @@
+"""The numba kernels of one training step: pure functions of arrays, no comm, no Python objects.
+
+Each kernel is one phase between two collectives (see :mod:`dslide.model`).  Work is split per sample with
+``prange``; the gradient accumulations into shared ``g*`` rows are HOGWILD (threads may race on a row, as in
+SLIDE, which trades a few lost updates for no locks).  With one thread every loop runs in order, so a seed
+gives the same bits every run.
+
+Shapes: ``B`` samples in the batch, ``H`` the full hidden width, ``Hl`` this rank's hidden slice, ``b`` active
+output neurons per sample on this rank; neuron ids inside kernels are local to the rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from dslide.lsh import table_code
+from dslide.rand import key2, next_u64, uniform_below
+
+__all__ = [
+    "active_logits",
+    "adam_rows",
+    "dense_topk",
+    "hidden_backward",
+    "hidden_forward",
+    "output_backward",
+    "select_active",
+    "softmax_stats",
+]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def hidden_forward(rows, x_indptr, x_indices, x_values, W1, b1, out):
+    """``out[i] = relu(x[rows[i]] @ W1 + b1)`` for a sparse x; W1 is (F, Hl)."""
+    Hl = W1.shape[1]
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        acc = out[i]
+        for d in range(Hl):
+            acc[d] = b1[d]
+        for p in range(x_indptr[r], x_indptr[r + 1]):
+            v = x_values[p]
+            w = W1[x_indices[p]]
+            for d in range(Hl):
+                acc[d] += v * w[d]
+        for d in range(Hl):
+            if acc[d] < 0:
+                acc[d] = 0
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def select_active(
+    h,
+    rows,
+    y_indptr,
+    y_indices,
+    use_labels,
+    label_lo,
+    label_hi,
+    family,
+    srp,
+    dwta,
+    k,
+    n_tables,
+    offsets,
+    fill,
+    items,
+    pool,
+    key,
+    marks,
+    active,
+    n_own,
+):
+    """Fill ``active[i]`` with exactly ``b`` distinct local neurons for sample i.
+
+    Order inside a row: the sample's true labels owned by this rank (``n_own[i]`` of them, at most b), then
+    LSH candidates from the bucket of ``h[i]`` in every table (a reservoir sample when they exceed what is
+    left), then a fill from the step's shared random ``pool``, and, if even that runs dry, consecutive
+    neurons from a random start.  ``marks`` is per-chunk scratch (one row per chunk of samples, all zero on
+    entry and exit) that keeps rows free of duplicates.
+    """
+    B, b = active.shape
+    n_local = marks.shape[1]
+    n_chunks = marks.shape[0]
+    for c in prange(n_chunks):
+        mark = marks[c]
+        for i in range(c, B, n_chunks):
+            row = active[i]
+            cnt = 0
+            if use_labels:
+                r = rows[i]
+                for p in range(y_indptr[r], y_indptr[r + 1]):
+                    lab = y_indices[p]
+                    if lab >= label_lo and lab < label_hi and cnt < b:
+                        j = lab - label_lo
+                        if mark[j] == 0:
+                            mark[j] = 1
+                            row[cnt] = j
+                            cnt += 1
+            n_own[i] = cnt
+            state = key2(key, i)
+            if cnt < b and n_tables > 0:
+                need = b - cnt
+                got = 0
+                seen = 0
+                x = h[i]
+                for t in range(n_tables):
+                    code = table_code(family, srp, dwta, k, t, x)
+                    start = offsets[t, code]
+                    for q in range(start, start + fill[t, code]):
+                        j = items[q]
+                        if mark[j] != 0:
+                            continue
+                        seen += 1
+                        if got < need:
+                            mark[j] = 1
+                            row[cnt + got] = j
+                            got += 1
+                        else:
+                            state, rv = next_u64(state)
+                            s = uniform_below(rv, seen)
+                            if s < need:
+                                mark[row[cnt + s]] = 0
+                                mark[j] = 1
+                                row[cnt + s] = j
+                cnt += got
+            npool = pool.shape[0]
+            if cnt < b and npool > 0:
+                state, rv = next_u64(state)
+                start = uniform_below(rv, npool)
+                for q in range(npool):
+                    if cnt >= b:
+                        break
+                    j = pool[(start + q) % npool]
+                    if mark[j] == 0:
+                        mark[j] = 1
+                        row[cnt] = j
+                        cnt += 1
+            if cnt < b:
+                state, rv = next_u64(state)
+                start = uniform_below(rv, n_local)
+                q = 0
+                while cnt < b:
+                    j = (start + q) % n_local
+                    if mark[j] == 0:
+                        mark[j] = 1
+                        row[cnt] = j
+                        cnt += 1
+                    q += 1
+            for q in range(b):
+                mark[row[q]] = 0
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def active_logits(h, active, W2, b2, logits, rowmax):
+    """Logits of the active neurons and each row's local maximum (for the global max across ranks)."""
+    B, b = active.shape
+    H = h.shape[1]
+    for i in prange(B):
+        x = h[i]
+        m = -np.inf
+        for q in range(b):
+            j = active[i, q]
+            w = W2[j]
+            s = b2[j]
+            for d in range(H):
+                s += w[d] * x[d]
+            logits[i, q] = s
+            if s > m:
+                m = s
+        rowmax[i] = m
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def softmax_stats(logits, n_own, gmax, stats):
+    """Turn logits into ``exp(z - gmax)`` in place; ``stats[i]`` = (sum of exps, sum of own label logits,
+    number of own labels) -- summed over ranks, these give the softmax normaliser and the loss."""
+    B, b = logits.shape
+    for i in prange(B):
+        s = 0.0
+        ls = 0.0
+        for q in range(b):
+            z = logits[i, q]
+            if q < n_own[i]:
+                ls += z
+            e = math.exp(z - gmax[i])
+            logits[i, q] = e
+            s += e
+        stats[i, 0] = s
+        stats[i, 1] = ls
+        stats[i, 2] = n_own[i]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def output_backward(h, active, expz, n_own, norm, n_labels, scale, W2, gW2, gb2, touched, dh):
+    """Softmax cross-entropy gradient over the active set, target uniform over the sample's labels.
+
+    ``dh[i]`` gets this rank's share of dL/dh (summed over ranks later); ``gW2``/``gb2`` accumulate the
+    gradients of the active rows (HOGWILD) and ``touched`` marks them for the lazy Adam update.  A sample
+    without labels has no target and contributes nothing.
+    """
+    B, b = active.shape
+    H = h.shape[1]
+    for i in prange(B):
+        g = dh[i]
+        for d in range(H):
+            g[d] = 0
+        if n_labels[i] <= 0:
+            continue
+        x = h[i]
+        inv = 1.0 / norm[i]
+        y = 1.0 / n_labels[i]
+        for q in range(b):
+            j = active[i, q]
+            delta = expz[i, q] * inv
+            if q < n_own[i]:
+                delta -= y
+            delta *= scale
+            df = np.float32(delta)
+            w = W2[j]
+            gw = gW2[j]
+            for d in range(H):
+                g[d] += df * w[d]
+                gw[d] += df * x[d]
+            gb2[j] += df
+            touched[j] = 1
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def hidden_backward(rows, x_indptr, x_indices, x_values, delta, gW1, touched):
+    """``gW1[f] += x_f * delta[i]`` for every non-zero feature f of sample i (HOGWILD)."""
+    Hl = gW1.shape[1]
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        dl = delta[i]
+        for p in range(x_indptr[r], x_indptr[r + 1]):
+            f = x_indices[p]
+            v = x_values[p]
+            gw = gW1[f]
+            for d in range(Hl):
+                gw[d] += v * dl[d]
+            touched[f] = 1
+
+
+@njit(parallel=True, cache=True)
+def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
+    """Adam on the rows ``rows`` only (lazy), then clear their gradients.
+
+    Each row counts its own updates in ``T``: a row's moments are averages over the steps it was touched, so
+    its bias correction must use that count, not the global step (with the global step a rarely touched
+    row's first update would be ~3x too large).  ``bW``... are the matching bias entries (length 0: none).
+    """
+    has_bias = bW.shape[0] > 0
+    n = W.shape[1]
+    for r in prange(rows.shape[0]):
+        j = rows[r]
+        t = T[j] + 1
+        T[j] = t
+        c1 = 1.0 - beta1**t
+        c2 = 1.0 - beta2**t
+        w = W[j]
+        m = M[j]
+        v = V[j]
+        g = G[j]
+        for d in range(n):
+            gd = g[d]
+            md = beta1 * m[d] + (1.0 - beta1) * gd
+            vd = beta2 * v[d] + (1.0 - beta2) * gd * gd
+            m[d] = md
+            v[d] = vd
+            w[d] -= lr * (md / c1) / (math.sqrt(vd / c2) + eps)
+            g[d] = 0
+        if has_bias:
+            gd = bG[j]
+            md = beta1 * bM[j] + (1.0 - beta1) * gd
+            vd = beta2 * bV[j] + (1.0 - beta2) * gd * gd
+            bM[j] = md
+            bV[j] = vd
+            bW[j] -= lr * (md / c1) / (math.sqrt(vd / c2) + eps)
+            bG[j] = 0
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def dense_topk(h, W2, b2, k, top_scores, top_ids):
+    """Exact top-k over all local neurons for every sample (inference): a streaming insertion sort per row,
+    so memory stays O(B k) however many labels there are."""
+    B = h.shape[0]
+    n, H = W2.shape
+    for i in prange(B):
+        x = h[i]
+        ts = top_scores[i]
+        ti = top_ids[i]
+        for q in range(k):
+            ts[q] = -np.inf
+            ti[q] = -1
+        for j in range(n):
+            w = W2[j]
+            s = b2[j]
+            for d in range(H):
+                s += w[d] * x[d]
+            if s > ts[k - 1]:
+                q = k - 1
+                while q > 0 and ts[q - 1] < s:
+                    ts[q] = ts[q - 1]
+                    ti[q] = ti[q - 1]
+                    q -= 1
+                ts[q] = s
+                ti[q] = j

@@ -1,0 +1,179 @@
+"""Run ``mpiexec`` jobs from Python (tests, benchmarks): always with a deadline, never leaving a rank behind.
+
+Hydra puts its proxy and every rank in sessions of their own, so killing ``mpiexec``'s process group does not
+reach them.  :class:`MpiJob` therefore remembers every descendant of ``mpiexec`` it has seen (from ``/proc``)
+and, on a timeout or when the test is done, sends SIGTERM to ``mpiexec`` (Hydra then stops the ranks) and
+SIGKILL, by pid, to whatever is still alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+SRC = Path(__file__).resolve().parents[1]
+# The venv's mpiexec (the ``mpich`` wheel) first: it matches the libmpi mpi4py loads.
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a job: one thread per rank, the source tree importable, no stray MPI variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL"))}
+    env.update(
+        NUMBA_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")])),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields after the last ')' are fixed.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    children = _children_map()
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool
+
+
+class MpiJob:
+    """``mpiexec -n N python ARGS`` started in the background; use as a context manager.
+
+    Hydra runs more ranks than cores without a flag (oversubscription), so ``-n 4`` works on 2 cores.
+    """
+
+    def __init__(self, n: int, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        if MPIEXEC is None:
+            raise FileNotFoundError("mpiexec not found next to the interpreter or on PATH")
+        self.argv = [MPIEXEC, "-n", str(n), sys.executable, *map(str, argv)]
+        # Files, not pipes: a chatty job must never block on a full pipe while the test polls it.
+        self._stdout = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=job_env(env),
+            cwd=cwd,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            text=True,
+            start_new_session=True,
+        )
+        self.seen: set[int] = set()
+
+    def track(self) -> None:
+        """Remember the job's current processes (call while it runs; the harness also does on cleanup)."""
+        if self.proc.poll() is None:
+            self.seen |= descendants(self.proc.pid)
+
+    def wait(self, timeout: float) -> Result:
+        """Wait up to ``timeout`` s; on expiry stop the whole job and report ``timed_out``."""
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.track()
+            time.sleep(0.2)
+        if self.proc.poll() is None:
+            timed_out = True
+            self.stop()
+        self.proc.wait()
+        return Result(
+            self.proc.returncode,
+            self._read(self._stdout),
+            self._read(self._stderr),
+            time.monotonic() - self.started,
+            timed_out,
+        )
+
+    @staticmethod
+    def _read(stream: IO[str]) -> str:
+        stream.flush()
+        stream.seek(0)
+        return stream.read()
+
+    def stop(self) -> None:
+        """SIGTERM to mpiexec (Hydra stops the ranks), then SIGKILL to every process of the job still alive."""
+        self.track()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for pid in sorted(self.seen):
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        self.seen.clear()
+
+    def __enter__(self) -> MpiJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self._stdout.close()
+        self._stderr.close()
+
+
+def run_mpi(
+    n: int, argv: Sequence[str], timeout: float = 60, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Result:
+    """Run a job to completion (or to ``timeout``, then stop it) and return what it printed."""
+    with MpiJob(n, argv, env=env, cwd=cwd) as job:
+        return job.wait(timeout)
+
+
+@contextlib.contextmanager
+def mpi_job(n: int, argv: Sequence[str], env: dict[str, str] | None = None) -> Iterator[MpiJob]:
+    with MpiJob(n, argv, env=env) as job:
+        yield job

@@ -1,0 +1,167 @@
+"""The training loop: passes over a training directory that may change between passes, evaluation, checkpoints.
+
+A *pass* reads every file the training directory lists at the pass's start (re-listed each pass, so training
+from a tierfs mount follows its current view); ``epochs`` is the number of passes.  File order and the order
+of points inside each file are shuffled from ``(seed, pass)``, so a resumed run sees exactly the batches an
+uninterrupted one would.  After every ``eval_every`` passes the loop evaluates on the test set and emits one
+JSON record; with a checkpoint directory it saves after each pass.
+
+Hooks for the distributed shell (:mod:`dslide.cli` under ``mpiexec``): ``comm`` carries the collectives and the
+byte count; ``before_report(record)`` may add fields (tierfs's own epoch) and act on them (write the
+``feedback`` line) before the record is printed; only rank 0 emits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from dslide import checkpoint
+from dslide.comm import Comm, SerialComm
+from dslide.data import XCData, load_xc
+from dslide.model import ModelConfig, SlideModel
+
+__all__ = ["TrainOptions", "list_train_files", "run_training"]
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    train: tuple[str, ...]  # directories (listed every pass) and/or files
+    test: str | None = None
+    epochs: int = 1
+    batch: int = 256
+    threads: int | None = None  # numba threads per rank; None = all cores of this process
+    seed: int = 0
+    eval_points: int | None = 10_000  # evaluate on the first N test points (None = all)
+    eval_mode: str = "exact"
+    eval_every: int = 1
+    checkpoint: str | None = None
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epochs < 0 or self.batch < 1 or self.eval_every < 1:
+            raise ValueError(f"need epochs >= 0, batch >= 1, eval_every >= 1; got {self.epochs}, {self.batch}, "
+                             f"{self.eval_every}")  # fmt: skip
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.eval_mode not in ("exact", "lsh"):
+            raise ValueError(f"eval mode must be 'exact' or 'lsh', got {self.eval_mode!r}")
+        if self.resume and not self.checkpoint:
+            raise ValueError("--resume needs --checkpoint DIR")
+
+
+def list_train_files(specs: Sequence[str]) -> list[str]:
+    """Regular files of each directory (sorted, hidden names skipped) and the files named directly."""
+    files: list[str] = []
+    for spec in specs:
+        if os.path.isdir(spec):
+            with os.scandir(spec) as it:
+                names = sorted(e.name for e in it if not e.name.startswith(".") and e.is_file())
+            files.extend(os.path.join(spec, n) for n in names)
+        elif os.path.exists(spec):
+            files.append(spec)
+        else:
+            raise FileNotFoundError(f"{spec}: no such file or directory")
+    return files
+
+
+def _emit_json(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def run_training(
+    model_cfg: ModelConfig,
+    opts: TrainOptions,
+    comm: Comm | None = None,
+    emit: Callable[[dict], None] = _emit_json,
+    before_report: Callable[[dict], None] | None = None,
+    lister: Callable[[Sequence[str]], list[str]] = list_train_files,
+) -> tuple[SlideModel, list[dict]]:
+    """Train for ``opts.epochs`` passes (in total, counting the passes a resumed checkpoint already made)."""
+    comm = comm if comm is not None else SerialComm()
+    numba.set_num_threads(opts.threads or numba.config.NUMBA_NUM_THREADS)
+    if opts.resume:
+        model, meta = checkpoint.load_model(opts.checkpoint, comm)
+    else:
+        model, meta = SlideModel(model_cfg, comm), {"passes": 0, "seconds": 0.0, "samples": 0}
+    test = load_xc(opts.test) if opts.test else None
+    if test is not None:
+        _check_shape(opts.test, test, model.cfg)
+    records = []
+    passes_done, seconds, samples = int(meta["passes"]), float(meta["seconds"]), int(meta["samples"])
+    for pass_index in range(passes_done, opts.epochs):
+        files = comm.bcast(lister(opts.train) if comm.rank == 0 else None)
+        t0 = time.perf_counter()
+        loss_sum, n_labelled, n_pass = _one_pass(model, files, opts, pass_index)
+        dt = time.perf_counter() - t0
+        seconds += dt
+        samples += n_pass
+        passes_done = pass_index + 1
+        if opts.checkpoint:
+            checkpoint.save(opts.checkpoint, model, {"passes": passes_done, "seconds": seconds, "samples": samples})
+        evaluate = passes_done % opts.eval_every == 0 or passes_done == opts.epochs
+        record = {
+            "epoch": passes_done,
+            "pass": passes_done,
+            "seconds": round(seconds, 3),
+            "samples_per_s": round(n_pass / dt, 1) if dt > 0 else 0.0,
+            "loss": round(loss_sum / n_labelled, 6) if n_labelled else math.nan,
+            "p_at_1": None,
+            "p_at_5": None,
+            "comm_bytes": int(comm.bytes_sent),
+            "steps": model.step,
+            "files": len(files),
+        }
+        if test is not None and evaluate:
+            ev = model.evaluate(test, opts.eval_points, opts.eval_mode)
+            record["p_at_1"] = round(ev["p_at_1"], 6)
+            record["p_at_5"] = round(ev["p_at_5"], 6)
+        if before_report is not None:
+            before_report(record)
+        if not evaluate:
+            continue  # before_report still ran: tierfs feedback goes out after every pass
+        records.append(record)
+        if comm.rank == 0:
+            emit(record)
+    return model, records
+
+
+def _check_shape(name: str, data: XCData, cfg: ModelConfig) -> None:
+    if (data.n_features, data.n_labels) != (cfg.n_features, cfg.n_labels):
+        raise ValueError(
+            f"{name}: data has F={data.n_features} L={data.n_labels}, the model F={cfg.n_features} L={cfg.n_labels}"
+        )
+
+
+def _one_pass(model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int) -> tuple[float, int, int]:
+    """Every file once, in a shuffled order, each file's points shuffled; returns (loss sum, labelled, points)."""
+    order = np.random.default_rng((opts.seed, 5, pass_index)).permutation(len(files))
+    loss_sum, n_labelled, n_points = 0.0, 0, 0
+    for fi in order:
+        data = _load_on_rank0(files[fi], model.comm)
+        _check_shape(files[fi], data, model.cfg)
+        perm = np.random.default_rng((opts.seed, 6, pass_index, int(fi))).permutation(len(data))
+        for start in range(0, len(perm), opts.batch):
+            res = model.train_step(data, perm[start : start + opts.batch])
+            loss_sum += res.loss_sum
+            n_labelled += res.n_labelled
+        n_points += len(data)
+    return loss_sum, n_labelled, n_points
+
+
+def _load_on_rank0(path: str, comm: Comm) -> XCData:
+    """Rank 0 reads the file and sends the parsed points to the others, so a tierfs mount sees one open per
+    file per pass (opens from every rank would end its passes early) and every rank trains on the same points.
+    """
+    if comm.size == 1:
+        return load_xc(path)
+    data = comm.bcast(load_xc(path) if comm.rank == 0 else None)
+    assert isinstance(data, XCData)
+    return data

@@ -1,0 +1,781 @@
+"""The tiering engine: every decision of a tierfs mount, none of the FUSE plumbing.
+
+The engine owns the backing tree (:mod:`tree`), the cache (:mod:`cache`), the plan of mini-epochs (from
+:mod:`sampler.plan`), the view of the current pass (:mod:`view`), the staging task (:mod:`staging`), the
+control protocol (:mod:`control`) and the position journal (:mod:`journal`).  ``fs.TierOperations`` only
+translates FUSE requests into calls on it, so tests drive the engine without a mount.
+
+Everything here runs on the one trio thread (FUSE handlers and staging tasks alike); worker threads only copy
+and read bytes and hand results back.  So state needs no locks, and a status snapshot taken between two
+awaits is consistent.
+
+How a mount moves (policy ``met``):
+
+* The position is (epoch, mini-epoch, pass).  The *current* mini-epoch is what the root shows (``view``
+  ``mini-epoch``); the *next* one is staged meanwhile, in storage order, behind any file of the current one
+  that is not cached yet (right after mount).
+* A pass ends when every file of the view was opened since it began, on ``next-pass``, or when the root is
+  listed again after at least one open.  After ``rf`` passes (``auto``: the smallest stall-free rf from the
+  measured staging and consumption rates) the next mini-epoch takes over: with ``advance=ready`` only once it
+  is fully cached (until then the current one is repeated), with ``strict`` at once.  ``advance`` (the
+  command, or an ARF controller fed by ``feedback``) leaves as soon as the next one is cached.
+* On a switch the previous mini-epoch is evicted, except open files, which go on their last release.
+* An open of a file of the current mini-epoch that is not cached fetches it on demand (so each epoch reads the
+  backing once); any other uncached file is read from the backing dir directly.
+
+Policy ``lru`` has no plan: every open of an uncached file copies it in (read-through), evicting the least
+recently used unopened copies to make room under the same cap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+import xxhash
+
+from sampler.arf import Controller, auto_rf, make_controller
+from sampler.plan import min_mini_epochs, plan_epoch
+from tierfs.cache import CacheEntry, CacheStore
+from tierfs.control import parse_control
+from tierfs.journal import Position, load_position, save_position
+from tierfs.options import MountConfig, Settings, format_size
+from tierfs.staging import BackingChanged, Stager, copy_into_cache
+from tierfs.stats import ArfStatus, Prefetch, Reads, Status
+from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree, fingerprint, open_beneath
+from tierfs.view import View
+
+__all__ = ["BackingError", "Engine", "FileHandle"]
+
+log = logging.getLogger("tierfs")
+
+_VANISHED = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV)
+_ARF_HISTORY_KEPT = 1000
+
+
+class BackingError(OSError):
+    """A dataset file cannot be served; ``errno`` is what the reader gets (ENOENT, EIO)."""
+
+
+@dataclass(eq=False)
+class FileHandle:
+    """One open dataset file: a descriptor of the cached copy (``entry``) or of the backing file."""
+
+    fidx: int
+    fd: int
+    entry: CacheEntry | None
+    keep_cache: bool
+
+
+class Engine:
+    """See the module docstring.  ``mount.py``: ``open()``, then ``run()`` beside ``pyfuse3.main()``, ``close()``."""
+
+    def __init__(self, config: MountConfig) -> None:
+        self.config = config
+        self.settings: Settings = config.settings
+        self.cache = CacheStore(config.cache, config.capacity)
+        self.tree: Tree = Tree([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0,
+                               np.zeros(0, bool))
+        self.root_fd = -1
+        self.pos = Position()
+        self.view: View | None = None
+        self.changed = trio.Event()  # set (and replaced) whenever staging should look again
+        self.last_error: str | None = None
+        #: Called with an inode whose kernel-cached attributes and data are stale (set by fs once mounted).
+        self.invalidate_inode: Callable[[int], None] = lambda inode: None
+        self._plans: dict[int, list[np.ndarray]] = {}
+        self._cur = np.zeros(0, np.int64)
+        self._cur_mask = np.zeros(0, bool)
+        self._next = np.zeros(0, np.int64)
+        self._next_coords = (0, 0)
+        self._wanted = np.zeros(0, bool)
+        self._pending_next: set[int] = set()
+        self._queue: deque[int] = deque()
+        self._inflight: dict[int, trio.Event] = {}
+        self._failed: set[int] = set()
+        self._read_mark = np.zeros(0, bool)
+        self._unread = 0
+        self._reads_in_pass = 0
+        self._advance_requested = False
+        self._controller = make_controller("off")
+        self._bw_next = 0.0
+        self._opened = False
+        self._closed = False
+        # counters
+        self.hits = self.misses = self.out_of_view = 0
+        self.backing_bytes_read = 0
+        self.served_bytes = 0
+        self.stall_seconds = 0.0
+        self._staged_bytes = 0
+        self._staging_busy = 0.0
+        self._staging_since: float | None = None
+        self._pass_started: float | None = None
+        self._pass_served = 0
+        self._consumption_bps = 0.0
+
+    # ========================================================================================= lifecycle
+
+    @property
+    def fuse_options(self) -> set[str]:
+        """FUSE mount options the engine needs beyond mount.py's own (fsname, subtype, allow_other): none."""
+        return set()
+
+    def open(self) -> None:
+        """Scan the backing tree, refuse configurations that cannot work, open the cache, resume the position."""
+        cfg = self.config
+        backing = os.path.realpath(cfg.backing)
+        cache = os.path.realpath(cfg.cache)
+        mountpoint = os.path.realpath(cfg.mountpoint) if cfg.mountpoint else ""
+        if not os.path.isdir(backing):
+            raise ValueError(f"backing dir {cfg.backing} does not exist or is not a directory")
+        for name, path in (("cache dir", cache), ("mountpoint", mountpoint)):
+            if path and (path == backing or path.startswith(backing + os.sep)):
+                raise ValueError(f"the {name} ({path}) must not be inside the backing dir ({backing})")
+        if mountpoint and (cache == mountpoint or cache.startswith(mountpoint + os.sep)):
+            raise ValueError(f"the cache dir ({cache}) must not be inside the mountpoint ({mountpoint})")
+        self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.tree = Tree.scan(self.root_fd)
+            self._check_fits()
+            self.cache.open(self.tree, need_digest=self.settings.verify == "xxhash")
+        except BaseException:
+            os.close(self.root_fd)
+            self.root_fd = -1
+            self.cache.close()
+            raise
+        n = self.tree.n_files
+        self._read_mark = np.zeros(n, bool)
+        self._controller = self._make_controller()
+        pos = load_position(cfg.cache)
+        if pos is not None:
+            self.pos = pos
+            self._controller.history.extend(pos.arf_history)
+        if self.settings.policy == "lru":
+            self._cur = np.arange(n, dtype=np.int64)
+            self._cur_mask = np.ones(n, bool)
+            self._wanted = np.zeros(n, bool)
+            self._new_view()
+        else:
+            plan = self._plan(self.pos.epoch)
+            if self.pos.mini_epoch >= len(plan):
+                self.pos.epoch, self.pos.mini_epoch, self.pos.pass_index = self.pos.epoch + 1, 0, 0
+            self._enter(self.pos.epoch, self.pos.mini_epoch)
+            self._evict_unwanted()
+        self._opened = True
+        self._save_journal()
+        log.info("tierfs: %d files, %s in the backing dir; %d copies kept in the cache",
+                 n, format_size(int(self.tree.sizes.sum())), len(self.cache.entries))
+
+    def _check_fits(self) -> None:
+        cap = self.config.capacity
+        sizes = self.tree.sizes
+        if sizes.size and int(sizes.max()) * 2 > cap:
+            i = int(np.argmax(sizes))
+            raise ValueError(
+                f"capacity must be at least 2 x the largest file ({os.fsdecode(self.tree.file_path(i))}: "
+                f"{int(sizes[i])} bytes), got {cap} ({format_size(cap)})"
+            )
+        if self.settings.policy == "met":
+            self._plan_for(self.settings, self.pos.epoch)  # raises ValueError with the reason
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Stage in the background until cancelled (the journal is written as the position moves)."""
+        if self.settings.policy == "lru":
+            task_status.started()
+            await trio.sleep_forever()
+        await Stager(self).run(task_status=task_status)
+
+    def close(self) -> None:
+        """Persist the journal and release the cache; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._opened:
+            with contextlib.suppress(OSError):
+                self._save_journal()
+        self.cache.close()
+        if self.root_fd >= 0:
+            os.close(self.root_fd)
+            self.root_fd = -1
+
+    # ============================================================================================= plans
+
+    def _plan_for(self, settings: Settings, epoch: int, *, budget_only: bool = False) -> list[np.ndarray]:
+        budget = self.config.capacity // 2
+        nm: int | None = None if budget_only else settings.nm
+        if settings.mini_epoch_size:
+            budget, nm = min(budget, settings.mini_epoch_size), None
+        groups = self.tree.groups if settings.composition == "stratified" else None
+        try:
+            return plan_epoch(self.tree.sizes, seed=settings.seed, epoch=epoch, nm=nm, budget=budget,
+                              composition=settings.composition, groups=groups, rank=settings.rank,
+                              world_size=settings.world_size)
+        except ValueError as exc:
+            total = int(self.tree.sizes.sum())
+            try:
+                need = min_mini_epochs(self.tree.sizes, budget=budget, seed=settings.seed, epoch=epoch,
+                                       composition=settings.composition, groups=groups,
+                                       world_size=settings.world_size)
+            except ValueError:
+                need = -(-total // max(1, budget * settings.world_size))
+            what = f"nm={nm}" if nm is not None else f"mini_epoch_size={settings.mini_epoch_size}"
+            per = -(-total // ((nm or need) * settings.world_size)) + int(self.tree.sizes.max(initial=0))
+            raise ValueError(
+                f"{what} does not fit capacity={format_size(self.config.capacity)}: every mini-epoch must fit in "
+                f"half the cache ({budget} bytes) and the data set holds {total} bytes; use nm >= {need} or "
+                f"capacity >= {format_size(2 * per)} ({exc})"
+            ) from None
+
+    def _plan(self, epoch: int) -> list[np.ndarray]:
+        plan = self._plans.get(epoch)
+        if plan is None:
+            try:
+                plan = self._plan_for(self.settings, epoch)
+            except ValueError as exc:
+                # A random cut of a later epoch can miss the budget with this nm: take as many as it needs.
+                self.last_error = f"epoch {epoch}: {exc}; this epoch uses more mini-epochs"
+                plan = self._plan_for(Settings(**{**self.settings.__dict__, "mini_epoch_size": None}), epoch,
+                                      budget_only=True)
+            for old in [e for e in self._plans if e < epoch - 1]:
+                del self._plans[old]
+            self._plans[epoch] = plan
+        return plan
+
+    def _coords_after(self, epoch: int, me: int) -> tuple[int, int]:
+        """The mini-epoch after (epoch, me), skipping empty shares (fewer files than nm x world_size)."""
+        for _ in range(4 * max(1, len(self._plan(epoch))) + 4):
+            me += 1
+            if me >= len(self._plan(epoch)):
+                epoch, me = epoch + 1, 0
+            if len(self._plan(epoch)[me]):
+                return epoch, me
+        return epoch, me
+
+    # ======================================================================================= position
+
+    def _enter(self, epoch: int, me: int) -> None:
+        """Make (epoch, me) current (keeping the journalled pass) and recompute next, wanted and the view."""
+        self.pos.epoch, self.pos.mini_epoch = epoch, me
+        self._cur = self._plan(epoch)[me]
+        n = self.tree.n_files
+        self._cur_mask = np.zeros(n, bool)
+        self._cur_mask[self._cur] = True
+        self._next_coords = self._coords_after(epoch, me)
+        self._next = self._plan(self._next_coords[0])[self._next_coords[1]]
+        if self._next_coords == (epoch, me):
+            self._next = np.zeros(0, np.int64)
+        self._wanted = self._cur_mask.copy()
+        self._wanted[self._next] = True
+        self._pending_next = {f for f in self._next.tolist() if self.cache.get(f) is None}
+        self._failed.clear()
+        self._new_view()
+        self._rebuild_queue()
+
+    def _new_view(self) -> None:
+        s = self.settings
+        files = np.arange(self.tree.n_files, dtype=np.int64) if s.view == "full" else self._cur
+        if s.policy == "lru":
+            self.view = View(self.tree, files, seed=s.seed, epoch=0, mini_epoch=0, pass_index=self.pos.passes_total)
+        else:
+            self.view = View(self.tree, files, seed=s.seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
+                             pass_index=self.pos.pass_index)
+        self._read_mark[:] = False
+        self._unread = len(self.view)
+        self._reads_in_pass = 0
+        self._pass_started = None
+        self._pass_served = 0
+
+    def rf_now(self) -> int:
+        """The rf in force: the setting, or with ``auto`` the smallest stall-free one measured so far."""
+        rf = self.settings.rf
+        if rf == "auto":
+            staging = self.staging_bytes_per_s()
+            if staging > 0 and self._consumption_bps > 0:
+                return auto_rf(staging, self._consumption_bps)
+            return 1
+        return int(rf)
+
+    def next_ready(self) -> bool:
+        return not self._pending_next
+
+    def end_pass(self) -> None:
+        """The current pass is over (all read, ``next-pass``, or the root listed again): count it, move on."""
+        now = time.monotonic()
+        if self._pass_started is not None and now > self._pass_started and self._pass_served:
+            self._consumption_bps = self._pass_served / (now - self._pass_started)
+        self.pos.pass_index += 1
+        self.pos.passes_total += 1
+        if self.settings.policy == "lru":
+            self.pos.rf_effective[-1] += 1
+            self._new_view()
+            self._save_journal()
+            return
+        self.pos.rf_effective[-1] += 1
+        limit = self.pos.pass_index >= self.rf_now()
+        if (limit and (self.settings.advance == "strict" or self.next_ready())) or (
+            self._advance_requested and self.next_ready()
+        ):
+            self._switch()
+        else:
+            self._new_view()
+            self._save_journal()
+
+    def _switch(self) -> None:
+        """The next mini-epoch takes over; the previous one is evicted (open files on release)."""
+        epoch, me = self._next_coords
+        self.pos.pass_index = 0
+        self.pos.rf_effective.append(0)
+        self._advance_requested = False
+        self._controller.new_mini_epoch()
+        self._enter(epoch, me)
+        self._evict_unwanted()
+        self._save_journal()
+        self._notify()
+        log.debug("tierfs: mini-epoch %d of epoch %d", me, epoch)
+
+    def request_advance(self) -> None:
+        """Leave the current mini-epoch as soon as the next one is cached (now, if it is)."""
+        if self.settings.policy == "lru":
+            return
+        self._advance_requested = True
+        if self.next_ready():
+            self._switch()
+
+    def _record_open(self, fidx: int) -> None:
+        if self._pass_started is None:
+            self._pass_started = time.monotonic()
+        self._reads_in_pass += 1
+        if not self._read_mark[fidx] and self.view is not None and self.view.mask[fidx]:
+            self._read_mark[fidx] = True
+            self._unread -= 1
+            if self._unread == 0:
+                self.end_pass()
+
+    def _save_journal(self) -> None:
+        self.pos.arf_history = self._controller.history[-_ARF_HISTORY_KEPT:]
+        save_position(self.config.cache, self.pos)
+
+    # ========================================================================================= staging
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _rebuild_queue(self) -> None:
+        if self.settings.policy == "lru":
+            self._queue = deque()
+            return
+        self._queue = deque(f for f in (*self._cur.tolist(), *self._next.tolist()) if self.cache.get(f) is None)
+        self._notify()
+
+    def next_to_stage(self) -> tuple[int, int] | None:
+        """The next file the stager should copy, as (file index, size); None when everything wanted is cached."""
+        while self._queue:
+            fidx = self._queue[0]
+            if (self.cache.get(fidx) is not None or fidx in self._inflight or fidx in self._failed
+                    or not self._wanted[fidx]):
+                self._queue.popleft()
+                continue
+            return fidx, int(self.tree.sizes[fidx])
+        return None
+
+    def begin_staging(self, fidx: int) -> None:
+        if self._queue and self._queue[0] == fidx:
+            self._queue.popleft()
+        self._inflight[fidx] = trio.Event()
+        if self._staging_since is None:
+            self._staging_since = time.monotonic()
+
+    def make_room(self, size: int) -> bool:
+        """Evict copies no longer wanted (and, under lru, the least recently used) until ``size`` fits."""
+        if self.settings.policy == "lru":
+            return self.cache.evict_lru(size)
+        self._evict_unwanted()
+        return self.cache.can_reserve(size)
+
+    def _evict_unwanted(self) -> None:
+        freed = False
+        for fidx in [f for f in self.cache.entries if not self._wanted[f]]:
+            freed |= self.cache.evict(fidx)
+        if freed:
+            self._notify()
+
+    def staging_bytes_per_s(self) -> float:
+        busy = self._staging_busy
+        if self._staging_since is not None:
+            busy += time.monotonic() - self._staging_since
+        return self._staged_bytes / busy if busy > 0 else 0.0
+
+    async def throttle(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more backing reads fit under the ``bandwidth`` cap (a shared token bucket)."""
+        bw = self.settings.bandwidth
+        if bw <= 0:
+            return
+        now = trio.current_time()
+        start = max(now, self._bw_next)
+        self._bw_next = start + nbytes / bw
+        if start > now:
+            await trio.sleep(start - now)
+
+    def _throttle_from_thread(self, nbytes: int) -> None:
+        if self.settings.bandwidth > 0:
+            trio.from_thread.run(self.throttle, nbytes)
+
+    async def stage_file(self, fidx: int, reserved: int) -> None:
+        """Copy file ``fidx`` into the cache under a reservation of ``reserved`` bytes (see begin_staging)."""
+        node = self.tree.file_node(fidx)
+        ok = False
+        try:
+            if not self._wanted[fidx] and self.settings.policy != "lru":
+                return
+            copy = functools.partial(
+                copy_into_cache, self.root_fd, self.tree.dev, node.path, fingerprint(node.st), self.cache.data_fd,
+                hash_content=self.settings.verify == "xxhash", throttle=self._throttle_from_thread,
+            )
+            try:
+                name, fp, digest = await trio.to_thread.run_sync(copy)
+            except BackingChanged as exc:
+                if exc.st is not None and stat.S_ISREG(exc.st.st_mode):
+                    self._backing_changed(fidx, exc.st)
+                else:
+                    self._failed.add(fidx)
+                return
+            except OSError as exc:
+                self._failed.add(fidx)
+                self.last_error = f"staging {os.fsdecode(node.path)}: {exc.strerror or exc}"
+                log.warning("tierfs: %s", self.last_error)
+                return
+            if fingerprint(node.st) != fp:  # found changed by an open while we copied
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=self.cache.data_fd)
+                return
+            self.cache.commit(fidx, name, fp, digest, reserved)
+            ok = True
+            self._staged_bytes += fp[0]
+            self.backing_bytes_read += fp[0]
+            self._pending_next.discard(fidx)
+            if not self._wanted[fidx] and self.settings.policy != "lru":
+                self.cache.evict(fidx)  # the view moved on while we copied
+        finally:
+            if not ok:
+                self.cache.unreserve(reserved)
+            ev = self._inflight.pop(fidx, None)
+            if ev is not None:
+                ev.set()
+            if not self._inflight and self._staging_since is not None:
+                self._staging_busy += time.monotonic() - self._staging_since
+                self._staging_since = None
+            self._notify()
+            if ok and self._advance_requested and self.next_ready():
+                self._switch()
+
+    async def _fetch_now(self, fidx: int) -> CacheEntry | None:
+        """Stage ``fidx`` for a reader waiting on it; None if it cannot be cached right now."""
+        t0 = time.monotonic()
+        try:
+            ev = self._inflight.get(fidx)
+            if ev is not None:
+                await ev.wait()
+                return self.cache.get(fidx)
+            size = int(self.tree.sizes[fidx])
+            if not self.cache.reserve(size):
+                self.make_room(size)
+                if not self.cache.reserve(size):
+                    return None
+            self.begin_staging(fidx)
+            await self.stage_file(fidx, size)
+            return self.cache.get(fidx)
+        finally:
+            self.stall_seconds += time.monotonic() - t0
+
+    def _backing_changed(self, fidx: int, st: os.stat_result) -> None:
+        """The backing file now has stat ``st``: forget the old copy, stage it again if wanted."""
+        self.tree.update_stat(fidx, st)
+        if self.cache.get(fidx) is not None:
+            self.cache.evict(fidx)
+        self._failed.discard(fidx)
+        if self._wanted.size and self._wanted[fidx]:
+            if fidx in set(self._next.tolist()):
+                self._pending_next.add(fidx)
+            self._queue.appendleft(fidx)
+            self._notify()
+        self.invalidate_inode(self.file_inode(fidx))
+
+    # ========================================================================================== reads
+
+    def _root_alive(self) -> bool:
+        try:
+            return os.fstat(self.root_fd).st_nlink > 0
+        except OSError:
+            return False
+
+    def _backing_error(self, exc: OSError) -> BackingError:
+        if exc.errno in _VANISHED and self._root_alive():
+            return BackingError(errno.ENOENT, "vanished from the backing dir")
+        return BackingError(errno.EIO, f"backing dir unreachable: {exc.strerror or exc}")
+
+    async def open_file(self, fidx: int) -> FileHandle:
+        """Open dataset file ``fidx`` for reading: from the cache if a valid copy is there, else the backing."""
+        node = self.tree.file_node(fidx)
+        try:
+            st = os.stat(node.path, dir_fd=self.root_fd, follow_symlinks=False)
+        except OSError as exc:
+            if self.cache.get(fidx) is not None:
+                self.cache.evict(fidx)
+            raise self._backing_error(exc) from None
+        if not stat.S_ISREG(st.st_mode):
+            if self.cache.get(fidx) is not None:
+                self.cache.evict(fidx)
+            raise BackingError(errno.ENOENT, "no longer a regular file in the backing dir")
+        keep_cache = True
+        if fingerprint(st) != fingerprint(node.st):
+            self._backing_changed(fidx, st)
+            keep_cache = False
+        entry = self.cache.get(fidx)
+        was_cached = entry is not None
+        if entry is None and (self.settings.policy == "lru" or self._cur_mask[fidx]):
+            entry = await self._fetch_now(fidx)
+            if entry is not None and entry.fp != fingerprint(self.tree.file_node(fidx).st):
+                entry = None
+        if entry is not None and not entry.verified and self.settings.verify == "xxhash":
+            entry = await self._verify(entry)
+        if entry is not None:
+            fd = self.cache.open_entry(entry)
+            self.cache.touch(entry)
+        if entry is not None and was_cached:
+            self.hits += 1
+        elif entry is not None:
+            self.misses += 1  # fetched on demand: the reader waited on the backing dir
+        else:
+            t0 = time.monotonic()
+            try:
+                fd = await trio.to_thread.run_sync(open_beneath, self.root_fd, node.path, self.tree.dev)
+            except OSError as exc:
+                raise self._backing_error(exc) from None
+            finally:
+                self.stall_seconds += time.monotonic() - t0
+            self.misses += 1
+        handle = FileHandle(fidx, fd, entry, keep_cache)
+        if self.view is None or not self.view.mask[fidx]:
+            self.out_of_view += 1
+        self._record_open(fidx)
+        return handle
+
+    async def _verify(self, entry: CacheEntry) -> CacheEntry | None:
+        """``verify=xxhash``: hash the cached copy once and compare it with the hash taken while staging."""
+        def digest() -> int:
+            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.cache.data_fd)
+            try:
+                h = xxhash.xxh3_64()
+                while chunk := os.read(fd, 1 << 20):
+                    h.update(chunk)
+                return h.intdigest()
+            finally:
+                os.close(fd)
+
+        entry.opens += 1  # pinned while hashed
+        try:
+            ok = entry.digest is not None and await trio.to_thread.run_sync(digest) == entry.digest
+        except OSError:
+            ok = False
+        finally:
+            entry.opens -= 1
+        if ok:
+            entry.verified = True
+            return entry
+        self.last_error = f"cached copy of {os.fsdecode(self.tree.file_path(entry.fidx))} failed xxhash check"
+        if self.cache.get(entry.fidx) is entry:
+            self.cache.evict(entry.fidx)
+            if self._wanted.size and self._wanted[entry.fidx]:
+                self._queue.appendleft(entry.fidx)
+                self._notify()
+        return None
+
+    async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
+        if handle.entry is not None:
+            data = os.pread(handle.fd, size, offset)
+        else:
+            await self.throttle(size)
+            t0 = time.monotonic()
+            try:
+                data = await trio.to_thread.run_sync(os.pread, handle.fd, size, offset)
+            except OSError as exc:
+                raise BackingError(errno.EIO, f"backing read failed: {exc.strerror or exc}") from None
+            finally:
+                self.stall_seconds += time.monotonic() - t0
+            self.backing_bytes_read += len(data)
+        self.served_bytes += len(data)
+        self._pass_served += len(data)
+        return data
+
+    def release(self, handle: FileHandle) -> None:
+        if handle.entry is not None:
+            if self.cache.release_entry(handle.entry, handle.fd):
+                self._notify()
+        else:
+            os.close(handle.fd)
+
+    # ==================================================================================== namespace
+
+    def file_inode(self, fidx: int) -> int:
+        return int(self.tree.files[fidx]) + 1
+
+    def node(self, inode: int) -> Node | None:
+        return self.tree.node_of_inode(inode)
+
+    def lookup(self, parent_inode: int, name: bytes) -> int | None:
+        """Inode of ``name`` in directory ``parent_inode``, in view or not; None if there is none."""
+        if parent_inode == 1 and name == b".tierfs":
+            return CONTROL_INODES[b".tierfs"]
+        if parent_inode == CONTROL_INODES[b".tierfs"]:
+            return CONTROL_INODES.get(name) if name != b".tierfs" else None
+        node = self.node(parent_inode)
+        if node is None or node.children is None:
+            return None
+        i = node.children.get(name)
+        return None if i is None else i + 1
+
+    def list_dir(self, inode: int) -> list[tuple[bytes, int]]:
+        """A frozen listing (name, inode) for one ``opendir``; listing the root again ends a pass with reads."""
+        if inode == CONTROL_INODES[b".tierfs"]:
+            return [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
+        node = self.node(inode)
+        if node is None or node.kind != KIND_DIR:
+            raise BackingError(errno.ENOTDIR, "not a directory")
+        if inode == 1 and self._reads_in_pass:
+            self.end_pass()
+        assert self.view is not None
+        return [(name, i + 1) for name, i in self.view.listing(inode - 1)]
+
+    def file_index(self, inode: int) -> int:
+        node = self.node(inode)
+        if node is None:
+            raise BackingError(errno.ENOENT, "no such inode")
+        if node.kind != KIND_FILE:
+            raise BackingError(errno.EISDIR if node.kind == KIND_DIR else errno.ELOOP, "not a regular file")
+        return node.fidx
+
+    def readlink(self, inode: int) -> bytes:
+        node = self.node(inode)
+        if node is None or node.kind != KIND_LINK:
+            raise BackingError(errno.EINVAL, "not a symlink")
+        return node.link or b""
+
+    # ================================================================================ control & status
+
+    def control_text(self) -> bytes:
+        return self.settings.as_lines().encode()
+
+    def order_text(self) -> bytes:
+        return self.view.order_text() if self.view is not None else b""
+
+    def control_write(self, data: bytes) -> None:
+        """Apply one write to the control file, all of it or (``ValueError``, ``last_error`` set) nothing."""
+        try:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError("control writes must be UTF-8 text") from None
+            req = parse_control(text, self.settings)
+            new = req.settings
+            replan = bool(req.changed & {"nm", "mini_epoch_size", "composition"})
+            if replan and self.settings.policy == "met":
+                self._plan_for(new, self.pos.epoch + 1)
+            controller = None
+            if req.changed & {"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"}:
+                controller = self._make_controller(new)
+        except ValueError as exc:
+            self.last_error = str(exc)
+            raise
+        self.last_error = None
+        self.settings = new
+        if controller is not None:
+            controller.history = self._controller.history
+            self._controller = controller
+        if replan and new.policy == "met":
+            # The current epoch keeps its plan; the new settings take effect from the next epoch on.
+            self._plans = {e: p for e, p in self._plans.items() if e <= self.pos.epoch}
+            self._enter_keep_view()
+        for cmd in req.commands:
+            if cmd == "next-pass":
+                self.end_pass()
+            elif cmd == "advance":
+                self.request_advance()
+        for metrics in req.feedback:
+            decision = self._controller.observe(metrics)
+            if decision == "advance" and self.settings.arf != "off":
+                self.request_advance()
+        if "rf" in req.changed and self.settings.advance == "strict" and self.pos.pass_index >= self.rf_now():
+            self._switch()
+        self._save_journal()
+        self._notify()
+
+    def _enter_keep_view(self) -> None:
+        """Recompute next/wanted after a plan change without touching the current view or pass."""
+        epoch, me = self.pos.epoch, self.pos.mini_epoch
+        self._next_coords = self._coords_after(epoch, me)
+        self._next = self._plan(self._next_coords[0])[self._next_coords[1]]
+        self._wanted = self._cur_mask.copy()
+        self._wanted[self._next] = True
+        self._pending_next = {f for f in self._next.tolist() if self.cache.get(f) is None}
+        self._evict_unwanted()
+        self._rebuild_queue()
+
+    def _make_controller(self, s: Settings | None = None) -> Controller:
+        s = s or self.settings
+        return make_controller(s.arf, wait=s.arf_wait, window=s.arf_window, k=s.arf_k, weights=s.arf_weights)
+
+    def status(self) -> Status:
+        """One consistent snapshot of everything ``status`` and ``metrics`` show."""
+        view = self.view
+        nxt = self._next
+        total = len(nxt)
+        next_bytes = int(self.tree.sizes[nxt].sum()) if total else 0
+        pending_bytes = int(sum(int(self.tree.sizes[f]) for f in self._pending_next))
+        s = self.settings
+        return Status(
+            epoch=self.pos.epoch,
+            mini_epoch=self.pos.mini_epoch,
+            pass_=self.pos.pass_index,
+            passes_total=self.pos.passes_total,
+            nm=len(self._plans.get(self.pos.epoch, ())) if s.policy == "met" else 1,
+            rf=self.rf_now(),
+            rf_setting=s.rf,
+            rf_effective=tuple(self.pos.rf_effective),
+            advance=s.advance,
+            policy=s.policy,
+            composition=s.composition,
+            view=s.view,
+            view_files=len(view) if view is not None else 0,
+            view_bytes=view.bytes if view is not None else 0,
+            dataset_files=self.tree.n_files,
+            dataset_bytes=int(self.tree.sizes.sum()),
+            cache_bytes=self.cache.used,
+            cache_files=len(self.cache.entries),
+            cache_capacity=self.cache.capacity,
+            next_ready=self.next_ready() if s.policy == "met" else True,
+            prefetch=Prefetch(
+                files_done=total - len(self._pending_next),
+                files_total=total,
+                bytes_done=next_bytes - pending_bytes,
+                bytes_total=next_bytes,
+                bytes_per_s=self.staging_bytes_per_s(),
+            ),
+            reads=Reads(self.hits, self.misses, self.out_of_view),
+            backing_bytes_read=self.backing_bytes_read,
+            served_bytes=self.served_bytes,
+            stall_seconds=self.stall_seconds,
+            consumption_bytes_per_s=self._consumption_bps,
+            arf=ArfStatus(s.arf, self._controller.score, tuple(self._controller.history[-100:])),
+            last_error=self.last_error,
+        )

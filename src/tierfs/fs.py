@@ -1,0 +1,240 @@
+"""The FUSE operations: translate each request into a call on the :class:`~tierfs.engine.Engine`.
+
+No decision is made here.  One error rule: an ``OSError`` from the engine (``BackingError`` included) becomes
+``FUSEError(errno)``; every mutating request is ``EROFS``.
+
+Caveats worth knowing:
+
+* Dataset files get long entry and attribute timeouts and ``keep_cache`` (the kernel page cache stays valid
+  across opens); when the engine finds a backing file changed on open it invalidates the inode, so the next
+  read sees the new size and bytes.
+* ``/.tierfs/status``, ``order``, ``metrics`` and ``control`` are rendered once per open into a buffer
+  (``direct_io``, size 0 like /proc files), so one ``cat`` sees one consistent snapshot.
+* Writes to ``control`` are applied per ``write()`` call: ``echo rf=8 > control`` is one write; a bad one fails
+  that ``write()`` with ``EINVAL`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+import pyfuse3
+
+from tierfs.engine import Engine, FileHandle
+from tierfs.tree import CONTROL_INODES, KIND_DIR
+
+__all__ = ["ATTR_TIMEOUT", "TierOperations"]
+
+#: Seconds the kernel may cache names and attributes.  Long: the tree only changes by backing-file changes,
+#: which the engine notices on open and invalidates explicitly.
+ATTR_TIMEOUT = 300.0
+
+_CTL_DIR = CONTROL_INODES[b".tierfs"]
+_CTL_CONTROL = CONTROL_INODES[b"control"]
+_VIRTUAL = {CONTROL_INODES[n] for n in (b"control", b"status", b"order", b"metrics")}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+
+@dataclass(eq=False)
+class _Virtual:
+    """An open virtual file: the bytes rendered at open, and whether writes go to the control file."""
+
+    data: bytes
+    writable: bool
+
+
+async def _erofs(*_args: Any, **_kwargs: Any) -> Any:
+    raise pyfuse3.FUSEError(errno.EROFS)
+
+
+class TierOperations(pyfuse3.Operations):
+    """pyfuse3 operations over an opened :class:`Engine`."""
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+        self._handles: dict[int, FileHandle | _Virtual] = {}
+        self._dirs: dict[int, list[tuple[bytes, int]]] = {}
+        self._fh = itertools.count(1)
+        self._uid = os.getuid()
+        self._gid = os.getgid()
+
+    def init(self) -> None:
+        # Only now is there a kernel to notify; engine tests without a mount keep the no-op.
+        def invalidate(inode: int) -> None:
+            try:
+                pyfuse3.invalidate_inode(inode, attr_only=False)
+            except OSError:
+                pass  # the kernel never saw this inode: nothing cached to drop
+
+        self.engine.invalidate_inode = invalidate
+
+    # ================================================================================ attributes
+
+    def _attr(self, inode: int) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode
+        a.entry_timeout = ATTR_TIMEOUT
+        a.attr_timeout = ATTR_TIMEOUT
+        if inode >= _CTL_DIR:
+            a.st_mode = (stat.S_IFDIR | 0o555) if inode == _CTL_DIR else (
+                stat.S_IFREG | (0o644 if inode == _CTL_CONTROL else 0o444))
+            a.st_nlink = 2 if inode == _CTL_DIR else 1
+            a.st_uid, a.st_gid = self._uid, self._gid
+            a.st_size = 0
+            # virtual files change all the time: never let the kernel keep their attributes
+            a.attr_timeout = 0
+            root = self.engine.tree.nodes[0].st if self.engine.tree.nodes else None
+            if root is not None:
+                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = root.st_mtime_ns
+            return a
+        node = self.engine.node(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        st = node.st
+        a.st_mode = st.st_mode & ~0o222  # read-only filesystem
+        a.st_nlink = st.st_nlink if node.kind == KIND_DIR else 1
+        a.st_uid = st.st_uid
+        a.st_gid = st.st_gid
+        a.st_size = st.st_size
+        a.st_blksize = 1 << 17
+        a.st_blocks = (st.st_size + 511) // 512
+        a.st_atime_ns = st.st_atime_ns
+        a.st_mtime_ns = st.st_mtime_ns
+        a.st_ctime_ns = st.st_ctime_ns
+        return a
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        inode = self.engine.lookup(parent_inode, name)
+        if inode is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attr(inode)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._attr(inode)
+
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        try:
+            return self.engine.readlink(inode)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        s = pyfuse3.StatvfsData()
+        try:
+            v = os.fstatvfs(self.engine.root_fd)
+        except OSError:
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        s.f_bsize, s.f_frsize = v.f_bsize, v.f_frsize
+        s.f_blocks, s.f_bfree, s.f_bavail = v.f_blocks, 0, 0
+        s.f_files, s.f_ffree, s.f_favail = v.f_files, 0, 0
+        s.f_namemax = v.f_namemax
+        return s
+
+    # =============================================================================== directories
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        try:
+            listing = self.engine.list_dir(inode)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        fh = next(self._fh)
+        self._dirs[fh] = listing
+        return fh
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        listing = self._dirs[fh]
+        for i in range(start_id, len(listing)):
+            name, inode = listing[i]
+            if not pyfuse3.readdir_reply(token, name, self._attr(inode), i + 1):
+                return
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    # ===================================================================================== files
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        eng = self.engine
+        if inode in _VIRTUAL:
+            writes = bool(flags & _WRITE_FLAGS)
+            if writes and inode != _CTL_CONTROL:
+                raise pyfuse3.FUSEError(errno.EACCES)
+            if inode == _CTL_CONTROL:
+                data = eng.control_text()
+            elif inode == CONTROL_INODES[b"status"]:
+                data = eng.status().to_json().encode()
+            elif inode == CONTROL_INODES[b"metrics"]:
+                data = eng.status().to_prometheus().encode()
+            else:
+                data = eng.order_text()
+            fh = next(self._fh)
+            self._handles[fh] = _Virtual(data, writes)
+            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if inode == _CTL_DIR:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        try:
+            handle = await eng.open_file(eng.file_index(inode))
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        fh = next(self._fh)
+        self._handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        h = self._handles[fh]
+        if isinstance(h, _Virtual):
+            return h.data[off:off + size]
+        try:
+            return await self.engine.read(h, off, size)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self._handles.get(fh)
+        if not isinstance(h, _Virtual) or not h.writable:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        try:
+            self.engine.control_write(buf)
+        except ValueError:
+            raise pyfuse3.FUSEError(errno.EINVAL) from None
+        return len(buf)
+
+    async def flush(self, fh: int) -> None:
+        pass
+
+    async def release(self, fh: int) -> None:
+        h = self._handles.pop(fh, None)
+        if isinstance(h, FileHandle):
+            self.engine.release(h)
+
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        # Truncating the control file (``>`` without atomic O_TRUNC) is the one change allowed, and a no-op.
+        only_size = fields.update_size and not (fields.update_mode or fields.update_uid or fields.update_gid
+                                                or fields.update_atime or fields.update_mtime)
+        if inode == _CTL_CONTROL and only_size and attr.st_size == 0:
+            return self._attr(inode)
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    # Every other mutating request: the mount is read-only and the backing dir is never written.
+    mknod = mkdir = unlink = rmdir = symlink = rename = link = create = _erofs  # type: ignore[assignment]
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        pass

@@ -1,0 +1,65 @@
+"""The position journal: where in the plan the mount stands, so a remount resumes there.
+
+Written atomically (``atomic.atomic_write``) at every pass end and mini-epoch switch and on close, so after a
+clean or a killed stop the next mount of the same cache resumes the same epoch, mini-epoch and pass.  Reads
+made within the interrupted pass are not journalled: that pass starts over.  Together with the ``data/``
+directory (see cache.py) this is all the state a restart needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tierfs.atomic import atomic_write
+
+__all__ = ["JOURNAL_NAME", "Position", "load_position", "save_position"]
+
+JOURNAL_NAME = "journal.json"
+_VERSION = 1
+
+
+@dataclass
+class Position:
+    """Epoch, mini-epoch (index into the epoch's plan) and pass (within the mini-epoch), plus their history."""
+
+    epoch: int = 0
+    mini_epoch: int = 0
+    pass_index: int = 0
+    passes_total: int = 0
+    rf_effective: list[int] = field(default_factory=lambda: [0])
+    arf_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def load_position(cache_dir: str) -> Position | None:
+    """The journalled position, or None if there is none or it is unreadable (then the mount starts afresh)."""
+    try:
+        with open(os.path.join(cache_dir, JOURNAL_NAME), "rb") as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("version") != _VERSION:
+        return None
+    try:
+        pos = Position(
+            epoch=int(raw["epoch"]),
+            mini_epoch=int(raw["mini_epoch"]),
+            pass_index=int(raw["pass"]),
+            passes_total=int(raw.get("passes_total", 0)),
+            rf_effective=[int(x) for x in raw.get("rf_effective", [0])] or [0],
+            arf_history=list(raw.get("arf_history", [])),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if min(pos.epoch, pos.mini_epoch, pos.pass_index) < 0:
+        return None
+    return pos
+
+
+def save_position(cache_dir: str, pos: Position) -> None:
+    raw = asdict(pos)
+    raw["pass"] = raw.pop("pass_index")
+    raw["version"] = _VERSION
+    atomic_write(os.path.join(cache_dir, JOURNAL_NAME), json.dumps(raw, sort_keys=True).encode())

@@ -1,0 +1,218 @@
+"""The namespace through TierOperations called directly: resolution, listings, /.tierfs, read-only."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from types import SimpleNamespace
+
+import pyfuse3
+import pytest
+
+from tierfs.fs import TierOperations
+from tierfs.tree import CONTROL_INODES
+
+CTX = None  # the engine never looks at the request context
+
+
+async def _walk(ops: TierOperations, inode: int, prefix: str = "") -> dict[str, int]:
+    """Every path listed below ``inode`` (one opendir per directory), mapped to its inode."""
+    out = {}
+    fh = await ops.opendir(inode, CTX)
+    for name, child in ops._dirs[fh]:
+        path = prefix + os.fsdecode(name)
+        out[path] = child
+        attr = await ops.getattr(child, CTX)
+        if stat.S_ISDIR(attr.st_mode):
+            out.update(await _walk(ops, child, path + "/"))
+    await ops.releasedir(fh)
+    return out
+
+
+async def _resolve(ops: TierOperations, path: str) -> pyfuse3.EntryAttributes:
+    inode = pyfuse3.ROOT_INODE
+    attr = None
+    for part in path.split("/"):
+        attr = await ops.lookup(inode, os.fsencode(part), CTX)
+        inode = attr.st_ino
+    assert attr is not None
+    return attr
+
+
+async def _read(ops: TierOperations, inode: int, flags: int = os.O_RDONLY) -> bytes:
+    fi = await ops.open(inode, flags, CTX)
+    try:
+        out, off = [], 0
+        while data := await ops.read(fi.fh, off, 1 << 16):
+            out.append(data)
+            off += len(data)
+        return b"".join(out)
+    finally:
+        await ops.release(fi.fh)
+
+
+def test_every_backing_path_resolves_and_reads(open_engine, dataset, t):
+    backing, files = dataset
+    e = open_engine()
+    ops = TierOperations(e)
+
+    async def main():
+        for rel, size in files.items():
+            attr = await _resolve(ops, rel)
+            assert attr.st_size == size
+            assert await _read(ops, attr.st_ino) == (backing / rel).read_bytes()
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await ops.lookup(pyfuse3.ROOT_INODE, b"nope", CTX)
+        assert exc.value.errno == errno.ENOENT
+
+    t.run(main)
+    assert e.out_of_view == len(files) - len(e.view.files) or e.out_of_view > 0
+
+
+def test_root_lists_view_and_every_data_dir(open_engine, dataset, t):
+    _, files = dataset
+    e = open_engine()
+    ops = TierOperations(e)
+
+    async def main():
+        listed = await _walk(ops, pyfuse3.ROOT_INODE)
+        dirs = sorted({rel.split("/")[0] for rel in files})
+        assert [p for p in listed if "/" not in p] == dirs  # dirs by name, .tierfs never listed
+        shown = [p for p in listed if "/" in p]
+        view = {os.fsdecode(e.tree.file_path(f)) for f in e.view.files.tolist()}
+        assert set(shown) == view and len(shown) == len(view)
+        # each directory lists its files in serving order
+        order = [os.fsdecode(p) for p in e.order_text().splitlines()]
+        for d in dirs:
+            assert [p for p in shown if p.startswith(d + "/")] == [p for p in order if p.startswith(d + "/")]
+
+    t.run(main)
+
+
+def test_listing_is_a_frozen_snapshot_and_order_reshuffles_each_pass(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=1, rf=100)
+    ops = TierOperations(e)
+
+    async def main():
+        fh = await ops.opendir(pyfuse3.ROOT_INODE, CTX)
+        before = list(ops._dirs[fh])
+        orders = [e.order_text()]
+        for _ in range(3):
+            await t.read_view(e)  # every view file read: the pass ends
+            orders.append(e.order_text())
+        assert ops._dirs[fh] == before  # the open listing did not move
+        await ops.releasedir(fh)
+        assert len(set(orders)) == len(orders)  # a fresh serving order every pass
+        assert all(sorted(o.splitlines()) == sorted(orders[0].splitlines()) for o in orders)
+
+    t.run(main)
+
+
+def test_control_dir_hidden_but_resolvable(open_engine, t):
+    e = open_engine()
+    ops = TierOperations(e)
+
+    async def main():
+        names = [n for n, _ in e.list_dir(pyfuse3.ROOT_INODE)]
+        assert b".tierfs" not in names
+        d = await ops.lookup(pyfuse3.ROOT_INODE, b".tierfs", CTX)
+        assert stat.S_ISDIR(d.st_mode)
+        listed = sorted(await _walk(ops, d.st_ino))
+        assert listed == ["control", "metrics", "order", "status"]
+        for name in ("control", "status", "order", "metrics"):
+            a = await ops.lookup(d.st_ino, name.encode(), CTX)
+            assert a.st_ino == CONTROL_INODES[name.encode()]
+        status = json.loads(await _read(ops, CONTROL_INODES[b"status"]))
+        assert status["view_files"] == len(e.view.files)
+        assert (await _read(ops, CONTROL_INODES[b"order"])) == e.order_text()
+        assert b"rf=2" in await _read(ops, CONTROL_INODES[b"control"])
+
+    t.run(main)
+
+
+def test_every_mutating_call_is_erofs_and_backing_untouched(open_engine, dataset, t):
+    backing, files = dataset
+    before = {rel: (backing / rel).stat() for rel in files}
+    e = open_engine()
+    ops = TierOperations(e)
+
+    async def main():
+        f = await _resolve(ops, next(iter(files)))
+        d = await _resolve(ops, next(iter(files)).split("/")[0])
+        calls = [
+            lambda: ops.create(d.st_ino, b"new", 0o644, os.O_WRONLY, CTX),
+            lambda: ops.mkdir(d.st_ino, b"sub", 0o755, CTX),
+            lambda: ops.mknod(d.st_ino, b"node", stat.S_IFREG | 0o644, 0, CTX),
+            lambda: ops.unlink(d.st_ino, b"file_00000.bin", CTX),
+            lambda: ops.rmdir(pyfuse3.ROOT_INODE, b"class_000", CTX),
+            lambda: ops.rename(d.st_ino, b"a", d.st_ino, b"b", 0, CTX),
+            lambda: ops.symlink(d.st_ino, b"l", b"target", CTX),
+            lambda: ops.link(f.st_ino, d.st_ino, b"hard", CTX),
+            lambda: ops.setxattr(f.st_ino, b"user.x", b"1", CTX),
+            lambda: ops.removexattr(f.st_ino, b"user.x", CTX),
+            lambda: ops.open(f.st_ino, os.O_WRONLY, CTX),
+            lambda: ops.open(f.st_ino, os.O_RDWR, CTX),
+            lambda: ops.open(f.st_ino, os.O_RDONLY | os.O_TRUNC, CTX),
+        ]
+        names = ("update_mode", "update_size", "update_mtime", "update_atime", "update_uid", "update_gid")
+        attr = await ops.getattr(f.st_ino, CTX)
+        for field in names:
+            sf = SimpleNamespace(**{n: n == field for n in names})
+            calls.append(lambda sf=sf: ops.setattr(f.st_ino, attr, sf, None, CTX))
+        for call in calls:
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await call()
+            assert exc.value.errno == errno.EROFS, call
+        # status, order and metrics cannot be opened for writing either
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.open(CONTROL_INODES[b"status"], os.O_WRONLY, CTX)
+
+    t.run(main)
+    after = {rel: (backing / rel).stat() for rel in files}
+    assert {k: (v.st_size, v.st_mtime_ns, v.st_mode) for k, v in before.items()} == {
+        k: (v.st_size, v.st_mtime_ns, v.st_mode) for k, v in after.items()}
+    assert sorted(p.name for p in backing.iterdir()) == sorted({r.split("/")[0] for r in files})
+
+
+def test_attributes_are_read_only_copies(open_engine, dataset, t):
+    backing, files = dataset
+    e = open_engine()
+    ops = TierOperations(e)
+
+    async def main():
+        rel = next(iter(files))
+        a = await _resolve(ops, rel)
+        st = (backing / rel).stat()
+        assert a.st_size == st.st_size and a.st_mtime_ns == st.st_mtime_ns
+        assert stat.S_IMODE(a.st_mode) == stat.S_IMODE(st.st_mode) & ~0o222
+
+    t.run(main)
+
+
+def test_symlinks_shown_with_their_own_text(tmp_path, open_engine, t):
+    backing = tmp_path / "links"
+    (backing / "cls").mkdir(parents=True)
+    (backing / "cls" / "a.bin").write_bytes(b"a" * 100)
+    (tmp_path / "outside").write_bytes(b"secret")
+    os.symlink(tmp_path / "outside", backing / "cls" / "escape")
+    os.symlink("a.bin", backing / "cls" / "rel")
+    os.symlink(tmp_path, backing / "dirlink")
+    e = open_engine(capacity=1000, backing_dir=backing, nm=1)
+    ops = TierOperations(e)
+
+    async def main():
+        for name, text in ((b"cls/escape", os.fsencode(tmp_path / "outside")), (b"cls/rel", b"a.bin"),
+                           (b"dirlink", os.fsencode(tmp_path))):
+            a = await _resolve(ops, os.fsdecode(name))
+            assert stat.S_ISLNK(a.st_mode)
+            assert await ops.readlink(a.st_ino, CTX) == text
+            with pytest.raises(pyfuse3.FUSEError):
+                await ops.open(a.st_ino, os.O_RDONLY, CTX)  # the kernel follows links itself, never we
+        listed = await _walk(ops, pyfuse3.ROOT_INODE)
+        assert {"cls", "dirlink", "cls/escape", "cls/rel", "cls/a.bin"} <= set(listed)
+        assert "dirlink/outside" not in listed
+
+    t.run(main)
+    assert e.tree.n_files == 1  # nothing was taken from beyond a link

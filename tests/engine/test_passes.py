@@ -1,0 +1,209 @@
+"""Passes and mini-epochs: when a pass ends, rf, advance, ARF feedback, compositions, sharding, view, lru."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from tierfs.options import Settings
+
+
+async def _staged(e, t):
+    async with trio.open_nursery() as n:
+        await n.start(e.run)
+        await t.settle(e)
+        n.cancel_scope.cancel()
+
+
+def test_pass_ends_when_every_view_file_was_read(open_engine, t):
+    e = open_engine(rf=3)
+
+    async def main():
+        order = e.view.order.tolist()
+        for f in order[:-1]:
+            await t.read_file(e, f)
+            await t.read_file(e, f)  # re-reading does not count twice
+        assert e.pos.pass_index == 0
+        await t.read_file(e, order[-1])
+        assert e.pos.pass_index == 1 and e.pos.rf_effective == [1]
+
+    t.run(main)
+
+
+def test_pass_ends_on_next_pass_and_on_root_relist_after_a_read(open_engine, t):
+    e = open_engine(rf=10)
+
+    async def main():
+        e.list_dir(1)
+        e.list_dir(1)
+        assert e.pos.pass_index == 0  # listing without reading ends nothing
+        await t.read_file(e, e.view.order.tolist()[0])
+        e.list_dir(1)
+        assert e.pos.pass_index == 1
+        e.control_write(b"next-pass\n")
+        assert e.pos.pass_index == 2
+
+    t.run(main)
+
+
+def test_ready_repeats_until_next_is_cached_then_switches(open_engine, t):
+    e = open_engine(rf=2)
+
+    async def main():
+        for _ in range(4):  # no stager: the next mini-epoch never becomes ready
+            await t.read_view(e)
+        assert e.pos.mini_epoch == 0 and e.pos.rf_effective == [4]
+        await _staged(e, t)
+        await t.read_view(e)
+        assert e.pos.mini_epoch == 1 and e.pos.rf_effective == [5, 0]
+        await t.read_view(e)
+        await t.read_view(e)
+        assert e.pos.rf_effective[:2] == [5, 2]
+
+    t.run(main)
+
+
+def test_every_file_once_per_epoch_across_mini_epochs(open_engine, t):
+    e = open_engine(rf=1)
+
+    async def main():
+        seen = []
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            while e.pos.epoch == 0:
+                await t.settle(e)
+                seen.extend(e.view.files.tolist())
+                await t.read_view(e)
+            n.cancel_scope.cancel()
+        assert sorted(seen) == list(range(e.tree.n_files))
+
+    t.run(main)
+
+
+def test_advance_command_leaves_as_soon_as_next_is_cached(open_engine, t):
+    e = open_engine(rf=50)
+
+    async def main():
+        e.control_write(b"advance\n")
+        assert e.pos.mini_epoch == 0  # not staged yet
+        await _staged(e, t)  # staging completes -> switch at once
+        assert e.pos.mini_epoch == 1 and e.pos.rf_effective == [0, 0]
+        await _staged(e, t)
+        e.control_write(b"advance")
+        assert e.pos.mini_epoch == 2
+
+    t.run(main)
+
+
+def test_score_feedback_drives_arf(open_engine, t):
+    e = open_engine(rf=50, arf="score", arf_wait=2)
+
+    async def main():
+        await _staged(e, t)
+        for loss in (1.0, 0.9, 0.95, 0.97):  # two passes without improvement -> advance
+            await t.read_view(e)
+            e.control_write(f"feedback loss={loss} train_err=0.1 val_err=0.2\n".encode())
+        assert e.pos.mini_epoch == 1
+        st = e.status()
+        assert st.arf.mode == "score" and st.arf.score is not None
+        assert [h["decision"] for h in st.arf.history][-1] == "advance"
+        assert st.rf_effective[0] == 4
+
+    t.run(main)
+
+
+def test_feedback_with_arf_off_is_recorded_but_never_advances(open_engine, t):
+    e = open_engine(rf=50)
+
+    async def main():
+        await _staged(e, t)
+        for _ in range(5):
+            e.control_write(b"feedback loss=1 train_err=0.5 val_err=0.5 score=3\n")
+        assert e.pos.mini_epoch == 0 and len(e.status().arf.history) == 5
+
+    t.run(main)
+
+
+def test_rf_auto_from_measured_rates(open_engine, t):
+    e = open_engine(rf="auto")
+    e._staged_bytes, e._staging_busy = 1000, 1.0  # 1000 B/s staging
+    e._consumption_bps = 3500.0  # a reader 3.5x faster
+    assert e.rf_now() == 4
+    assert e.status().rf == 4 and e.status().rf_setting == "auto"
+
+
+@pytest.mark.parametrize("composition", ["random", "stratified", "contiguous", "reservoir"])
+def test_compositions(open_engine, t, composition):
+    e = open_engine(composition=composition, rf=1)
+    plan = e._plan(0)
+    assert sorted(np.concatenate(plan).tolist()) == list(range(e.tree.n_files))
+    assert all(int(e.tree.sizes[p].sum()) <= e.config.capacity // 2 for p in plan)
+    if composition == "stratified":
+        # every directory keeps its share in every mini-epoch
+        for p in plan:
+            counts = np.bincount(e.tree.groups[p], minlength=len(e.tree.nodes))
+            assert (counts[np.unique(e.tree.groups)] >= 1).all()
+
+    async def main():
+        seen = []
+        while e.pos.epoch == 0:
+            seen.extend(e.view.files.tolist())
+            await t.read_view(e)
+        assert sorted(seen) == list(range(e.tree.n_files))
+
+    t.run(main)
+
+
+def test_rank_world_size_shard_the_plan(open_engine, tmp_path, t):
+    e0 = open_engine(cache=tmp_path / "c0", rank=0, world_size=2)
+    e1 = open_engine(cache=tmp_path / "c1", rank=1, world_size=2)
+    for j in range(len(e0._plan(0))):
+        a, b = set(e0._plan(0)[j].tolist()), set(e1._plan(0)[j].tolist())
+        assert not a & b
+    union = set(np.concatenate(e0._plan(0)).tolist()) | set(np.concatenate(e1._plan(0)).tolist())
+    assert union == set(range(e0.tree.n_files))
+    assert set(e0.view.files.tolist()).isdisjoint(e1.view.files.tolist())
+
+
+def test_view_full_shows_everything_and_stages_mini_epochs(open_engine, t):
+    e = open_engine(view="full", rf=1)
+    assert len(e.view) == e.tree.n_files
+    names = {n for n, _ in e.list_dir(1)}
+    assert names == {f"class_{d:03d}".encode() for d in range(4)}
+
+    async def main():
+        await _staged(e, t)
+        assert len(e.cache.entries) == len(e._cur) + len(e._next)
+
+    t.run(main)
+
+
+def test_lru_reads_through_under_the_cap(open_engine, t):
+    e = open_engine(policy="lru")
+    assert e.settings.view == "full" and len(e.view) == e.tree.n_files
+
+    async def main():
+        for _ in range(2):
+            for f in e.view.order.tolist():
+                assert await t.read_file(e, f) == t.backing_bytes(e, f)
+                assert e.cache.used <= e.cache.capacity
+        assert e.pos.passes_total == 2
+        # the most recently read files are the cached ones
+        last = e.view.order.tolist()
+        hits = e.hits
+        await t.read_file(e, list(e.cache.entries)[-1])
+        assert e.hits == hits + 1
+        assert len(last) == e.tree.n_files
+
+    t.run(main)
+    assert e.misses > 0 and e.cache.used <= e.cache.capacity
+
+
+def test_settings_change_keeps_current_epoch_plan(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=4)
+    cur = e._cur.copy()
+    e.control_write(b"nm=2\n")
+    assert e.settings.nm == 2 and (e._cur == cur).all()
+    assert len(e._plan(0)) == 4 and len(e._plan(1)) == 2
+    assert isinstance(e.settings, Settings)

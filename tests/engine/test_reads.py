@@ -1,0 +1,181 @@
+"""Reads: cache or backing, fingerprint checks, changed / vanished files, an unreachable backing dir."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import pytest
+import trio
+
+from tierfs.engine import BackingError
+
+
+async def _staged(e, t):
+    async with trio.open_nursery() as n:
+        await n.start(e.run)
+        await t.settle(e)
+        n.cancel_scope.cancel()
+
+
+def test_hits_misses_and_out_of_view_are_counted(open_engine, t):
+    e = open_engine()
+
+    async def main():
+        await _staged(e, t)
+        cur = e.view.order.tolist()
+        outside = [f for f in range(e.tree.n_files) if not e._wanted[f]]
+        assert await t.read_file(e, cur[0]) == t.backing_bytes(e, cur[0])
+        assert (e.hits, e.misses, e.out_of_view) == (1, 0, 0)
+        before = e.backing_bytes_read
+        data = await t.read_file(e, outside[0])
+        assert data == t.backing_bytes(e, outside[0])
+        assert (e.hits, e.misses, e.out_of_view) == (1, 1, 1)
+        assert e.backing_bytes_read == before + len(data)
+        assert e.cache.get(outside[0]) is None  # a read outside the view does not pollute the cache
+        assert e.served_bytes == len(data) + len(t.backing_bytes(e, cur[0]))
+
+    t.run(main)
+
+
+def test_current_files_fetched_on_demand_so_each_byte_is_read_once(open_engine, t):
+    e = open_engine()  # the stager is not running: every current file is fetched by its reader
+
+    async def main():
+        n = await t.read_view(e)
+        assert e.misses == n and e.hits == 0
+        assert e.backing_bytes_read == e.status().view_bytes or e.pos.mini_epoch == 0
+        assert e.pos.pass_index == 1
+        await t.read_view(e)
+        assert e.hits == n  # the second pass is all cache
+
+    t.run(main)
+
+
+def test_changed_backing_file_is_restaged_and_served_new(open_engine, t):
+    e = open_engine(rf=100)
+
+    async def main():
+        await _staged(e, t)
+        f = e.view.order.tolist()[0]
+        path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f)))
+        old_name = e.cache.get(f).name
+        with open(path, "wb") as fh:
+            fh.write(b"new content, new size")
+        h = await e.open_file(f)
+        assert not h.keep_cache  # the kernel must drop its pages of the old content
+        assert await e.read(h, 0, 1000) == b"new content, new size"
+        e.release(h)
+        assert e.tree.file_node(f).st.st_size == len(b"new content, new size")
+        await _staged(e, t)
+        assert e.cache.get(f) is not None and e.cache.get(f).name != old_name
+        assert not os.path.exists(os.path.join(e.cache.data_path, old_name))
+        assert await t.read_file(e, f) == b"new content, new size"
+
+    t.run(main)
+
+
+def test_same_size_rewrite_detected_by_mtime_and_inode(open_engine, t):
+    e = open_engine(rf=100)
+
+    async def main():
+        await _staged(e, t)
+        f = e.view.order.tolist()[0]
+        path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f)))
+        old = t.backing_bytes(e, f)
+        new = bytes(255 - b for b in old)
+        tmp = path + ".new"
+        with open(tmp, "wb") as fh:
+            fh.write(new)
+        os.replace(tmp, path)  # same size, new inode
+        assert await t.read_file(e, f) == new
+
+    t.run(main)
+
+
+def test_vanished_file_is_enoent(open_engine, t):
+    e = open_engine()
+
+    async def main():
+        await _staged(e, t)
+        f = e.view.order.tolist()[0]
+        os.unlink(os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f))))
+        with pytest.raises(BackingError) as exc:
+            await e.open_file(f)
+        assert exc.value.errno == errno.ENOENT
+        assert e.cache.get(f) is None
+
+    t.run(main)
+
+
+def test_unreachable_backing_dir_is_eio_never_empty(open_engine, t, tmp_path):
+    e = open_engine()
+
+    async def main():
+        await _staged(e, t)
+        cached = e.view.order.tolist()[0]
+        uncached = next(f for f in range(e.tree.n_files) if e.cache.get(f) is None)
+        h = await e.open_file(uncached)
+        shutil.rmtree(e.config.backing)  # the backing dir is gone (an unmounted or lost network share)
+        for f in (cached, uncached):
+            with pytest.raises(BackingError) as exc:
+                await e.open_file(f)
+            assert exc.value.errno == errno.EIO
+        e.release(h)
+
+    t.run(main)
+
+
+def test_backing_read_error_is_eio(open_engine, t, monkeypatch):
+    e = open_engine()
+
+    async def main():
+        f = next(f for f in range(e.tree.n_files) if not e._cur_mask[f])
+        h = await e.open_file(f)
+
+        def broken(*_a):
+            raise OSError(errno.EIO, "I/O error")
+
+        monkeypatch.setattr(os, "pread", broken)
+        with pytest.raises(BackingError) as exc:
+            await e.read(h, 0, 100)
+        assert exc.value.errno == errno.EIO
+        monkeypatch.undo()
+        e.release(h)
+
+    t.run(main)
+
+
+def test_verify_xxhash_catches_a_corrupted_copy(open_engine, t):
+    e = open_engine(verify="xxhash")
+
+    async def main():
+        await _staged(e, t)
+        f = e.view.order.tolist()[0]
+        entry = e.cache.get(f)
+        assert entry.digest is not None
+        path = os.path.join(e.cache.data_path, entry.name)
+        with open(path, "r+b") as fh:  # same size, same name: only the content check can tell
+            first = fh.read(1)
+            fh.seek(0)
+            fh.write(bytes([first[0] ^ 0xFF]))
+        entry.verified = False
+        assert await t.read_file(e, f) == t.backing_bytes(e, f)
+        assert "xxhash" in e.last_error
+        assert e.cache.get(f) is None or e.cache.get(f) is not entry
+
+    t.run(main)
+
+
+def test_strict_fetches_on_demand_and_switches_after_exactly_rf(open_engine, t):
+    e = open_engine(rf=1, advance="strict")
+
+    async def main():
+        await t.read_view(e)  # no stager: the next mini-epoch is not staged, strict switches anyway
+        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 0)
+        n = await t.read_view(e)
+        assert e.misses >= n and e.stall_seconds > 0
+        assert e.pos.mini_epoch == 2
+
+    t.run(main)

@@ -1,0 +1,188 @@
+"""The staging engine: next mini-epoch staged in storage order under the cap, atomically, then evicted."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import trio
+import trio.testing
+
+from tierfs.atomic import TEMP_PREFIX
+from tierfs.engine import Engine
+from tierfs.options import MountConfig, Settings
+
+
+async def _with_stager(e: Engine, body):
+    async with trio.open_nursery() as n:
+        await n.start(e.run)
+        await body()
+        n.cancel_scope.cancel()
+
+
+def test_stages_current_then_next_in_storage_order(open_engine, t):
+    e = open_engine()
+    order: list[int] = []
+    begin = e.begin_staging
+
+    def spy(fidx):
+        order.append(fidx)  # copies start in this order (they may finish out of order: 4 run at once)
+        return begin(fidx)
+
+    e.begin_staging = spy
+
+    async def main():
+        await _with_stager(e, lambda: t.settle(e))
+
+    t.run(main)
+    cur, nxt = e._cur.tolist(), e._next.tolist()
+    assert sorted(order) == sorted(cur + nxt)
+    assert order == sorted(cur) + sorted(nxt)  # the current one first (nothing cached at mount), storage order
+    assert e.next_ready()
+    assert e.status().prefetch.files_done == len(nxt)
+
+
+def test_capacity_cap_holds_at_every_instant(open_engine, t):
+    e = open_engine()
+    seen: list[int] = []
+    reserve = e.cache.reserve
+
+    def spy(n):
+        ok = reserve(n)
+        seen.append(e.cache.used)
+        assert e.cache.used <= e.cache.capacity
+        return ok
+
+    e.cache.reserve = spy
+
+    async def sampler():
+        while True:
+            assert e.cache.disk_bytes() <= e.cache.capacity  # temp files included
+            assert e.cache.used <= e.cache.capacity
+            await trio.sleep(0)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(sampler)
+            await n.start(e.run)
+            for _ in range(12):  # 3 epochs of 4 mini-epochs, 2 passes each
+                await t.settle(e)
+                await t.read_view(e)
+                await t.read_view(e)
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert seen and max(seen) <= e.cache.capacity
+    assert e.pos.epoch >= 2
+
+
+def test_no_partial_file_is_ever_visible(open_engine, t):
+    e = open_engine()
+    names: set[str] = set()
+
+    async def watcher():
+        while True:
+            for name in os.listdir(e.cache.data_path):
+                if not name.startswith(TEMP_PREFIX):
+                    names.add(name)
+                    st = os.stat(os.path.join(e.cache.data_path, name))
+                    assert st.st_size == int(name.split("-")[1])  # complete when it has its name
+            await trio.sleep(0)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(watcher)
+            await n.start(e.run)
+            await t.settle(e)
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert names
+
+
+def test_evicts_previous_mini_epoch_after_switch_but_not_open_files(open_engine, t):
+    e = open_engine(rf=1)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            await t.settle(e)
+            first = e._cur.tolist()
+            keep = first[0]
+            h = await e.open_file(keep)  # held open across the switch
+            for f in e.view.order.tolist():
+                if f != keep:
+                    await t.read_file(e, f)
+            assert e.pos.mini_epoch == 1
+            entry = h.entry
+            assert entry is not None and entry.doomed
+            assert os.path.exists(os.path.join(e.cache.data_path, entry.name))  # still there while open
+            assert all(e.cache.get(f) is None for f in first if f not in e._wanted.nonzero()[0])
+            assert await e.read(h, 0, 1 << 20) == t.backing_bytes(e, keep)
+            e.release(h)
+            assert not os.path.exists(os.path.join(e.cache.data_path, entry.name))  # gone on release
+            n.cancel_scope.cancel()
+
+    t.run(main)
+
+
+def test_cache_files_are_private(open_engine, t):
+    e = open_engine()
+
+    async def main():
+        await _with_stager(e, lambda: t.settle(e))
+
+    t.run(main)
+    assert stat.S_IMODE(os.stat(e.cache.path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(e.cache.data_path).st_mode) == 0o700
+    for name in os.listdir(e.cache.data_path):
+        assert stat.S_IMODE(os.stat(os.path.join(e.cache.data_path, name)).st_mode) == 0o600
+
+
+def test_bandwidth_cap_paces_backing_reads(open_engine):
+    e = open_engine(bandwidth=1000)
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def main():
+        t0 = trio.current_time()
+        for _ in range(5):
+            await e.throttle(500)
+        # 2500 bytes at 1000 B/s: the fifth chunk may start only after 2 s
+        assert trio.current_time() - t0 == pytest.approx(2.0)
+        e.settings = Settings(**{**e.settings.__dict__, "bandwidth": 0})
+        t1 = trio.current_time()
+        await e.throttle(10**9)
+        assert trio.current_time() == t1  # 0 = no cap
+
+    trio.run(main, clock=clock)
+
+
+@pytest.mark.parametrize("capacity_factor, nm, needle", [(None, 4, "largest file"), (3.0, 1, "nm >=")])
+def test_impossible_configurations_refused_up_front(tmp_path, dataset, capacity_factor, nm, needle):
+    backing, files = dataset
+    biggest = max(files.values())
+    capacity = int(biggest * 1.5) if capacity_factor is None else int(sum(files.values()) / capacity_factor)
+    e = Engine(MountConfig(os.fspath(backing), os.fspath(tmp_path / "m"), os.fspath(tmp_path / "c"), capacity,
+                           Settings(nm=nm)))
+    with pytest.raises(ValueError, match=needle):
+        e.open()
+    e.close()
+
+
+def test_cache_inside_backing_refused(tmp_path, dataset):
+    backing, _ = dataset
+    e = Engine(MountConfig(os.fspath(backing), os.fspath(tmp_path / "m"), os.fspath(backing / "cache"), 1 << 20))
+    with pytest.raises(ValueError, match="inside the backing"):
+        e.open()
+    e.close()
+    assert not (backing / "cache").exists()
+
+
+def test_second_engine_on_same_cache_refused(open_engine, tmp_path, dataset):
+    open_engine()
+    backing, _ = dataset
+    e = Engine(MountConfig(os.fspath(backing), "", os.fspath(tmp_path / "cache"), 1 << 20))
+    with pytest.raises(ValueError, match="in use"):
+        e.open()
+    e.close()

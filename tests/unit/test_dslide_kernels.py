@@ -1,0 +1,181 @@
+"""Kernels against dense numpy references: the sparse layers' gradients, lazy Adam, active-set selection."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from dslide import kernels
+from dslide.gen import generate
+from dslide.model import ModelConfig, SlideModel
+
+F, L, H, B, b = 40, 15, 6, 5, 7
+
+
+def make_problem(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    data = generate(B, F, L, seed=seed)
+    W1 = rng.standard_normal((F, H)).astype(np.float32)
+    b1 = (0.1 * rng.standard_normal(H)).astype(np.float32)
+    W2 = (rng.standard_normal((L, H)) / np.sqrt(H)).astype(np.float32)
+    b2 = (0.1 * rng.standard_normal(L)).astype(np.float32)
+    active = np.empty((B, b), np.int32)
+    n_own = np.empty(B, np.int32)
+    for i in range(B):
+        labels = data.y_indices[data.y_indptr[i] : data.y_indptr[i + 1]][:b]
+        rest = rng.permutation(np.setdiff1d(np.arange(L), labels))[: b - len(labels)]
+        active[i] = np.concatenate([labels, rest])
+        n_own[i] = len(labels)
+    return data, W1, b1, W2, b2, active, n_own
+
+
+def dense_x(data) -> np.ndarray:
+    x = np.zeros((len(data), data.n_features))
+    for i in range(len(data)):
+        s = slice(data.x_indptr[i], data.x_indptr[i + 1])
+        x[i, data.x_indices[s]] = data.x_values[s]
+    return x
+
+
+def reference_loss(x, W1, b1, W2, b2, active, n_own) -> float:
+    """Mean over the batch of softmax cross-entropy on each sample's active set, target uniform on its labels."""
+    h = np.maximum(x @ W1 + b1, 0)
+    total = 0.0
+    for i in range(len(x)):
+        z = W2[active[i]] @ h[i] + b2[active[i]]
+        logp = z - z.max() - np.log(np.exp(z - z.max()).sum())
+        if n_own[i]:
+            total -= logp[: n_own[i]].mean()
+    return total / len(x)
+
+
+def reference_grads(x, W1, b1, W2, b2, active, n_own):
+    pre = x @ W1 + b1
+    h = np.maximum(pre, 0)
+    gW2, gb2, dh = np.zeros_like(W2), np.zeros_like(b2), np.zeros_like(h)
+    for i in range(len(x)):
+        if not n_own[i]:
+            continue
+        a = active[i]
+        z = W2[a] @ h[i] + b2[a]
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        p[: n_own[i]] -= 1.0 / n_own[i]
+        p /= len(x)
+        gW2[a] += np.outer(p, h[i])
+        gb2[a] += p
+        dh[i] = p @ W2[a]
+    delta = dh * (pre > 0)
+    return x.T @ delta, delta.sum(0), gW2, gb2, dh
+
+
+def run_kernels(data, W1, b1, W2, b2, active, n_own):
+    rows = np.arange(B, dtype=np.int64)
+    h = np.empty((B, H), np.float32)
+    kernels.hidden_forward(rows, data.x_indptr, data.x_indices, data.x_values, W1, b1, h)
+    logits, rowmax = np.empty((B, b), np.float32), np.empty(B, np.float32)
+    kernels.active_logits(h, active, W2, b2, logits, rowmax)
+    stats = np.empty((B, 3))
+    kernels.softmax_stats(logits, n_own, rowmax, stats)
+    gW2, gb2 = np.zeros_like(W2), np.zeros_like(b2)
+    touched, dh = np.zeros(L, np.uint8), np.empty((B, H), np.float32)
+    kernels.output_backward(h, active, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B, W2, gW2, gb2, touched, dh)
+    delta = (dh * (h > 0)).astype(np.float32)
+    gW1, touched_in = np.zeros_like(W1), np.zeros(F, np.uint8)
+    kernels.hidden_backward(rows, data.x_indptr, data.x_indices, data.x_values, delta, gW1, touched_in)
+    loss = np.log(stats[:, 0]) + rowmax - stats[:, 1] / np.maximum(stats[:, 2], 1)
+    loss = np.where(stats[:, 2] > 0, loss, 0).sum() / B
+    return loss, gW1, delta.sum(0), gW2, gb2, dh, touched, touched_in
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sparse_layer_gradients_match_dense_reference(seed: int) -> None:
+    data, W1, b1, W2, b2, active, n_own = make_problem(seed)
+    x = dense_x(data)
+    args64 = [a.astype(np.float64) for a in (W1, b1, W2, b2)]
+    loss, gW1, gb1, gW2, gb2, dh, touched, touched_in = run_kernels(data, W1, b1, W2, b2, active, n_own)
+    ref = reference_grads(x, *args64, active, n_own)
+    assert loss == pytest.approx(reference_loss(x, *args64, active, n_own), rel=1e-5)
+    for got, want in zip((gW1, gb1, gW2, gb2, dh), ref, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert set(np.flatnonzero(touched)) == set(active[n_own > 0].ravel())
+    assert set(np.flatnonzero(touched_in)) == set(data.x_indices)
+
+
+def test_reference_gradient_agrees_with_finite_differences() -> None:
+    data, W1, b1, W2, b2, active, n_own = make_problem(4)
+    x = dense_x(data)
+    params = [a.astype(np.float64) for a in (W1, b1, W2, b2)]
+    grads = reference_grads(x, *params, active, n_own)[:4]
+    rng = np.random.default_rng(0)
+    for p, g in zip(params, grads, strict=True):
+        for _ in range(6):
+            idx = tuple(rng.integers(0, s) for s in p.shape)
+            old = p[idx]
+            p[idx] = old + 1e-6
+            up = reference_loss(x, *params, active, n_own)
+            p[idx] = old - 1e-6
+            down = reference_loss(x, *params, active, n_own)
+            p[idx] = old
+            assert (up - down) / 2e-6 == pytest.approx(g[idx], rel=1e-4, abs=1e-8)
+
+
+def test_lazy_adam_matches_per_row_reference() -> None:
+    rng = np.random.default_rng(3)
+    n, d = 9, 4
+    W = rng.standard_normal((n, d)).astype(np.float32)
+    bW = rng.standard_normal(n).astype(np.float32)
+    M, V, G = np.zeros_like(W), np.zeros_like(W), np.zeros_like(W)
+    bM, bV, bG = np.zeros_like(bW), np.zeros_like(bW), np.zeros_like(bW)
+    T = np.zeros(n, np.int64)
+    ref = {"W": W.astype(np.float64), "b": bW.astype(np.float64)}
+    rm, rv = {k: np.zeros_like(v) for k, v in ref.items()}, {k: np.zeros_like(v) for k, v in ref.items()}
+    rt = np.zeros(n, int)
+    lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-8
+    for _ in range(5):
+        rows = np.sort(rng.choice(n, 4, replace=False)).astype(np.int64)
+        g, gb = rng.standard_normal((n, d)), rng.standard_normal(n)
+        G[rows], bG[rows] = g[rows], gb[rows]
+        kernels.adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, b1, b2, eps)
+        for j in rows:
+            rt[j] += 1
+            for k, gg in (("W", g[j]), ("b", gb[j])):
+                rm[k][j] = b1 * rm[k][j] + (1 - b1) * gg
+                rv[k][j] = b2 * rv[k][j] + (1 - b2) * gg * gg
+                mhat, vhat = rm[k][j] / (1 - b1 ** rt[j]), rv[k][j] / (1 - b2 ** rt[j])
+                ref[k][j] -= lr * mhat / (np.sqrt(vhat) + eps)
+        np.testing.assert_allclose(W, ref["W"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(bW, ref["b"], rtol=1e-5, atol=1e-6)
+        assert not G.any() and not bG.any()  # gradients of updated rows are cleared
+    np.testing.assert_array_equal(T, rt)
+    # a row's first update moves each weight by ~lr whatever the global step (per-row bias correction)
+    first = int(np.flatnonzero(rt == 0)[0]) if (rt == 0).any() else None
+    if first is not None:
+        G[first] = 5.0
+        before = W[first].copy()
+        kernels.adam_rows(W, M, V, G, bW, bM, bV, bG, T, np.array([first]), lr, b1, b2, eps)
+        np.testing.assert_allclose(before - W[first], lr, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("budget", "threads"), [(12, 1), (12, 2), (64, 1), (200, 2)])
+def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int, threads: int) -> None:
+    numba.set_num_threads(threads)
+    try:
+        data = generate(64, 300, 200, seed=2)
+        model = SlideModel(ModelConfig(300, 200, hidden=16, budget=budget, tables=4, bucket_cap=8))
+        rows = np.arange(64, dtype=np.int64)
+        _, h = model._hidden(data, rows)
+        active, n_own = model._select(data, rows, h, True, 7)
+        again, _ = model._select(data, rows, h, True, 7)
+        np.testing.assert_array_equal(active, again)
+        assert active.shape == (64, min(budget, 200))
+        for i in rows:
+            assert len(set(active[i].tolist())) == active.shape[1]
+            labels = data.y_indices[data.y_indptr[i] : data.y_indptr[i + 1]]
+            assert n_own[i] == min(len(labels), active.shape[1])
+            assert set(active[i, : n_own[i]].tolist()) <= set(labels.tolist())
+        assert active.min() >= 0 and active.max() < 200
+        assert not model._marks.any()
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)

@@ -1,0 +1,113 @@
+"""sampler.arf: the controllers' decisions, history and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sampler.arf import MODES, auto_rf, make_controller, parse_weights
+
+
+def test_off_never_advances_and_needs_no_metrics():
+    c = make_controller("off")
+    assert [c.observe({}) for _ in range(50)] == ["continue"] * 50
+    assert c.score is None
+    assert c.history[-1] == {"mini_epoch": 0, "pass": 50, "score": None, "decision": "continue"}
+
+
+def test_fixed_advances_after_rf_passes_every_mini_epoch():
+    c = make_controller("fixed", rf=3)
+    for me in range(3):
+        assert [c.observe({"loss": 1.0}) for _ in range(3)] == ["continue", "continue", "advance"]
+        c.new_mini_epoch()
+    assert [h["mini_epoch"] for h in c.history] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert c.score == 1.0
+
+
+def test_score_advances_after_wait_passes_without_improvement():
+    c = make_controller("score", wait=2, weights=(1.0, 0.0, 0.0))
+    losses = [1.0, 0.9, 0.95, 0.85, 0.9, 0.9]
+    assert [c.observe({"loss": x}) for x in losses] == [
+        "continue", "continue", "continue", "continue", "continue", "advance",
+    ]
+    assert c.history[-1]["best"] == 0.85 and c.history[-1]["wait"] == 2
+
+
+def test_score_state_is_per_mini_epoch():
+    c = make_controller("score", wait=1)
+    assert c.observe({"score": 0.5}) == "continue"
+    assert c.observe({"score": 0.6}) == "advance"
+    c.new_mini_epoch()
+    # a worse score on fresh data is the new mini-epoch's first, not a failure to improve
+    assert c.observe({"score": 0.9}) == "continue"
+    assert c.history[-1]["mini_epoch"] == 1
+
+
+def test_score_is_the_weighted_sum_unless_given():
+    c = make_controller("score", weights=(1.0, 2.0, 3.0))
+    c.observe({"loss": 1.0, "train_err": 0.5, "val_err": 0.25})
+    assert c.score == pytest.approx(1.0 + 1.0 + 0.75)
+    c.observe({"loss": 1.0, "val_err": 0.5})  # missing metrics are left out
+    assert c.score == pytest.approx(2.5)
+    c.observe({"loss": 9.0, "score": 0.1})  # an explicit score overrides
+    assert c.score == 0.1
+
+
+def test_bollinger_advances_only_below_the_lower_band():
+    c = make_controller("bollinger", window=4, k=1.0)
+    steady = [1.0, 1.1, 0.9, 1.0]
+    assert [c.observe({"score": s}) for s in steady] == ["continue"] * 4  # band not formed yet
+    h = c.history[-1]
+    assert h["mean"] is None
+    assert c.observe({"score": 0.95}) == "continue"  # inside the band
+    assert c.history[-1]["lower"] == pytest.approx(1.0 - 0.0707106781, abs=1e-6)
+    assert c.observe({"score": 1.5}) == "continue"  # above the band: worse, not a reason to advance
+    assert c.observe({"score": 0.2}) == "advance"
+    c.new_mini_epoch()  # the band keeps its window across mini-epochs
+    assert c.history[-1]["mean"] is not None
+
+
+def test_history_is_json_ready():
+    for mode in MODES:
+        c = make_controller(mode, rf=2)
+        c.observe({"loss": 1.0, "train_err": 0.1, "val_err": 0.2})
+        json.dumps(c.history)
+
+
+@pytest.mark.parametrize(
+    ("staging", "consumption", "rf"),
+    [(100.0, 400.0, 4), (100.0, 401.0, 5), (100.0, 50.0, 1), (100.0, 0.0, 1), (400.0, 3.8 * 1024, 10),
+     (0.1, 0.3, 3)],
+)
+def test_auto_rf(staging, consumption, rf):
+    assert auto_rf(staging, consumption) == rf
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: make_controller("magic"), "mode must be one of"),
+        (lambda: make_controller("fixed", rf=0), "rf must"),
+        (lambda: make_controller("score", wait=0), "wait must"),
+        (lambda: make_controller("bollinger", window=1), "window must"),
+        (lambda: make_controller("bollinger", k=-1.0), "k must"),
+        (lambda: make_controller("bollinger", k=float("nan")), "k must"),
+        (lambda: make_controller("score", weights=(1.0, 2.0)), "weights must"),
+        (lambda: make_controller("score").observe({}), "metrics must hold"),
+        (lambda: make_controller("score").observe({"loss": "x"}), "loss must be a number"),
+        (lambda: make_controller("score").observe({"val_err": float("inf")}), "val_err must be finite"),
+        (lambda: make_controller("off").observe({"score": None}), "score must be a number"),
+        (lambda: auto_rf(0.0, 1.0), "staging must"),
+        (lambda: auto_rf(1.0, -1.0), "consumption must"),
+        (lambda: parse_weights("1,2"), "weights must"),
+        (lambda: parse_weights("1,a,2"), "weights must"),
+    ],
+)
+def test_bad_arguments(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_parse_weights():
+    assert parse_weights(" 1, 0.5 ,0") == (1.0, 0.5, 0.0)

@@ -1,0 +1,280 @@
+"""sampler.plan: invariants (hypothesis), statistics with fixed seeds, every validation error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sampler.plan import COMPOSITIONS, groups_from_paths, min_mini_epochs, plan_epoch, serving_order
+from sampler.quality import chi2_sf
+
+# ------------------------------------------------------------------------------------------------ strategies
+
+
+@st.composite
+def file_tables(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(0, 60))
+    sizes = np.array(draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n)), dtype=np.int64)
+    groups = np.array(draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)), dtype=np.int64)
+    order = draw(st.one_of(st.none(), st.permutations(list(range(n))).map(np.array)))
+    return {"sizes": sizes, "groups": groups, "order": order}
+
+
+def _all_ranks(table: dict, world_size: int, **kw) -> list[list[np.ndarray]]:
+    return [
+        plan_epoch(table["sizes"], groups=table["groups"], order=table["order"], rank=r, world_size=world_size, **kw)
+        for r in range(world_size)
+    ]
+
+
+def _storage_pos(table: dict) -> np.ndarray:
+    n = table["sizes"].shape[0]
+    return np.arange(n) if table["order"] is None else table["order"]
+
+
+# ------------------------------------------------------------------------------------------------ invariants
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    table=file_tables(),
+    composition=st.sampled_from(COMPOSITIONS),
+    world_size=st.integers(1, 3),
+    nm=st.integers(1, 6),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 5),
+)
+def test_every_file_once_per_epoch_and_rank_shares_disjoint(table, composition, world_size, nm, seed, epoch):
+    plans = _all_ranks(table, world_size, seed=seed, epoch=epoch, nm=nm, composition=composition)
+    assert all(len(p) == nm for p in plans)
+    flat = np.concatenate([a for p in plans for a in p] + [np.zeros(0, np.int64)])
+    assert np.array_equal(np.sort(flat), np.arange(table["sizes"].shape[0]))
+    pos = _storage_pos(table)
+    for p in plans:
+        for a in p:
+            assert a.dtype == np.int64
+            assert np.all(np.diff(pos[a]) > 0)  # staging order = storage order
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    table=file_tables(),
+    composition=st.sampled_from(COMPOSITIONS),
+    world_size=st.integers(1, 3),
+    slack=st.integers(0, 3000),
+    with_nm=st.booleans(),
+    seed=st.integers(0, 2**32),
+)
+def test_every_share_within_budget(table, composition, world_size, slack, with_nm, seed):
+    sizes = table["sizes"]
+    budget = max(1, int(sizes.max(initial=0))) + slack
+    nm = None
+    if with_nm:
+        nm = min_mini_epochs(
+            sizes, budget=budget, seed=seed, composition=composition, groups=table["groups"], order=table["order"],
+            world_size=world_size,
+        )
+    plans = _all_ranks(table, world_size, seed=seed, epoch=0, nm=nm, budget=budget, composition=composition)
+    flat = np.concatenate([a for p in plans for a in p] + [np.zeros(0, np.int64)])
+    assert np.array_equal(np.sort(flat), np.arange(sizes.shape[0]))
+    for p in plans:
+        assert len(p) == len(plans[0])
+        for a in p:
+            assert int(sizes[a].sum()) <= budget
+
+
+@settings(max_examples=60, deadline=None)
+@given(table=file_tables(), world_size=st.integers(1, 3), nm=st.integers(1, 6), seed=st.integers(0, 2**32))
+def test_stratified_keeps_every_group_within_one_file_of_proportional(table, world_size, nm, seed):
+    plans = _all_ranks(table, world_size, seed=seed, epoch=1, nm=nm, composition="stratified")
+    groups = table["groups"]
+    for j in range(nm):
+        me = np.concatenate([p[j] for p in plans])
+        for g in np.unique(groups):
+            n_g = int((groups == g).sum())
+            count = int((groups[me] == g).sum())
+            assert n_g // nm <= count <= -(-n_g // nm)
+    counts = [sum(len(p[j]) for p in plans) for j in range(nm)]
+    assert max(counts) - min(counts) <= 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(table=file_tables(), composition=st.sampled_from(COMPOSITIONS), seed=st.integers(0, 2**32))
+def test_deterministic_for_seed_and_epoch(table, composition, seed):
+    kw = dict(groups=table["groups"], order=table["order"], seed=seed, nm=3, composition=composition)
+    a = plan_epoch(table["sizes"], epoch=4, **kw)
+    b = plan_epoch(table["sizes"].copy(), epoch=4, **kw)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_epochs_differ_and_seeds_differ():
+    sizes = np.full(200, 10)
+    base = plan_epoch(sizes, seed=1, epoch=0, nm=4)
+    for other in (plan_epoch(sizes, seed=1, epoch=1, nm=4), plan_epoch(sizes, seed=2, epoch=0, nm=4)):
+        assert not all(np.array_equal(x, y) for x, y in zip(base, other, strict=True))
+
+
+def test_budget_alone_picks_the_smallest_nm_that_fits():
+    sizes = np.full(100, 10)  # 1000 bytes
+    assert len(plan_epoch(sizes, seed=0, epoch=0, budget=250)) == 4
+    assert len(plan_epoch(sizes, seed=0, epoch=0, budget=1000)) == 1
+    assert len(plan_epoch(sizes, seed=0, epoch=0, budget=999)) == 2
+    # per rank: two ranks each hold at most 250 bytes of a mini-epoch
+    assert len(plan_epoch(sizes, seed=0, epoch=0, budget=250, world_size=2)) == 2
+
+
+def test_random_mini_epochs_are_byte_balanced():
+    sizes = np.random.default_rng(0).integers(1, 1000, size=5000)
+    me_bytes = [int(sizes[a].sum()) for a in plan_epoch(sizes, seed=3, epoch=0, nm=10)]
+    assert max(me_bytes) - min(me_bytes) <= 2 * int(sizes.max())
+
+
+def test_contiguous_is_the_storage_split_with_shuffled_visits():
+    sizes = np.full(100, 1)
+    order = np.arange(100)[::-1].copy()  # storage order is the reverse of the index
+    plan = plan_epoch(sizes, seed=0, epoch=0, nm=4, composition="contiguous", order=order)
+    blocks = sorted(tuple(a.tolist()) for a in plan)
+    assert blocks == sorted(tuple(range(hi - 1, hi - 26, -1)) for hi in (25, 50, 75, 100))
+    visits = {tuple(tuple(a.tolist()) for a in plan_epoch(sizes, seed=0, epoch=e, nm=4, composition="contiguous"))
+              for e in range(10)}
+    assert len(visits) > 1
+
+
+def test_empty_table():
+    assert [a.size for a in plan_epoch(np.zeros(0, np.int64), seed=0, epoch=0, nm=3)] == [0, 0, 0]
+    assert len(plan_epoch(np.zeros(0, np.int64), seed=0, epoch=0, budget=10)) == 1
+
+
+def test_more_ranks_than_files_gives_empty_shares():
+    plans = [plan_epoch(np.ones(3, np.int64), seed=0, epoch=0, nm=2, rank=r, world_size=4) for r in range(4)]
+    assert sorted(np.concatenate([a for p in plans for a in p]).tolist()) == [0, 1, 2]
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+@pytest.mark.parametrize("composition", ["random", "reservoir", "stratified"])
+def test_membership_of_first_mini_epoch_is_uniform(composition):
+    """Over many epochs each file lands in mini-epoch 0 equally often; a biased plan fails this chi-square."""
+    n, nm, epochs = 40, 4, 2000
+    sizes = np.full(n, 7)
+    groups = np.arange(n) % 5
+    counts = np.zeros(n)
+    for e in range(epochs):
+        counts[plan_epoch(sizes, seed=11, epoch=e, nm=nm, composition=composition, groups=groups)[0]] += 1
+    expected = epochs / nm
+    # cell variance is p(1-p) per epoch, not p: scale Pearson's statistic by 1/(1-p) to keep it chi-square(n-1)
+    stat = float(((counts - expected) ** 2 / expected).sum()) / (1 - 1 / nm)
+    assert chi2_sf(stat, n - 1) > 1e-3
+
+
+@pytest.mark.parametrize("composition", ["random", "reservoir", "contiguous"])
+def test_neighbours_in_storage_share_a_mini_epoch_only_by_chance(composition):
+    """Files 0 and 1 (storage neighbours) meet in a mini-epoch with probability (m-1)/(n-1) unless the plan is
+    contiguous, where they always do: a membership chi-square cannot see that, this binomial check does."""
+    n, nm, epochs = 40, 4, 1000
+    together = 0
+    for e in range(epochs):
+        plan = plan_epoch(np.full(n, 7), seed=11, epoch=e, nm=nm, composition=composition)
+        together += any(0 in a and 1 in a for a in plan)
+    p = (n / nm - 1) / (n - 1)
+    z = (together - epochs * p) / np.sqrt(epochs * p * (1 - p))
+    if composition == "contiguous":
+        assert together == epochs
+    else:
+        assert abs(z) < 4.5
+
+
+def test_serving_order_first_position_uniform():
+    idx = np.arange(30) * 3
+    firsts = [int(serving_order(idx, seed=5, epoch=0, mini_epoch=1, pass_index=p)[0]) // 3 for p in range(3000)]
+    counts = np.bincount(firsts, minlength=30)
+    stat = float(((counts - 100) ** 2 / 100).sum())
+    assert chi2_sf(stat, 29) > 1e-3
+
+
+def test_serving_order_is_a_fresh_permutation_per_pass():
+    idx = np.arange(50, 100)
+    a = serving_order(idx, seed=1, epoch=2, mini_epoch=3, pass_index=0)
+    assert sorted(a.tolist()) == idx.tolist()
+    assert np.array_equal(a, serving_order(idx, seed=1, epoch=2, mini_epoch=3, pass_index=0))
+    others = [
+        serving_order(idx, seed=1, epoch=2, mini_epoch=3, pass_index=1),
+        serving_order(idx, seed=1, epoch=2, mini_epoch=4, pass_index=0),
+        serving_order(idx, seed=1, epoch=3, mini_epoch=3, pass_index=0),
+        serving_order(idx, seed=2, epoch=2, mini_epoch=3, pass_index=0),
+    ]
+    assert all(not np.array_equal(a, o) for o in others)
+
+
+def test_groups_from_paths():
+    g = groups_from_paths(["b/x.jpg", "a/y.jpg", "b/z.jpg", "top.jpg"])
+    assert g.tolist() == [2, 1, 2, 0]
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+SIZES = np.array([5, 6, 7, 8])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"sizes": np.array([[1, 2]])}, "sizes"),
+        ({"sizes": np.array([1.5, 2.0])}, "sizes"),
+        ({"sizes": np.array(["a"])}, "sizes"),
+        ({"sizes": np.array([1, -2])}, "sizes"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.0}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"epoch": -1}, "epoch"),
+        ({"nm": 0}, "nm"),
+        ({"nm": None}, "nm or budget"),
+        ({"budget": 0}, "budget"),
+        ({"nm": None, "budget": 7}, "budget=7 is smaller than file 3"),
+        ({"nm": 1, "budget": 10}, "budget=10 is too small for nm=1"),
+        ({"nm": 1, "budget": 10, "composition": "stratified", "groups": np.zeros(4, int)}, "budget=10 is too small"),
+        ({"composition": "sorted"}, "composition"),
+        ({"composition": "stratified"}, "groups is required"),
+        ({"composition": "stratified", "groups": np.zeros(3, int)}, "groups"),
+        ({"groups": np.array(["a", "b", "c", "d"])}, "groups"),
+        ({"order": np.arange(3)}, "order"),
+        ({"order": np.array(["a", "b", "c", "d"])}, "order"),
+        ({"order": np.array([0.0, np.nan, 1.0, 2.0])}, "order"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"rank": -1}, "rank"),
+        ({"world_size": 0}, "world_size"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, name):
+    args = {"sizes": SIZES, "seed": 0, "epoch": 0, "nm": 2} | kwargs
+    sizes = args.pop("sizes")
+    with pytest.raises(ValueError, match=name):
+        plan_epoch(sizes, **args)
+
+
+def test_float_sizes_that_are_integers_are_accepted():
+    plan = plan_epoch(np.array([1.0, 2.0]), seed=0, epoch=0, nm=1)
+    assert plan[0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"seed": -1}, "seed"),
+        ({"epoch": "1"}, "epoch"),
+        ({"mini_epoch": -1}, "mini_epoch"),
+        ({"pass_index": -3}, "pass_index"),
+    ],
+)
+def test_serving_order_bad_arguments(kwargs, name):
+    args = {"seed": 0, "epoch": 0, "mini_epoch": 0, "pass_index": 0} | kwargs
+    with pytest.raises(ValueError, match=name):
+        serving_order(np.arange(3), **args)
+
+
+def test_serving_order_rejects_2d():
+    with pytest.raises(ValueError, match="indices"):
+        serving_order(np.zeros((2, 2), int), seed=0, epoch=0, mini_epoch=0, pass_index=0)
