@@ -22,7 +22,6 @@ from dslide.rand import key2, next_u64, uniform_below
 __all__ = [
     "active_logits",
     "adam_rows",
-    "dense_topk",
     "hidden_backward",
     "hidden_forward",
     "output_backward",
@@ -280,31 +279,3 @@ def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
             bV[j] = vd
             bW[j] -= lr * (md / c1) / (math.sqrt(vd / c2) + eps)
             bG[j] = 0
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def dense_topk(h, W2, b2, k, top_scores, top_ids):
-    """Exact top-k over all local neurons for every sample (inference): a streaming insertion sort per row,
-    so memory stays O(B k) however many labels there are."""
-    B = h.shape[0]
-    n, H = W2.shape
-    for i in prange(B):
-        x = h[i]
-        ts = top_scores[i]
-        ti = top_ids[i]
-        for q in range(k):
-            ts[q] = -np.inf
-            ti[q] = -1
-        for j in range(n):
-            w = W2[j]
-            s = b2[j]
-            for d in range(H):
-                s += w[d] * x[d]
-            if s > ts[k - 1]:
-                q = k - 1
-                while q > 0 and ts[q - 1] < s:
-                    ts[q] = ts[q - 1]
-                    ti[q] = ti[q - 1]
-                    q -= 1
-                ts[q] = s
-                ti[q] = j

@@ -32,7 +32,7 @@ from dslide.data import XCData
 from dslide.lsh import FAMILIES, LSHIndex, RehashSchedule, code_bits
 from dslide.rand import seed_key
 
-__all__ = ["ModelConfig", "SlideModel", "auto_k", "shard_bounds"]
+__all__ = ["ModelConfig", "SlideModel", "auto_k", "initial_weights", "shard_bounds"]
 
 _W2_INIT_BLOCK = 4096  # rows of W2 drawn from one seeded stream, so any slicing gives the same weights
 
@@ -87,6 +87,28 @@ class ModelConfig:
         return cls(**d)
 
 
+def initial_weights(
+    cfg: ModelConfig, hidden: tuple[int, int] | None = None, labels: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``W1[:, hidden]`` (F x Hl) and ``W2[labels]`` (Ll x H) as every rank count draws them: column by
+    column and in fixed row blocks, each from its own seeded stream, so a shard never depends on P."""
+    h_lo, h_hi = hidden or (0, cfg.hidden)
+    l_lo, l_hi = labels or (0, cfg.n_labels)
+    H = cfg.hidden
+    # inputs are unit-norm tf-idf rows, so N(0, 1) columns give unit-scale pre-activations
+    W1 = np.empty((cfg.n_features, h_hi - h_lo), np.float32)
+    for c in range(h_lo, h_hi):
+        W1[:, c - h_lo] = np.random.default_rng((cfg.seed, 1, c)).standard_normal(cfg.n_features)
+    W2 = np.empty((l_hi - l_lo, H), np.float32)
+    for blk in range(l_lo // _W2_INIT_BLOCK, (l_hi - 1) // _W2_INIT_BLOCK + 1):
+        b0 = blk * _W2_INIT_BLOCK
+        rows = min(_W2_INIT_BLOCK, cfg.n_labels - b0)
+        block = np.random.default_rng((cfg.seed, 2, blk)).standard_normal((rows, H)) / math.sqrt(H)
+        lo, hi = max(l_lo, b0), min(l_hi, b0 + rows)
+        W2[lo - l_lo : hi - l_lo] = block[lo - b0 : hi - b0]
+    return W1, W2
+
+
 @dataclass(frozen=True)
 class StepResult:
     loss_sum: float  # summed over the batch's labelled samples
@@ -110,18 +132,8 @@ class SlideModel:
         code_bits(cfg.hash, self.k)
         F, H, Hl = cfg.n_features, cfg.hidden, self.h_hi - self.h_lo
 
-        # inputs are unit-norm tf-idf rows, so N(0, 1) columns give unit-scale pre-activations
-        self.W1 = np.empty((F, Hl), np.float32)
-        for c in range(self.h_lo, self.h_hi):
-            self.W1[:, c - self.h_lo] = np.random.default_rng((cfg.seed, 1, c)).standard_normal(F)
+        self.W1, self.W2 = initial_weights(cfg, (self.h_lo, self.h_hi), (self.l_lo, self.l_hi))
         self.b1 = np.zeros(Hl, np.float32)
-        self.W2 = np.empty((n_local, H), np.float32)
-        for blk in range(self.l_lo // _W2_INIT_BLOCK, (self.l_hi - 1) // _W2_INIT_BLOCK + 1):
-            b0 = blk * _W2_INIT_BLOCK
-            rows = min(_W2_INIT_BLOCK, cfg.n_labels - b0)
-            block = np.random.default_rng((cfg.seed, 2, blk)).standard_normal((rows, H)) / math.sqrt(H)
-            lo, hi = max(self.l_lo, b0), min(self.l_hi, b0 + rows)
-            self.W2[lo - self.l_lo : hi - self.l_lo] = block[lo - b0 : hi - b0]
         self.b2 = np.zeros(n_local, np.float32)
 
         zeros = np.zeros_like
@@ -255,7 +267,7 @@ class SlideModel:
         top_s = np.empty((B, k), np.float32)
         top_i = np.empty((B, k), np.int64)
         if mode == "exact":
-            kernels.dense_topk(h, self.W2, self.b2, k, top_s, top_i)
+            self._exact_topk(h, k, top_s, top_i)
         elif mode == "lsh":
             active, _ = self._select(data, rows, h, False, (1 << 40) + self.step)
             logits = np.empty(active.shape, np.float32)
@@ -274,6 +286,24 @@ class SlideModel:
             top_i = self.comm.allgather(top_i)
         order = np.argsort(-top_s, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(top_i, order, axis=1)
+
+    def _exact_topk(self, h: np.ndarray, k: int, top_s: np.ndarray, top_i: np.ndarray) -> None:
+        """Score every own label with BLAS, a few rows at a time (the score block stays under ~64 MB)."""
+        n = self.W2.shape[0]
+        kk = min(k, n)
+        top_s.fill(-np.inf)
+        top_i.fill(-1)
+        step = max(1, (64 << 20) // (4 * n))
+        for s in range(0, len(h), step):
+            scores = h[s : s + step] @ self.W2.T
+            scores += self.b2
+            part = (
+                np.argpartition(-scores, kk - 1, axis=1)[:, :kk] if kk < n else np.tile(np.arange(n), (len(scores), 1))
+            )
+            vals = np.take_along_axis(scores, part, axis=1)
+            order = np.argsort(-vals, axis=1, kind="stable")
+            top_s[s : s + step, :kk] = np.take_along_axis(vals, order, axis=1)
+            top_i[s : s + step, :kk] = np.take_along_axis(part, order, axis=1)
 
     def evaluate(self, data: XCData, max_points: int | None = None, mode: str = "exact", batch: int = 256) -> dict:
         """P@1 and P@5 on the first ``max_points`` points of ``data`` (all ranks get the same figures)."""

@@ -14,7 +14,6 @@ byte count; ``before_report(record)`` may add fields (tierfs's own epoch) and ac
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -112,7 +111,7 @@ def run_training(
             "pass": passes_done,
             "seconds": round(seconds, 3),
             "samples_per_s": round(n_pass / dt, 1) if dt > 0 else 0.0,
-            "loss": round(loss_sum / n_labelled, 6) if n_labelled else math.nan,
+            "loss": round(loss_sum / n_labelled, 6) if n_labelled else None,
             "p_at_1": None,
             "p_at_5": None,
             "comm_bytes": int(comm.bytes_sent),

@@ -18,7 +18,7 @@ def test_off_never_advances_and_needs_no_metrics():
 
 def test_fixed_advances_after_rf_passes_every_mini_epoch():
     c = make_controller("fixed", rf=3)
-    for me in range(3):
+    for _ in range(3):
         assert [c.observe({"loss": 1.0}) for _ in range(3)] == ["continue", "continue", "advance"]
         c.new_mini_epoch()
     assert [h["mini_epoch"] for h in c.history] == [0, 0, 0, 1, 1, 1, 2, 2, 2]

@@ -278,3 +278,40 @@ def test_serving_order_bad_arguments(kwargs, name):
 def test_serving_order_rejects_2d():
     with pytest.raises(ValueError, match="indices"):
         serving_order(np.zeros((2, 2), int), seed=0, epoch=0, mini_epoch=0, pass_index=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    table=file_tables(),
+    composition=st.sampled_from(["random", "contiguous"]),
+    world_size=st.integers(1, 3),
+    slack=st.integers(0, 2000),
+    seed=st.integers(0, 2**32),
+)
+def test_budget_alone_gives_the_fewest_mini_epochs(table, composition, world_size, slack, seed):
+    sizes = table["sizes"]
+    budget = max(1, int(sizes.max(initial=0))) + slack
+    kw = dict(seed=seed, epoch=0, budget=budget, composition=composition, order=table["order"], world_size=world_size)
+    nm = len(plan_epoch(sizes, **kw))
+    if nm > 1:
+        with pytest.raises(ValueError, match="too small"):
+            plan_epoch(sizes, nm=nm - 1, **kw)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "nm", "budget"),
+    [
+        ([10] * 10, 12, 10),  # more mini-epochs than files: one file each, then empty ones
+        ([1, 1, 1, 1, 8, 8], 4, 9),  # byte quantiles overfill; greedy cuts then splits keep the budget
+        ([9, 1, 1, 9, 5, 5, 5, 5], 3, 10),
+        ([0, 0, 0, 0], 3, 1),
+    ],
+)
+@pytest.mark.parametrize("composition", COMPOSITIONS)
+def test_tight_budgets(sizes, nm, budget, composition):
+    sizes = np.array(sizes)
+    plan = plan_epoch(sizes, seed=0, epoch=0, nm=nm, budget=budget, composition=composition,
+                      groups=np.zeros(len(sizes), int))
+    assert len(plan) == nm
+    assert sorted(np.concatenate(plan).tolist()) == list(range(len(sizes)))
+    assert all(int(sizes[a].sum()) <= budget for a in plan)

@@ -1,0 +1,353 @@
+"""dslide against PyTorch's dense full-softmax network of the same shape, side by side in one run.
+
+(a) Throughput at Amazon-670K shape (135,909 features, 670,091 labels, H = 128, batch 256): training
+    samples/s and peak memory of each side, every side in its own process (so the memory figures are its
+    own), both on the same cores with the same thread count.
+(b) P@1 against wall time on planted data with 100,000 labels, both trained for the same number of epochs
+    from the same initial weights; evaluation time is not counted.  Reports P@1 per epoch and how much sooner
+    dslide reaches dense's epoch-1 P@1.
+
+    .venv/bin/python benchmarks/dslide_vs_dense.py            # full run (~15 min on 2 cores)
+    .venv/bin/python benchmarks/dslide_vs_dense.py --quick    # smoke run
+
+Prints a table, writes ``results.json`` and ``dslide_vs_dense.png`` into ``--out`` and the plot also into
+``docs/img/``.  The dense side's Adam is torch's (dense), its input layer an ``EmbeddingBag`` (sum, per-sample
+weights): the standard way to feed sparse rows to a dense model in PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+# -- the two sides ----------------------------------------------------------------------------------------------
+
+
+def model_cfg(F: int, L: int, args: argparse.Namespace):
+    from dslide.model import ModelConfig
+
+    return ModelConfig(F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, lr=args.lr, seed=args.seed)
+
+
+def make_side(side: str, F: int, L: int, args: argparse.Namespace):
+    """dslide's model, or the dense torch net starting from exactly dslide's initial weights."""
+    from dslide.model import SlideModel, initial_weights
+
+    cfg = model_cfg(F, L, args)
+    if side == "dslide":
+        return SlideModel(cfg)
+    return DenseTorch(*initial_weights(cfg), args.lr, args.threads)
+
+
+class DenseTorch:
+    """The same network in PyTorch, dense: every output neuron computed and updated every step."""
+
+    def __init__(self, W1: np.ndarray, W2: np.ndarray, lr: float, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        F, H = W1.shape
+        L = W2.shape[0]
+        self.emb = torch.nn.EmbeddingBag(F, H, mode="sum")
+        self.b1 = torch.nn.Parameter(torch.zeros(H))
+        self.out = torch.nn.Linear(H, L)
+        with torch.no_grad():  # the very weights dslide starts from
+            self.emb.weight.copy_(torch.from_numpy(W1))
+            self.out.weight.copy_(torch.from_numpy(W2))
+            self.out.bias.zero_()
+        params = [*self.emb.parameters(), self.b1, *self.out.parameters()]
+        self.opt = torch.optim.Adam(params, lr=lr)
+        self.times = {"forward": 0.0, "backward": 0.0, "adam": 0.0}
+
+    def _inputs(self, data, rows):
+        torch = self.torch
+        s, e = data.x_indptr[rows], data.x_indptr[rows + 1]
+        idx = np.concatenate([np.arange(a, b) for a, b in zip(s, e, strict=True)])
+        offsets = np.concatenate([[0], np.cumsum(e - s)[:-1]])
+        return (
+            torch.from_numpy(data.x_indices[idx].astype(np.int64)),
+            torch.from_numpy(offsets.astype(np.int64)),
+            torch.from_numpy(data.x_values[idx]),
+        )
+
+    def hidden(self, data, rows):
+        ind, off, w = self._inputs(data, rows)
+        return self.torch.relu(self.emb(ind, off, per_sample_weights=w) + self.b1)
+
+    def train_step(self, data, rows) -> None:
+        torch = self.torch
+        t0 = time.perf_counter()
+        target = torch.zeros(len(rows), self.out.out_features)
+        for i, r in enumerate(rows):
+            labels = data.y_indices[data.y_indptr[r] : data.y_indptr[r + 1]]
+            if len(labels):
+                target[i, torch.from_numpy(labels.astype(np.int64))] = 1.0 / len(labels)
+        logits = self.out(self.hidden(data, rows))
+        loss = -(target * torch.log_softmax(logits, dim=1)).sum(1).mean()
+        t1 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        t3 = time.perf_counter()
+        self.times["forward"] += t1 - t0
+        self.times["backward"] += t2 - t1
+        self.times["adam"] += t3 - t2
+
+    def evaluate(self, data, n: int) -> float:
+        torch = self.torch
+        hits = 0
+        with torch.no_grad():
+            for s in range(0, n, 256):
+                rows = np.arange(s, min(n, s + 256))
+                top = self.out(self.hidden(data, rows)).argmax(1).numpy()
+                for i, r in enumerate(rows):
+                    hits += top[i] in data.y_indices[data.y_indptr[r] : data.y_indptr[r + 1]]
+        return hits / n
+
+
+# -- workers (one process per side and part) ---------------------------------------------------------------
+
+
+def worker_throughput(side: str, args: argparse.Namespace) -> dict:
+    import numba
+
+    from dslide.gen import AMAZON_670K, generate
+
+    F, L = AMAZON_670K
+    data = generate(args.batch * (args.steps + args.warmup), F, L, seed=args.seed)
+    numba.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    net = make_side(side, F, L, args)
+    setup = time.perf_counter() - t0
+    batches = [np.arange(i * args.batch, (i + 1) * args.batch) for i in range(args.steps + args.warmup)]
+    for rows in batches[: args.warmup]:
+        net.train_step(data, rows)
+    prof = cProfile.Profile() if side == "dslide" else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    for rows in batches[args.warmup :]:
+        net.train_step(data, rows)
+    if prof:
+        prof.disable()
+    dt = time.perf_counter() - t0
+    out = {
+        "side": side,
+        "steps": args.steps,
+        "samples_per_s": args.steps * args.batch / dt,
+        "step_ms": 1000 * dt / args.steps,
+        "peak_rss_gib": peak_rss_gib(),
+        "setup_s": setup,
+    }
+    if prof:
+        stats = pstats.Stats(prof)
+        where = {}
+        for (_, _, fn), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+            if tottime > 0.002 * dt:
+                where[fn] = where.get(fn, 0.0) + tottime
+        out["where_s"] = dict(sorted(where.items(), key=lambda kv: -kv[1])[:10])
+    else:
+        out["where_s"] = net.times
+    return out
+
+
+def worker_convergence(side: str, args: argparse.Namespace) -> dict:
+    import numba
+
+    from dslide.gen import generate
+
+    F, L = args.conv_features, args.conv_labels
+    data = generate(args.conv_points + args.conv_test, F, L, seed=args.seed + 1)
+    train = data.subset(np.arange(args.conv_points))
+    test = data.subset(np.arange(args.conv_points, args.conv_points + args.conv_test))
+    numba.set_num_threads(args.threads)
+    net = make_side(side, F, L, args)
+    steps_per_epoch = -(-len(train) // args.batch)
+    evals_per_epoch = args.evals_per_epoch if side == "dslide" else 4
+    eval_at = {round(steps_per_epoch * (q + 1) / evals_per_epoch) for q in range(evals_per_epoch)}
+
+    def p_at_1() -> float:
+        if side == "dense":
+            return net.evaluate(test, len(test))
+        return net.evaluate(test, len(test))["p_at_1"]
+
+    curve = [{"seconds": 0.0, "epoch": 0.0, "p_at_1": p_at_1()}]
+    train_s = 0.0
+    for epoch in range(args.epochs):
+        perm = np.random.default_rng((args.seed, epoch)).permutation(len(train))
+        for s in range(steps_per_epoch):
+            t0 = time.perf_counter()
+            net.train_step(train, perm[s * args.batch : (s + 1) * args.batch])
+            train_s += time.perf_counter() - t0
+            if s + 1 in eval_at:
+                curve.append({"seconds": train_s, "epoch": epoch + (s + 1) / steps_per_epoch, "p_at_1": p_at_1()})
+    return {"side": side, "curve": curve, "peak_rss_gib": peak_rss_gib(), "train_seconds": train_s}
+
+
+# -- the driver ------------------------------------------------------------------------------------------------
+
+
+def run_worker(part: str, side: str, argv: list[str]) -> dict:
+    cmd = [sys.executable, __file__, *argv, "--worker", f"{part}:{side}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"worker {part}:{side} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def first_reach(curve: list[dict], target: float) -> float | None:
+    for pt in curve:
+        if pt["p_at_1"] >= target - 1e-12:
+            return pt["seconds"]
+    return None
+
+
+def plot(results: dict, paths: list[Path]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for side, colour in (("dslide", "tab:blue"), ("dense", "tab:red")):
+        c = results["convergence"][side]["curve"]
+        ax1.plot([p["seconds"] for p in c], [p["p_at_1"] for p in c], "o-", ms=3, color=colour, label=side)
+    ax1.set_xscale("symlog", linthresh=1.0)
+    ax1.set_xlabel("training wall time (s)")
+    ax1.set_ylabel("test P@1")
+    ax1.set_title(f"P@1 vs time, {results['config']['conv_labels']:,} labels")
+    ax1.legend()
+    t = results["throughput"]
+    ax2.bar(["dslide", "dense torch"], [t["dslide"]["samples_per_s"], t["dense"]["samples_per_s"]],
+            color=["tab:blue", "tab:red"])  # fmt: skip
+    ax2.set_yscale("log")
+    ax2.set_ylabel("training samples/s")
+    ax2.set_title("Amazon-670K shape, H=128, batch 256")
+    fig.tight_layout()
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(p, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "bench-out" / "dslide"))
+    ap.add_argument("--quick", action="store_true", help="a small smoke run")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--budget", type=int, default=512)
+    ap.add_argument("--tables", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per side in (a)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--dense-steps", type=int, default=None)
+    ap.add_argument("--conv-labels", type=int, default=100_000)
+    ap.add_argument("--conv-features", type=int, default=50_000)
+    ap.add_argument("--conv-points", type=int, default=None)
+    ap.add_argument("--conv-test", type=int, default=2000)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--evals-per-epoch", type=int, default=20)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.conv_points is None:
+        args.conv_points = 6000 if args.quick else 50_000
+    if args.worker:
+        part, side = args.worker.split(":")
+        if part == "a":
+            if side == "dense":
+                args.steps = args.dense_steps or (2 if args.quick else 8)
+                args.warmup = 1
+            else:
+                args.steps = args.steps or (10 if args.quick else 100)
+            res = worker_throughput(side, args)
+        else:
+            res = worker_convergence(side, args)
+        print(json.dumps(res))
+        return
+
+    argv = [a for a in sys.argv[1:]]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    results = {"config": {k: v for k, v in vars(args).items() if k != "worker"}, "machine": machine()}
+    results["throughput"] = {side: run_worker("a", side, argv) for side in ("dslide", "dense")}
+    results["convergence"] = {side: run_worker("b", side, argv) for side in ("dslide", "dense")}
+    results["wall_s"] = time.time() - t_start
+    summarise(results)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results, [out / "dslide_vs_dense.png", ROOT / "docs" / "img" / "dslide_vs_dense.png"])
+
+
+def machine() -> dict:
+    return {
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def summarise(results: dict) -> None:
+    a = results["throughput"]
+    sd, dd = a["dslide"], a["dense"]
+    speedup = sd["samples_per_s"] / dd["samples_per_s"]
+    c = results["convergence"]
+    dense_curve, slide_curve = c["dense"]["curve"], c["dslide"]["curve"]
+    epochs = results["config"]["epochs"]
+
+    def at_epoch(curve: list[dict], e: int) -> dict:
+        return min(curve, key=lambda p: abs(p["epoch"] - e))
+
+    target = at_epoch(dense_curve, 1)
+    t_slide = first_reach(slide_curve, target["p_at_1"])
+    results["summary"] = {
+        "speedup_a": speedup,
+        "dense_epoch1_p_at_1": target["p_at_1"],
+        "dense_epoch1_seconds": target["seconds"],
+        "dslide_seconds_to_that": t_slide,
+        "sooner_x": (target["seconds"] / t_slide) if t_slide else None,
+        "final_p_at_1": {"dslide": slide_curve[-1]["p_at_1"], "dense": dense_curve[-1]["p_at_1"]},
+    }
+    s = results["summary"]
+    print("(a) Amazon-670K shape, H=128, batch 256, threads", results["config"]["threads"])
+    print(f"{'':10} {'samples/s':>12} {'step ms':>10} {'peak GiB':>9}")
+    for name, r in (("dslide", sd), ("dense", dd)):
+        print(f"{name:10} {r['samples_per_s']:12.1f} {r['step_ms']:10.1f} {r['peak_rss_gib']:9.2f}")
+    print(f"speed-up {speedup:.1f}x")
+    print("  dslide time by function (s):", {k: round(v, 2) for k, v in sd["where_s"].items()})
+    print("  dense time by phase (s):", {k: round(v, 2) for k, v in dd["where_s"].items()})
+    print(f"(b) planted, {results['config']['conv_labels']:,} labels, {epochs} epochs")
+    print(f"{'epoch':>6} {'dslide P@1':>11} {'s':>8} {'dense P@1':>10} {'s':>8}")
+    for e in range(1, epochs + 1):
+        ps, pd = at_epoch(slide_curve, e), at_epoch(dense_curve, e)
+        print(f"{e:6d} {ps['p_at_1']:11.4f} {ps['seconds']:8.1f} {pd['p_at_1']:10.4f} {pd['seconds']:8.1f}")
+    if t_slide:
+        print(f"dense epoch-1 P@1 {s['dense_epoch1_p_at_1']:.4f} at {s['dense_epoch1_seconds']:.1f}s; dslide reaches "
+              f"it at {t_slide:.1f}s: {s['sooner_x']:.1f}x sooner")  # fmt: skip
+    else:
+        print(f"dslide never reached dense's epoch-1 P@1 {s['dense_epoch1_p_at_1']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
