@@ -7,7 +7,7 @@
     from the same initial weights; evaluation time is not counted.  Reports P@1 per epoch and how much sooner
     dslide reaches dense's epoch-1 P@1.
 
-    .venv/bin/python benchmarks/dslide_vs_dense.py            # full run (~15 min on 2 cores)
+    .venv/bin/python benchmarks/dslide_vs_dense.py            # full run (~25 min on 2 busy cores)
     .venv/bin/python benchmarks/dslide_vs_dense.py --quick    # smoke run
 
 Prints a table, writes ``results.json`` and ``dslide_vs_dense.png`` into ``--out`` and the plot also into
@@ -96,13 +96,18 @@ class DenseTorch:
     def train_step(self, data, rows) -> None:
         torch = self.torch
         t0 = time.perf_counter()
-        target = torch.zeros(len(rows), self.out.out_features)
+        # cross-entropy against the uniform distribution on each point's labels, without a dense B x L target
+        n_lab = data.y_indptr[rows + 1] - data.y_indptr[rows]
+        width = max(1, int(n_lab.max()))
+        idx = np.zeros((len(rows), width), np.int64)
+        wts = np.zeros((len(rows), width), np.float32)
         for i, r in enumerate(rows):
-            labels = data.y_indices[data.y_indptr[r] : data.y_indptr[r + 1]]
-            if len(labels):
-                target[i, torch.from_numpy(labels.astype(np.int64))] = 1.0 / len(labels)
+            idx[i, : n_lab[i]] = data.y_indices[data.y_indptr[r] : data.y_indptr[r + 1]]
+            wts[i, : n_lab[i]] = 1.0 / max(n_lab[i], 1)
         logits = self.out(self.hidden(data, rows))
-        loss = -(target * torch.log_softmax(logits, dim=1)).sum(1).mean()
+        label_part = (logits.gather(1, torch.from_numpy(idx)) * torch.from_numpy(wts)).sum(1)
+        has = torch.from_numpy((n_lab > 0).astype(np.float32))
+        loss = (torch.logsumexp(logits, dim=1) * has - label_part).mean()
         t1 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -142,6 +147,8 @@ def worker_throughput(side: str, args: argparse.Namespace) -> dict:
     batches = [np.arange(i * args.batch, (i + 1) * args.batch) for i in range(args.steps + args.warmup)]
     for rows in batches[: args.warmup]:
         net.train_step(data, rows)
+    if side == "dslide":  # load the rehash kernels now, not inside the measured window
+        net.index.rehash(net.W2, np.arange(1))
     prof = cProfile.Profile() if side == "dslide" else None
     t0 = time.perf_counter()
     if prof:
@@ -258,7 +265,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--tables", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="measured steps per side in (a)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -272,7 +279,7 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.conv_points is None:
-        args.conv_points = 6000 if args.quick else 50_000
+        args.conv_points = 6000 if args.quick else 25_000
     if args.worker:
         part, side = args.worker.split(":")
         if part == "a":

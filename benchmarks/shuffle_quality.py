@@ -10,6 +10,7 @@ into ``--nm`` mini-epochs and serve each ``--rf`` times in a fresh order per pas
 - neighbour entropy: entropy (bits) of |index difference| between consecutively served files over the first
   ``files`` served of each epoch (Mosaic Streaming's figure): low = storage neighbours served together;
 - directory mix: mean number of distinct directories in each window of 64 consecutively served files;
+- distinct share: distinct files among the first ``files`` served of each epoch (1 = no repeats; MET: 1/rf);
 - visit spread: coefficient of variation of per-file visit counts over the whole run.
 
 Extra rows: the bounded-buffer streaming shuffle (one sequential read, buffer = files / nm), and random
@@ -29,7 +30,7 @@ import time
 import numpy as np
 
 from sampler.plan import plan_epoch, serving_order
-from sampler.quality import neighbour_entropy, position_uniformity, visit_spread
+from sampler.quality import distinct_fraction, neighbour_entropy, position_uniformity, visit_spread
 from sampler.reservoir import streaming_shuffle
 
 WINDOW = 64
@@ -80,8 +81,11 @@ def main() -> None:
         return np.random.default_rng([seed, epoch]).permutation(n)
 
     def streaming(epoch: int) -> np.ndarray:
-        return np.fromiter(streaming_shuffle(range(n), max(1, n // nm), np.random.default_rng([seed, epoch, 1])),
-                           dtype=np.int64, count=n)
+        return np.fromiter(
+            streaming_shuffle(range(n), max(1, n // nm), np.random.default_rng([seed, epoch, 1])),
+            dtype=np.int64,
+            count=n,
+        )
 
     modes = [
         ("full shuffle (1 pass/epoch)", full_shuffle),
@@ -100,29 +104,42 @@ def main() -> None:
     for name, serve in tqdm(modes, desc="modes", unit="mode"):
         streams = [serve(e) for e in range(args.epochs)]
         pos = position_uniformity(streams, n, bins=nm)
-        rows.append({
-            "mode": name,
-            "chi2_dof": pos.statistic / pos.dof,
-            "p": pos.p_value,
-            "entropy": float(np.mean([neighbour_entropy(s[:n]) for s in streams])),
-            "dirs": float(np.mean([directory_mix(s[:n], dirs_of) for s in streams])),
-            "cv": visit_spread(streams, n).cv,
-            "served": int(np.mean([s.size for s in streams])),
-        })
+        rows.append(
+            {
+                "mode": name,
+                "chi2_dof": pos.statistic / pos.dof,
+                "p": pos.p_value,
+                "entropy": float(np.mean([neighbour_entropy(s[:n]) for s in streams])),
+                "dirs": float(np.mean([directory_mix(s[:n], dirs_of) for s in streams])),
+                "cv": visit_spread(streams, n).cv,
+                "distinct": float(np.mean([distinct_fraction(s[:n], n) for s in streams])),
+                "served": int(np.mean([s.size for s in streams])),
+            }
+        )
     elapsed = time.perf_counter() - t0
 
     ideal_dirs = args.dirs * (1 - (1 - 1 / args.dirs) ** WINDOW)
-    print(f"\n{n:,} files in {args.dirs} directories, {args.epochs} epochs, nm={nm}, rf={rf}, seed={seed}; "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}, {elapsed:.0f} s")
-    print(f"| {'mode':<32} | served/epoch | position chi2/dof | p-value  | neighbour entropy, bits | "
-          f"dirs per {WINDOW} | visit CV |")
-    print(f"|{'-' * 34}|--------------|-------------------|----------|-------------------------|-------------|"
-          f"----------|")
+    print(
+        f"\n{n:,} files in {args.dirs} directories, {args.epochs} epochs, nm={nm}, rf={rf}, seed={seed}; "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, {elapsed:.0f} s"
+    )
+    print(
+        f"| {'mode':<32} | served/epoch | position chi2/dof | p-value  | neighbour entropy, bits | "
+        f"dirs per {WINDOW} | distinct share | visit CV |"
+    )
+    print(
+        f"|{'-' * 34}|--------------|-------------------|----------|-------------------------|-------------|"
+        f"----------------|----------|"
+    )
     for r in rows:
-        print(f"| {r['mode']:<32} | {r['served']:>12,} | {r['chi2_dof']:>17.3f} | {r['p']:>8.2g} | "
-              f"{r['entropy']:>23.2f} | {r['dirs']:>11.1f} | {r['cv']:>8.3f} |")
-    print(f"(directories per window of {WINDOW} under independent sampling: {ideal_dirs:.1f}; the full shuffle row "
-          f"is the reference for the entropy)")
+        print(
+            f"| {r['mode']:<32} | {r['served']:>12,} | {r['chi2_dof']:>17.3f} | {r['p']:>8.2g} | "
+            f"{r['entropy']:>23.2f} | {r['dirs']:>11.1f} | {r['distinct']:>14.3f} | {r['cv']:>8.3f} |"
+        )
+    print(
+        f"(directories per window of {WINDOW} under independent sampling: {ideal_dirs:.1f}; the full shuffle row "
+        f"is the reference for the entropy)"
+    )
 
     import matplotlib
 
@@ -130,11 +147,12 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     names = [r["mode"] for r in rows]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4.5), sharey=True)
+    fig, axes = plt.subplots(1, 5, figsize=(19, 4.5), sharey=True)
     panels = [
         ("position chi2 / dof (1 = uniform)", [r["chi2_dof"] for r in rows], 1.0),
         ("neighbour entropy, bits", [r["entropy"] for r in rows], None),
         (f"distinct dirs per {WINDOW} served", [r["dirs"] for r in rows], ideal_dirs),
+        (f"distinct share of first {n:,} served", [r["distinct"] for r in rows], 1.0),
         ("visit-count CV", [r["cv"] for r in rows], None),
     ]
     colors = ["tab:gray", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:orange", "tab:cyan"]

@@ -123,8 +123,8 @@ class Workload:
 
     @classmethod
     def shards(cls, scale: float = 1.0) -> Workload:
-        """Shards: 64 files of 32 MiB (scaled: fewer shards)."""
-        return cls("shards", max(4, round(64 * scale)), 32 * MiB)
+        """Shards: 64 files of 32 MiB (scaled: smaller shards, so the mini-epoch structure stays the same)."""
+        return cls("shards", 64, max(MiB, round(32 * MiB * scale / 4096) * 4096))
 
     def sizes(self, seed: int = 0) -> np.ndarray:
         rng = np.random.default_rng((seed, 7))

@@ -16,7 +16,7 @@ from typing import NoReturn
 from dslide.comm import Comm
 from dslide.feedback import PassReporter
 from dslide.gen import AMAZON_670K
-from dslide.mpicomm import ends_job_on_failure
+from dslide.mpicomm import ends_job_on_failure, threads_per_rank
 
 __all__ = ["main", "make_comm"]
 
@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=_nonneg_int, default=5, help="passes over --train (default 5)")
     t.add_argument("--hidden", type=_positive_int, default=128)
     t.add_argument("--batch", type=_positive_int, default=256)
-    t.add_argument("--lr", type=_positive_float, default=1e-3)
-    t.add_argument("--threads", type=_positive_int, default=None, help="numba threads per rank (default: all)")
+    t.add_argument("--lr", type=_positive_float, default=3e-3)
+    t.add_argument("--threads", type=_positive_int, default=None, help="numba threads per rank (default: cores/ranks)")
     t.add_argument("--seed", type=_nonneg_int, default=0)
     t.add_argument("--hash", choices=("srp", "dwta"), default="srp")
     t.add_argument("--k", type=_nonneg_int, default=0, help="bits (srp) / WTA hashes (dwta) per table; 0 = auto")
@@ -129,7 +129,8 @@ def _cmd_train(a: argparse.Namespace) -> int:
     from dslide.train import TrainOptions, list_train_files, run_training
 
     opts = TrainOptions(
-        train=tuple(a.train), test=a.test, epochs=a.epochs, batch=a.batch, threads=a.threads, seed=a.seed,
+        train=tuple(a.train), test=a.test, epochs=a.epochs, batch=a.batch, threads=a.threads or threads_per_rank(),
+        seed=a.seed,
         eval_points=a.eval_points or None, eval_mode=a.eval_mode, eval_every=a.eval_every,
         checkpoint=a.checkpoint, resume=a.resume,
     )  # fmt: skip

@@ -243,7 +243,7 @@ def hidden_backward(rows, x_indptr, x_indices, x_values, delta, gW1, touched):
             touched[f] = 1
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
     """Adam on the rows ``rows`` only (lazy), then clear their gradients.
 
@@ -253,23 +253,29 @@ def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
     """
     has_bias = bW.shape[0] > 0
     n = W.shape[1]
+    b1, b2 = np.float32(beta1), np.float32(beta2)
+    a1, a2 = np.float32(1.0 - beta1), np.float32(1.0 - beta2)
+    e = np.float32(eps)
     for r in prange(rows.shape[0]):
         j = rows[r]
         t = T[j] + 1
         T[j] = t
+        # lr * m_hat / (sqrt(v_hat) + eps) with the corrections folded into two per-row float32 scalars
         c1 = 1.0 - beta1**t
         c2 = 1.0 - beta2**t
+        step = np.float32(lr / c1)
+        inv_c2 = np.float32(1.0 / c2)
         w = W[j]
         m = M[j]
         v = V[j]
         g = G[j]
         for d in range(n):
             gd = g[d]
-            md = beta1 * m[d] + (1.0 - beta1) * gd
-            vd = beta2 * v[d] + (1.0 - beta2) * gd * gd
+            md = b1 * m[d] + a1 * gd
+            vd = b2 * v[d] + a2 * gd * gd
             m[d] = md
             v[d] = vd
-            w[d] -= lr * (md / c1) / (math.sqrt(vd / c2) + eps)
+            w[d] -= step * md / (np.sqrt(vd * inv_c2) + e)
             g[d] = 0
         if has_bias:
             gd = bG[j]

@@ -253,7 +253,7 @@ class RehashSchedule:
     one (weights move most early in training), and every ``fresh_every``-th one draws new hash functions and
     rebuilds; the others rehash only the neurons touched since the last rehash."""
 
-    first: int = 16
+    first: int = 50
     growth: float = 1.5
     max_interval: int = 1000
     fresh_every: int = 8

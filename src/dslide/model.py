@@ -58,7 +58,7 @@ class ModelConfig:
     k: int = 0  # bits (srp) or winner-take-all hashes (dwta) per table; 0 = auto_k
     tables: int = 16
     bucket_cap: int = 128
-    lr: float = 1e-3
+    lr: float = 3e-3
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8

@@ -21,14 +21,16 @@ the data-parallel baseline (:func:`dataparallel_allreduce_bytes`), so the two fi
   every chunk but ``c_{r+2}``: ``(2n - c_{(r+1) mod P} - c_{(r+2) mod P}) x itemsize``, i.e. ``2(P-1)/P`` of
   the buffer.
 - ``bcast`` of a pickled object of ``m`` bytes: a binomial tree; a rank sends ``8 + m`` bytes (length, then
-  payload) to each of its children.  Only the rank-0 file lists go this way, once per pass.
+  payload) to each of its children.  Only what rank 0 reads goes this way -- each pass's file list and the
+  parsed points of each file -- never anything inside a training step.
 - ``barrier`` sends no payload.
 
 Failure
 -------
 An exception in one rank must end the whole job: otherwise the rank exits, MPICH's ``MPI_Finalize`` waits
-for the others and they wait in their next collective forever.  :func:`abort_on_failure` (the CLI's edge) and
-the ``sys.excepthook`` that :func:`get_comm` installs turn any uncaught exception into ``MPI_Abort``.  A rank
+for the others and they wait in their next collective forever.  :func:`ends_job_on_failure` (on the CLI's
+``main``: a non-zero exit status too), :func:`abort_on_failure` (a ``with`` block) and the ``sys.excepthook``
+that :func:`get_comm` installs turn a failure on one rank into ``MPI_Abort`` of all.  A rank
 that *dies* (SIGKILL, OOM killer) is handled by Hydra, which kills the other ranks and exits non-zero at once;
 if ``mpiexec`` or its proxy dies instead, ``PR_SET_PDEATHSIG`` ends the orphaned ranks.
 """
@@ -60,6 +62,7 @@ __all__ = [
     "launched_by_mpi",
     "ring_allgather_bytes",
     "ring_allreduce_bytes",
+    "threads_per_rank",
     "tree_bcast_children",
 ]
 
@@ -127,6 +130,16 @@ def launched_by_mpi() -> int:
             except ValueError:
                 continue
     return 0
+
+
+def threads_per_rank() -> int | None:
+    """The default HOGWILD threads of one rank: this node's cores shared among its ranks, so ``mpiexec -n 2``
+    on 2 cores runs 2 x 1 threads, not 2 x 2.  None outside MPI (then all cores are the process's)."""
+    local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if launched_by_mpi() <= 1 or not local or not local.isdigit():
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, int(local)))
 
 
 _JOB: MpiComm | None = None  # this process's communicator once get_comm made one

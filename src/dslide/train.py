@@ -98,7 +98,8 @@ def run_training(
     for pass_index in range(passes_done, opts.epochs):
         files = comm.bcast(lister(opts.train) if comm.rank == 0 else None)
         t0 = time.perf_counter()
-        loss_sum, n_labelled, n_pass = _one_pass(model, files, opts, pass_index)
+        steps_before = model.step
+        loss_sum, n_labelled, n_pass, step_bytes = _one_pass(model, files, opts, pass_index)
         dt = time.perf_counter() - t0
         seconds += dt
         samples += n_pass
@@ -115,6 +116,8 @@ def run_training(
             "p_at_1": None,
             "p_at_5": None,
             "comm_bytes": int(comm.bytes_sent),
+            # what this rank's collectives sent per training step of this pass (no data, no evaluation)
+            "comm_bytes_per_step": round(step_bytes / max(1, model.step - steps_before)),
             "steps": model.step,
             "files": len(files),
         }
@@ -139,20 +142,23 @@ def _check_shape(name: str, data: XCData, cfg: ModelConfig) -> None:
         )
 
 
-def _one_pass(model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int) -> tuple[float, int, int]:
-    """Every file once, in a shuffled order, each file's points shuffled; returns (loss sum, labelled, points)."""
+def _one_pass(model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int) -> tuple[float, int, int, int]:
+    """Every file once, in a shuffled order, each file's points shuffled; returns (loss sum, labelled, points,
+    bytes this rank sent inside training steps)."""
     order = np.random.default_rng((opts.seed, 5, pass_index)).permutation(len(files))
-    loss_sum, n_labelled, n_points = 0.0, 0, 0
+    loss_sum, n_labelled, n_points, step_bytes = 0.0, 0, 0, 0
     for fi in order:
         data = _load_on_rank0(files[fi], model.comm)
         _check_shape(files[fi], data, model.cfg)
         perm = np.random.default_rng((opts.seed, 6, pass_index, int(fi))).permutation(len(data))
         for start in range(0, len(perm), opts.batch):
+            sent = model.comm.bytes_sent
             res = model.train_step(data, perm[start : start + opts.batch])
+            step_bytes += model.comm.bytes_sent - sent
             loss_sum += res.loss_sum
             n_labelled += res.n_labelled
         n_points += len(data)
-    return loss_sum, n_labelled, n_points
+    return loss_sum, n_labelled, n_points, step_bytes
 
 
 def _load_on_rank0(path: str, comm: Comm) -> XCData:

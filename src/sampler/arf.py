@@ -10,8 +10,9 @@ API
     "val_err": 0.3}``; a ``"score"`` entry is used as is, otherwise score = ``weights · (loss, train_err,
     val_err)`` over the metrics present (lower is better).  ``"advance"`` means: leave this mini-epoch as soon
     as the next one is staged.  The caller still enforces its rf as the maximum number of passes.
-``Controller.new_mini_epoch()``
-    Call when a new mini-epoch starts; resets the per-mini-epoch state (score: best and wait counter).
+``Controller.new_mini_epoch(mini_epoch=None)``
+    Call when a new mini-epoch starts; resets the per-mini-epoch state (score: best and wait counter).  The
+    optional index labels the following history entries (else they count up from 0).
 ``Controller.score`` (last score or None), ``Controller.history`` (list of JSON-ready dicts, one per observation:
 ``mini_epoch``, ``pass``, ``score``, ``decision``, plus ``best``/``wait`` or ``mean``/``lower``/``upper``).
 ``auto_rf(staging_bytes_per_s, consumption_bytes_per_s) -> int``
@@ -32,6 +33,7 @@ Rules
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -79,7 +81,9 @@ class Controller:
     mode: str = "off"
 
     def __init__(self, weights: Sequence[float] = (1.0, 1.0, 1.0)) -> None:
-        if len(weights) != 3 or not all(isinstance(w, (int, float)) and math.isfinite(w) for w in weights):
+        if len(weights) != 3 or not all(
+            isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) for w in weights
+        ):
             raise ValueError(f"weights must be three finite numbers (loss, train_err, val_err), got {weights!r}")
         self.weights = tuple(float(w) for w in weights)
         self.history: list[dict[str, Any]] = []
@@ -110,8 +114,14 @@ class Controller:
         )
         return decision
 
-    def new_mini_epoch(self) -> None:
-        if self.passes or self.history:
+    def new_mini_epoch(self, mini_epoch: int | None = None) -> None:
+        """Start a mini-epoch: reset per-mini-epoch state.  ``mini_epoch`` labels the history entries that follow;
+        without it the label counts up from 0 (the first call before any observation keeps 0)."""
+        if mini_epoch is not None:
+            if isinstance(mini_epoch, bool) or not isinstance(mini_epoch, int) or mini_epoch < 0:
+                raise ValueError(f"mini_epoch must be an integer >= 0, got {mini_epoch!r}")
+            self.mini_epoch = mini_epoch
+        elif self.passes or self.history:
             self.mini_epoch += 1
         self.passes = 0
         self._reset()

@@ -9,7 +9,8 @@ rank=0, world_size=1) -> list[np.ndarray]``
     storage order (ascending ``order`` value, ties by index; ``order`` defaults to the index itself).
     ``budget`` is **per rank**: every rank's share of every mini-epoch holds at most ``budget`` bytes, so a node
     that stages its share into a cache of ``2 * budget`` bytes can double-buffer.  Give ``nm``, ``budget`` or both;
-    with ``budget`` alone ``nm`` is the smallest count that fits (see ``min_mini_epochs``).  Every file appears in
+    with ``budget`` alone ``nm`` is the smallest count that fits (exactly for random and contiguous; stratified
+    and reservoir search upward from ``total / (budget * world_size)``; see ``min_mini_epochs``).  Every file is in
     exactly one mini-epoch of exactly one rank per epoch.  All ranks compute the same global plan from the same
     arguments and keep their share, so no communication is needed.  Shares may be empty when there are fewer
     files than ``nm * world_size``.
@@ -25,29 +26,33 @@ budget included), before any work is done.
 
 Compositions
 ------------
-All of them work on the files in storage order and cut a sequence of files into ``nm * world_size`` contiguous
-pieces; piece ``j * world_size + r`` is rank ``r``'s share of mini-epoch ``j``.
+All of them work on the files in storage order and cut (or deal) a sequence of files into ``nm * world_size``
+pieces, ``world_size`` per mini-epoch, one per rank.
 
 ``random``
-    A uniform random permutation, cut into pieces of near-equal *bytes* (the cache is what is scarce).  Every file
-    once per epoch, each mini-epoch a uniform random subset.
+    A uniform random permutation, cut into pieces of near-equal *bytes* (the cache is what is scarce); the pieces
+    are then dealt to mini-epochs and ranks in random order, because byte-balanced cuts alone put large files in
+    middle pieces more often.  Every file once per epoch, in each mini-epoch (and on each rank) with equal
+    probability.
 ``stratified``
     Files are shuffled within their group, groups are laid end to end in random order and dealt round-robin to the
     mini-epochs (then, within a mini-epoch, round-robin to the ranks).  Every group's count in every mini-epoch is
     ``floor`` or ``ceil`` of ``n_group / nm``, i.e. within one file of proportional; mini-epoch counts differ by at
-    most one.  With a budget, ``nm`` grows until every share fits.
+    most one.  With a budget alone, ``nm`` grows until every share fits; with a fixed ``nm`` and a budget, up to
+    8 deals (all derived from seed and epoch) are tried before giving up.
 ``contiguous``
     The paper's split: storage order cut into byte-balanced ranges (the same ranges every epoch); only the order in
-    which the mini-epochs are visited is shuffled per epoch.  Cheapest to stage (sequential reads), least random.
+    which the mini-epochs are visited (and which rank takes which sub-range) is shuffled per epoch.  Cheapest to
+    stage (sequential reads), least random.
 ``reservoir``
     OneAccess: every file gets a uniform key per (seed, epoch) drawn in storage order (``reservoir.epoch_keys``);
     mini-epoch ``j`` is the bottom-``m`` sample by key among the files not yet taken this epoch, which is exactly
     what a bounded reservoir computes over one sequential sweep of the remaining stream
     (``reservoir.oneaccess_samples`` does it that way and yields the same samples).  Samples have equal *counts*
-    (``m`` = ``ceil(n / nm)`` or one less), as in OneAccess; with a budget, when equal counts do not fit, each
-    sample is the longest key-order prefix that fits.  Read cost: choosing a sample reads nothing (keys come from
-    the seed), staging a sample reads its files in one sequential sweep in storage order, so an epoch reads every
-    byte once.
+    (``m`` = ``ceil(n / nm)`` or one less), as in OneAccess; with a budget, when equal counts do not fit, the
+    samples are the longest key-order runs that fit (split further when ``nm`` asks for more).  Read cost:
+    choosing a sample reads nothing (keys come from the seed), staging a sample reads its files in one sequential
+    sweep in storage order, so an epoch reads every byte once.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ COMPOSITIONS = ("random", "stratified", "contiguous", "reservoir")
 # Domain tags keep the plan's and the serving order's random streams apart for equal (seed, epoch).
 _TAG_PLAN = 0x706C616E  # "plan"
 _TAG_SERVE = 0x73727665  # "srve"
+_TAG_VISIT = 0x76697374  # "vist"
+_STRATIFIED_DEALS = 8
 
 
 # --------------------------------------------------------------------------------------------------- validation
@@ -271,39 +278,51 @@ def _stratified_pieces(
     """This rank's stratified pieces (unsorted storage ranks), one per mini-epoch.
 
     Groups are laid end to end in random order with their files shuffled, and position p of that deal goes to
-    slot ``p mod (nm * world_size)``: slot ``a + nm * r`` is rank r's share of the mini-epoch ``label[a]``
-    (``label`` a random permutation).  A group's files form one run of the deal, so every slot, and every
-    mini-epoch (nm consecutive deal positions hold one file of each mini-epoch), gets floor or ceil of its share.
+    slot ``p mod (nm * world_size)``: slot ``a + nm * s`` is a share of mini-epoch ``label[a]`` (``label`` a
+    random permutation), taken by the rank ``owner[a, s]`` (a random permutation of the ranks per mini-epoch).
+    A group's files form one run of the deal, so every slot, and every mini-epoch (nm consecutive deal positions
+    hold one file of each mini-epoch), gets floor or ceil of its share.
     """
     n = s_groups.shape[0]
     rng = _rng(seed, epoch)
     inverse, n_groups = _dense_ids(s_groups)
-    group_rank = rng.permutation(n_groups)[inverse]
-    shuffled = _permutation(rng, n)
-    deal = shuffled[_stable_group_sort(group_rank[shuffled], n_groups)]
-    del shuffled, group_rank, inverse
 
-    if budget is not None:
-        deal_sizes = s_sizes[deal]
-        k_nm = nm if nm is not None else max(1, -(-int(s_sizes.sum()) // (budget * world_size)))
-        while True:
-            worst = _worst_slot(deal_sizes, k_nm * world_size)
+    def new_deal() -> np.ndarray:
+        group_rank = rng.permutation(n_groups)[inverse]
+        shuffled = _permutation(rng, n)
+        return shuffled[_stable_group_sort(group_rank[shuffled], n_groups)]
+
+    deal = new_deal()
+    if budget is not None and nm is not None:
+        # a fixed nm can only be met by another deal; a few fresh ones (still a function of seed and epoch)
+        for _ in range(_STRATIFIED_DEALS - 1):
+            worst = _worst_slot(s_sizes[deal], nm * world_size)
             if worst <= budget:
                 break
-            if nm is not None:
-                raise ValueError(
-                    f"budget={budget} is too small for nm={nm} with stratified composition "
-                    f"(a share needs {worst} bytes); raise budget or nm, or give budget alone"
-                )
+            deal = new_deal()
+        else:
+            worst = _worst_slot(s_sizes[deal], nm * world_size)
+        if worst > budget:
+            raise ValueError(
+                f"budget={budget} is too small for nm={nm} with stratified composition "
+                f"(a share needs {worst} bytes in {_STRATIFIED_DEALS} tries); raise budget or nm, or give budget alone"
+            )
+    elif budget is not None:
+        deal_sizes = s_sizes[deal]
+        k_nm = max(1, -(-int(s_sizes.sum()) // (budget * world_size)))
+        while (worst := _worst_slot(deal_sizes, k_nm * world_size)) > budget:
             # bytes per slot shrink about in proportion to 1/nm; at nm >= n every slot holds one file, which fits
             k_nm = max(k_nm + 1, min(max(n, 1), -(-k_nm * worst // budget)))
         nm = k_nm
     assert nm is not None
     label = rng.permutation(nm)
+    # the first slots of a deal get the extra files; random owners keep every file's rank exactly uniform
+    owner = rng.permuted(np.tile(np.arange(world_size), (nm, 1)), axis=1)
     k = nm * world_size
     pieces: list[np.ndarray] = [np.zeros(0, np.int64)] * nm
     for a in range(nm):
-        pieces[label[a]] = deal[a + nm * rank :: k]
+        slot = int(np.flatnonzero(owner[a] == rank)[0])
+        pieces[label[a]] = deal[a + nm * slot :: k]
     return pieces
 
 
@@ -445,9 +464,17 @@ def plan_epoch(
                     f"(this epoch needs nm >= {need}); raise budget or nm, or give budget alone"
                 )
         visit = np.arange(nm)
-        if composition == "contiguous":
-            visit = _rng(seed, epoch).permutation(nm)
-        pieces = [seq[bounds[j * world_size + rank] : bounds[j * world_size + rank + 1]] for j in visit]
+        owner = np.tile(np.arange(world_size), (nm, 1))
+        if composition != "reservoir":  # reservoir samples come in key order, as the stream makes them
+            # Byte-balanced cuts are not symmetric in position: a large file tends to land in a middle piece.
+            # Relabelling the pieces at random makes every file's mini-epoch (and rank) exactly uniform.
+            vrng = np.random.default_rng([seed, epoch, _TAG_VISIT])
+            visit = vrng.permutation(nm)
+            owner = vrng.permuted(owner, axis=1)
+        pieces = []
+        for j in range(nm):
+            piece = visit[j] * world_size + int(np.flatnonzero(owner[j] == rank)[0])
+            pieces.append(seq[bounds[piece] : bounds[piece + 1]])
 
     out = []
     for piece in pieces:

@@ -14,6 +14,9 @@ API
 ``neighbour_entropy(stream) -> float``
     Shannon entropy (bits) of the absolute differences between consecutive indices, the figure Mosaic Streaming
     reports for its shuffles: 0 for a sequential read, about ``log2(len(stream))`` or more for a full shuffle.
+``distinct_fraction(stream, window) -> float``
+    Mean share of distinct indices in consecutive windows of ``window`` served indices: 1 for a pass over fresh
+    data, ``1 / rf`` for a window of a data set's size under MET (repetition the other metrics do not see).
 ``visit_spread(streams, n) -> VisitSpread``
     Per-file visit counts over the whole run: min, max, mean and coefficient of variation.  Fixed rf and
     sampling without replacement give equal counts; adaptive rf or sampling with replacement spread them.
@@ -33,6 +36,7 @@ __all__ = [
     "ChiSquare",
     "VisitSpread",
     "chi2_sf",
+    "distinct_fraction",
     "first_position_chisquare",
     "neighbour_entropy",
     "position_uniformity",
@@ -169,6 +173,20 @@ def neighbour_entropy(stream: np.ndarray) -> float:
     _, counts = np.unique(np.abs(np.diff(arr.astype(np.int64))), return_counts=True)
     p = counts / counts.sum()
     return float(-(p * np.log2(p)).sum())
+
+
+def distinct_fraction(stream: np.ndarray, window: int) -> float:
+    """Mean of (distinct indices / window) over the complete consecutive windows of ``stream``."""
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    arr = np.asarray(stream)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"stream must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+    if arr.size < window:
+        raise ValueError(f"stream must hold at least one window ({window}), got {arr.size} indices")
+    rows = np.sort(arr[: arr.size // window * window].reshape(-1, window), axis=1)
+    distinct = 1 + (np.diff(rows, axis=1) != 0).sum(axis=1)
+    return float(distinct.mean() / window)
 
 
 def visit_spread(streams: Sequence[np.ndarray], n: int) -> VisitSpread:

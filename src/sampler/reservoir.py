@@ -6,8 +6,9 @@ API
     Uniform sample of ``k`` items (without replacement) from an iterable of unknown length, one pass.
 ``algorithm_l(items, k, rng) -> list``
     The same distribution with Li's skip-based Algorithm L: ``O(k (1 + log(n/k)))`` random draws instead of ``n``.
-``sample_indices(n, k, rng) -> np.ndarray``
-    Algorithm L on ``range(n)``: jumps straight to the replaced positions, touching ``O(k log(n/k))`` of them.
+``sample_indices(n, k, rng, *, method="L") -> np.ndarray``
+    Reservoir sampling of an array's indices: Algorithm L jumps straight to the ``O(k log(n/k))`` replaced
+    positions; ``method="R"`` runs Algorithm R vectorised (n draws, no Python loop).
 ``epoch_keys(n, *, seed, epoch) -> np.ndarray`` and ``iter_epoch_keys(*, seed, epoch, chunk)``
     The per-epoch uniform key of every stream position (storage order), all at once or in chunks; both give the
     same numbers, so an array planner and a streaming reader agree.
@@ -129,16 +130,29 @@ def algorithm_l(items: Iterable[T], k: int, rng: np.random.Generator | int) -> l
 _END = object()
 
 
-def sample_indices(n: int, k: int, rng: np.random.Generator | int) -> np.ndarray:
-    """Algorithm L over ``range(n)``: k distinct uniform indices (sorted), jumping over skipped positions."""
+def sample_indices(n: int, k: int, rng: np.random.Generator | int, *, method: str = "L") -> np.ndarray:
+    """k distinct uniform indices of ``range(n)`` (sorted): a reservoir sample of an array of length n.
+
+    ``method="L"``: Algorithm L, jumping straight to the ``O(k log(n/k))`` replaced positions.
+    ``method="R"``: Algorithm R vectorised: one draw ``j_i`` in ``[0, i]`` per position ``i >= k`` all at once;
+    slot ``s`` ends up holding the last position that drew ``s`` (the same outcome as the sequential loop).
+    """
     n = _check_count("n", n, 0)
     k = _check_count("k", k, 0)
     if k > n:
         raise ValueError(f"k must be <= n={n}, got {k}")
+    if method not in ("L", "R"):
+        raise ValueError(f"method must be 'L' or 'R', got {method!r}")
     gen = _generator(rng)
     reservoir = np.arange(k, dtype=np.int64)
     if k == 0:
         return reservoir
+    if method == "R":
+        positions = np.arange(k, n, dtype=np.int64)
+        slots = gen.integers(0, positions + 1)
+        hit = slots < k
+        np.maximum.at(reservoir, slots[hit], positions[hit])
+        return np.sort(reservoir)
     i = k - 1
     for skip in _l_skips(k, gen):
         i += skip + 1
@@ -172,13 +186,16 @@ def iter_epoch_keys(*, seed: int, epoch: int, chunk: int = _KEY_CHUNK) -> Iterat
 
 
 def _keyed(items: Iterable[T], seed: int, epoch: int) -> Iterator[tuple[float, int, T]]:
-    keys = iter_epoch_keys(seed=seed, epoch=epoch)
-    block = next(keys)
+    """(key, position, item) along the stream; keys drawn in growing chunks so short streams stay cheap."""
+    gen = _key_rng(seed, epoch)
+    block = gen.random(256)
+    j = 0
     for t, item in enumerate(items):
-        j = t % _KEY_CHUNK
-        if t and j == 0:
-            block = next(keys)
+        if j == block.shape[0]:
+            block = gen.random(min(2 * block.shape[0], _KEY_CHUNK))  # same numbers whatever the chunking
+            j = 0
         yield float(block[j]), t, item
+        j += 1
 
 
 def oneaccess_samples(

@@ -82,6 +82,7 @@ class CacheStore:
         self.entries: OrderedDict[int, CacheEntry] = OrderedDict()  # in LRU order (oldest first)
         self.committed = 0  # bytes of every copy on disk, doomed ones included
         self.reserved = 0  # bytes promised to copies in flight
+        self.doomed_bytes = 0  # bytes of evicted copies still open (they go on release)
         self.data_fd = -1
         self._lock_fd = -1
 
@@ -202,6 +203,7 @@ class CacheStore:
         if entry.doomed and entry.opens == 0:
             self._unlink(entry.name)
             self.committed -= entry.size
+            self.doomed_bytes -= entry.size
             return True
         return False
 
@@ -216,7 +218,9 @@ class CacheStore:
 
     def _drop(self, entry: CacheEntry) -> bool:
         if entry.opens:
-            entry.doomed = True
+            if not entry.doomed:
+                entry.doomed = True
+                self.doomed_bytes += entry.size
             return False
         self._unlink(entry.name)
         self.committed -= entry.size

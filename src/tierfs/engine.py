@@ -107,6 +107,7 @@ class Engine:
         self._unread = 0
         self._reads_in_pass = 0
         self._advance_requested = False
+        self._blocked = False
         self._controller = make_controller("off")
         self._bw_next = 0.0
         self._opened = False
@@ -167,8 +168,10 @@ class Engine:
             self._new_view()
         else:
             plan = self._plan(self.pos.epoch)
-            if self.pos.mini_epoch >= len(plan):
-                self.pos.epoch, self.pos.mini_epoch, self.pos.pass_index = self.pos.epoch + 1, 0, 0
+            if self.pos.mini_epoch >= len(plan) or not len(plan[self.pos.mini_epoch]):
+                # the plan changed under the journal (other nm, or an empty share): go on from the next one
+                e, m = self._coords_after(self.pos.epoch, min(self.pos.mini_epoch, len(plan)) - 1)
+                self.pos.epoch, self.pos.mini_epoch, self.pos.pass_index = e, m, 0
             self._enter(self.pos.epoch, self.pos.mini_epoch)
             self._evict_unwanted()
         self._opened = True
@@ -216,12 +219,18 @@ class Engine:
         if settings.mini_epoch_size:
             budget, nm = min(budget, settings.mini_epoch_size), None
         groups = self.tree.groups if settings.composition == "stratified" else None
+        args = dict(seed=settings.seed, epoch=epoch, composition=settings.composition, groups=groups,
+                    rank=settings.rank, world_size=settings.world_size)
         try:
-            return plan_epoch(self.tree.sizes, seed=settings.seed, epoch=epoch, nm=nm, budget=budget,
-                              composition=settings.composition, groups=groups, rank=settings.rank,
-                              world_size=settings.world_size)
+            return plan_epoch(self.tree.sizes, nm=nm, budget=budget, **args)
         except ValueError as exc:
             total = int(self.tree.sizes.sum())
+            biggest = int(self.tree.sizes.max(initial=0))
+            if nm is not None and total <= (budget + biggest) * nm * settings.world_size:
+                # On average a mini-epoch fits half the cache (within a file), but no cut keeps every one under
+                # it.  Take the balanced cut: the stager never passes the cap, and a mini-epoch a little over
+                # half is finished after the switch (see next_ready).
+                return plan_epoch(self.tree.sizes, nm=nm, **args)
             try:
                 need = min_mini_epochs(self.tree.sizes, budget=budget, seed=settings.seed, epoch=epoch,
                                        composition=settings.composition, groups=groups,
@@ -229,11 +238,12 @@ class Engine:
             except ValueError:
                 need = -(-total // max(1, budget * settings.world_size))
             what = f"nm={nm}" if nm is not None else f"mini_epoch_size={settings.mini_epoch_size}"
-            per = -(-total // ((nm or need) * settings.world_size)) + int(self.tree.sizes.max(initial=0))
+            per = -(-total // ((nm or need) * settings.world_size))
             raise ValueError(
-                f"{what} does not fit capacity={format_size(self.config.capacity)}: every mini-epoch must fit in "
-                f"half the cache ({budget} bytes) and the data set holds {total} bytes; use nm >= {need} or "
-                f"capacity >= {format_size(2 * per)} ({exc})"
+                f"{what} does not fit capacity={format_size(self.config.capacity)}: a mini-epoch must fit in "
+                f"half the cache ({budget} bytes) and the data set holds {total} bytes "
+                f"({per} per mini-epoch{' per rank' if settings.world_size > 1 else ''}); "
+                f"use nm >= {need} or capacity >= {format_size(2 * per)} ({exc})"
             ) from None
 
     def _plan(self, epoch: int) -> list[np.ndarray]:
@@ -277,6 +287,7 @@ class Engine:
         self._wanted = self._cur_mask.copy()
         self._wanted[self._next] = True
         self._pending_next = {f for f in self._next.tolist() if self.cache.get(f) is None}
+        self._blocked = False
         self._failed.clear()
         self._new_view()
         self._rebuild_queue()
@@ -306,7 +317,17 @@ class Engine:
         return int(rf)
 
     def next_ready(self) -> bool:
-        return not self._pending_next
+        """The next mini-epoch is cached, or as much of it as fits: staging is stuck on space that only a
+        switch can free (a mini-epoch a little over half the cache)."""
+        if not self._pending_next:
+            return True
+        return self._blocked and not self._inflight and not self.cache.doomed_bytes
+
+    def staging_blocked(self) -> None:
+        """The stager found no room for the next file even after evicting everything unwanted."""
+        self._blocked = True
+        if self._advance_requested and self.next_ready():
+            self._switch()
 
     def end_pass(self) -> None:
         """The current pass is over (all read, ``next-pass``, or the root listed again): count it, move on."""
@@ -351,10 +372,12 @@ class Engine:
         if self.next_ready():
             self._switch()
 
-    def _record_open(self, fidx: int) -> None:
+    def _record_open(self, fidx: int, size: int) -> None:
         if self._pass_started is None:
             self._pass_started = time.monotonic()
         self._reads_in_pass += 1
+        # Consumption counts bytes opened, not bytes read: repeated passes may be served by the page cache.
+        self._pass_served += size
         if not self._read_mark[fidx] and self.view is not None and self.view.mask[fidx]:
             self._read_mark[fidx] = True
             self._unread -= 1
@@ -390,6 +413,7 @@ class Engine:
         return None
 
     def begin_staging(self, fidx: int) -> None:
+        self._blocked = False
         if self._queue and self._queue[0] == fidx:
             self._queue.popleft()
         self._inflight[fidx] = trio.Event()
@@ -448,10 +472,10 @@ class Engine:
                 if exc.st is not None and stat.S_ISREG(exc.st.st_mode):
                     self._backing_changed(fidx, exc.st)
                 else:
-                    self._failed.add(fidx)
+                    self._give_up(fidx)
                 return
             except OSError as exc:
-                self._failed.add(fidx)
+                self._give_up(fidx)
                 self.last_error = f"staging {os.fsdecode(node.path)}: {exc.strerror or exc}"
                 log.warning("tierfs: %s", self.last_error)
                 return
@@ -478,6 +502,12 @@ class Engine:
             self._notify()
             if ok and self._advance_requested and self.next_ready():
                 self._switch()
+
+    def _give_up(self, fidx: int) -> None:
+        """This file cannot be staged now (unreadable, ENOSPC, ...): it is served from the backing dir, and the
+        mini-epoch counts as staged without it, so ``advance=ready`` never waits for it."""
+        self._failed.add(fidx)
+        self._pending_next.discard(fidx)
 
     async def _fetch_now(self, fidx: int) -> CacheEntry | None:
         """Stage ``fidx`` for a reader waiting on it; None if it cannot be cached right now."""
@@ -568,7 +598,7 @@ class Engine:
         handle = FileHandle(fidx, fd, entry, keep_cache)
         if self.view is None or not self.view.mask[fidx]:
             self.out_of_view += 1
-        self._record_open(fidx)
+        self._record_open(fidx, int(st.st_size))
         return handle
 
     async def _verify(self, entry: CacheEntry) -> CacheEntry | None:
@@ -615,7 +645,6 @@ class Engine:
                 self.stall_seconds += time.monotonic() - t0
             self.backing_bytes_read += len(data)
         self.served_bytes += len(data)
-        self._pass_served += len(data)
         return data
 
     def release(self, handle: FileHandle) -> None:

@@ -16,6 +16,7 @@ Caveats worth knowing:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -70,10 +71,9 @@ class TierOperations(pyfuse3.Operations):
     def init(self) -> None:
         # Only now is there a kernel to notify; engine tests without a mount keep the no-op.
         def invalidate(inode: int) -> None:
-            try:
+            # OSError: the kernel never saw this inode, so it has nothing cached to drop
+            with contextlib.suppress(OSError):
                 pyfuse3.invalidate_inode(inode, attr_only=False)
-            except OSError:
-                pass  # the kernel never saw this inode: nothing cached to drop
 
         self.engine.invalidate_inode = invalidate
 

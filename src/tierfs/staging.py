@@ -73,8 +73,9 @@ def copy_into_cache(
             buf = bytearray(CHUNK)
             view = memoryview(buf)
             while True:
-                if throttle is not None:
-                    throttle(CHUNK)
+                want = min(CHUNK, st.st_size - total)
+                if throttle is not None and want > 0:
+                    throttle(want)  # pay for the bytes expected, not the buffer size
                 n = os.readv(src, [buf])
                 if n == 0:
                     break
@@ -125,7 +126,8 @@ class Stager:
                 if not engine.cache.reserve(size):
                     engine.make_room(size)
                     if not engine.cache.reserve(size):
-                        await changed.wait()  # space frees on an eviction or a release
+                        engine.staging_blocked()
+                        await changed.wait()  # space frees on an eviction, a release or a switch
                         continue
                 engine.begin_staging(fidx)
                 await self.slots.acquire()

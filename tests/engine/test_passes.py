@@ -135,7 +135,7 @@ def test_rf_auto_from_measured_rates(open_engine, t):
 
 @pytest.mark.parametrize("composition", ["random", "stratified", "contiguous", "reservoir"])
 def test_compositions(open_engine, t, composition):
-    e = open_engine(composition=composition, rf=1)
+    e = open_engine(composition=composition, rf=1, advance="strict")
     plan = e._plan(0)
     assert sorted(np.concatenate(plan).tolist()) == list(range(e.tree.n_files))
     assert all(int(e.tree.sizes[p].sum()) <= e.config.capacity // 2 for p in plan)
@@ -207,3 +207,19 @@ def test_settings_change_keeps_current_epoch_plan(open_engine, t):
     assert e.settings.nm == 2 and (e._cur == cur).all()
     assert len(e._plan(0)) == 4 and len(e._plan(1)) == 2
     assert isinstance(e.settings, Settings)
+
+
+def test_empty_shares_are_skipped(open_engine, t):
+    # 32 files, 2 ranks x 20 mini-epochs: some shares are empty; a rank never sits on an empty view
+    e = open_engine(capacity=1 << 20, nm=20, rank=1, world_size=2, rf=1, advance="strict")
+    assert any(len(p) == 0 for p in e._plan(0))
+
+    async def main():
+        seen = []
+        while e.pos.epoch == 0:
+            assert len(e.view) > 0
+            seen.extend(e.view.files.tolist())
+            await t.read_view(e)
+        assert sorted(seen) == sorted(np.concatenate(e._plan(0)).tolist())
+
+    t.run(main)

@@ -29,7 +29,12 @@ def test_score_advances_after_wait_passes_without_improvement():
     c = make_controller("score", wait=2, weights=(1.0, 0.0, 0.0))
     losses = [1.0, 0.9, 0.95, 0.85, 0.9, 0.9]
     assert [c.observe({"loss": x}) for x in losses] == [
-        "continue", "continue", "continue", "continue", "continue", "advance",
+        "continue",
+        "continue",
+        "continue",
+        "continue",
+        "continue",
+        "advance",
     ]
     assert c.history[-1]["best"] == 0.85 and c.history[-1]["wait"] == 2
 
@@ -68,6 +73,25 @@ def test_bollinger_advances_only_below_the_lower_band():
     assert c.history[-1]["mean"] is not None
 
 
+def test_new_mini_epoch_can_name_the_index():
+    c = make_controller("score")
+    c.new_mini_epoch(7)
+    c.observe({"score": 1.0})
+    c.new_mini_epoch()
+    c.observe({"score": 1.0})
+    assert [h["mini_epoch"] for h in c.history] == [7, 8]
+    with pytest.raises(ValueError, match="mini_epoch must"):
+        c.new_mini_epoch(-1)
+
+
+def test_numpy_weights_are_accepted():
+    import numpy as np
+
+    c = make_controller("score", weights=tuple(np.array([1.0, 0.5, 0.0], dtype=np.float32)))
+    c.observe({"loss": 2.0, "train_err": 1.0})
+    assert c.score == 2.5
+
+
 def test_history_is_json_ready():
     for mode in MODES:
         c = make_controller(mode, rf=2)
@@ -77,8 +101,7 @@ def test_history_is_json_ready():
 
 @pytest.mark.parametrize(
     ("staging", "consumption", "rf"),
-    [(100.0, 400.0, 4), (100.0, 401.0, 5), (100.0, 50.0, 1), (100.0, 0.0, 1), (400.0, 3.8 * 1024, 10),
-     (0.1, 0.3, 3)],
+    [(100.0, 400.0, 4), (100.0, 401.0, 5), (100.0, 50.0, 1), (100.0, 0.0, 1), (400.0, 3.8 * 1024, 10), (0.1, 0.3, 3)],
 )
 def test_auto_rf(staging, consumption, rf):
     assert auto_rf(staging, consumption) == rf

@@ -78,9 +78,12 @@ def test_bad_arguments(kwargs, name):
     data = args.pop("data")
     with pytest.raises(ValueError, match=name):
         MiniEpochSampler(data, **args)
-    if name == "rf must":
-        with pytest.raises(ValueError, match="epoch must"):
-            MiniEpochSampler(10, nm=2).set_epoch(-1)
+
+
+@pytest.mark.parametrize("epoch", [-1, 1.0, True])
+def test_set_epoch_rejects_bad_epochs(epoch):
+    with pytest.raises(ValueError, match="epoch must"):
+        MiniEpochSampler(10, nm=2).set_epoch(epoch)
 
 
 def test_sampler_package_imports_no_heavy_dependency():

@@ -73,7 +73,12 @@ def test_every_share_within_budget(table, composition, world_size, slack, with_n
     nm = None
     if with_nm:
         nm = min_mini_epochs(
-            sizes, budget=budget, seed=seed, composition=composition, groups=table["groups"], order=table["order"],
+            sizes,
+            budget=budget,
+            seed=seed,
+            composition=composition,
+            groups=table["groups"],
+            order=table["order"],
             world_size=world_size,
         )
     plans = _all_ranks(table, world_size, seed=seed, epoch=0, nm=nm, budget=budget, composition=composition)
@@ -137,8 +142,10 @@ def test_contiguous_is_the_storage_split_with_shuffled_visits():
     plan = plan_epoch(sizes, seed=0, epoch=0, nm=4, composition="contiguous", order=order)
     blocks = sorted(tuple(a.tolist()) for a in plan)
     assert blocks == sorted(tuple(range(hi - 1, hi - 26, -1)) for hi in (25, 50, 75, 100))
-    visits = {tuple(tuple(a.tolist()) for a in plan_epoch(sizes, seed=0, epoch=e, nm=4, composition="contiguous"))
-              for e in range(10)}
+    visits = {
+        tuple(tuple(a.tolist()) for a in plan_epoch(sizes, seed=0, epoch=e, nm=4, composition="contiguous"))
+        for e in range(10)
+    }
     assert len(visits) > 1
 
 
@@ -155,19 +162,50 @@ def test_more_ranks_than_files_gives_empty_shares():
 # ------------------------------------------------------------------------------------------------ statistics
 
 
+def _membership_p(counts: np.ndarray, epochs: int) -> float:
+    """p-value of 'every file lands in each of the ``counts.shape[0]`` places with equal probability'.
+
+    ``counts[j, i]``: epochs in which file i was in place j.  Each file's column is multinomial; the statistic sums
+    the files' Pearson statistics.  Files of one epoch are not independent (a piece holding a large file holds
+    fewer others), which fattens the tail a little, so the bar is 1e-4; a biased planner scores ~1e-15.
+    """
+    places = counts.shape[0]
+    expected = epochs / places
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    return chi2_sf(stat, counts.shape[1] * (places - 1))
+
+
+# log-normal sizes: byte-balanced cuts once put large files in middle mini-epochs more often; this caught it
+VARIED = np.maximum(np.random.default_rng(5).lognormal(np.log(100), 1.0, size=40), 1).astype(np.int64)
+
+
 @pytest.mark.parametrize("composition", ["random", "reservoir", "stratified"])
-def test_membership_of_first_mini_epoch_is_uniform(composition):
-    """Over many epochs each file lands in mini-epoch 0 equally often; a biased plan fails this chi-square."""
-    n, nm, epochs = 40, 4, 2000
-    sizes = np.full(n, 7)
+def test_membership_of_every_mini_epoch_is_uniform(composition):
+    """Over many epochs each file lands in each mini-epoch equally often, whatever its size."""
+    n, nm, epochs = VARIED.size, 4, 2000
     groups = np.arange(n) % 5
-    counts = np.zeros(n)
+    counts = np.zeros((nm, n))
     for e in range(epochs):
-        counts[plan_epoch(sizes, seed=11, epoch=e, nm=nm, composition=composition, groups=groups)[0]] += 1
-    expected = epochs / nm
-    # cell variance is p(1-p) per epoch, not p: scale Pearson's statistic by 1/(1-p) to keep it chi-square(n-1)
-    stat = float(((counts - expected) ** 2 / expected).sum()) / (1 - 1 / nm)
-    assert chi2_sf(stat, n - 1) > 1e-3
+        for j, a in enumerate(plan_epoch(VARIED, seed=11, epoch=e, nm=nm, composition=composition, groups=groups)):
+            counts[j, a] += 1
+    assert _membership_p(counts, epochs) > 1e-4
+
+
+@pytest.mark.parametrize("composition", ["random", "stratified", "contiguous"])
+def test_rank_membership_is_uniform(composition):
+    n, epochs = VARIED.size, 2000
+    counts = np.zeros((2, n))
+    for e in range(epochs):
+        plan = plan_epoch(
+            VARIED, seed=2, epoch=e, nm=3, composition=composition, groups=np.arange(n) % 5, rank=0, world_size=2
+        )
+        mine = np.concatenate(plan)
+        counts[0, mine] += 1
+    counts[1] = epochs - counts[0]
+    if composition == "contiguous":  # whole sub-ranges move together: only the marginal is checked
+        assert abs(counts[0].mean() / epochs - 0.5) < 0.02
+    else:
+        assert _membership_p(counts, epochs) > 1e-4
 
 
 @pytest.mark.parametrize("composition", ["random", "reservoir", "contiguous"])
@@ -303,15 +341,30 @@ def test_budget_alone_gives_the_fewest_mini_epochs(table, composition, world_siz
     [
         ([10] * 10, 12, 10),  # more mini-epochs than files: one file each, then empty ones
         ([1, 1, 1, 1, 8, 8], 4, 9),  # byte quantiles overfill; greedy cuts then splits keep the budget
-        ([9, 1, 1, 9, 5, 5, 5, 5], 3, 10),
+        ([9, 1, 1, 9, 5, 5, 5, 5], 8, 10),
         ([0, 0, 0, 0], 3, 1),
     ],
 )
 @pytest.mark.parametrize("composition", COMPOSITIONS)
 def test_tight_budgets(sizes, nm, budget, composition):
     sizes = np.array(sizes)
-    plan = plan_epoch(sizes, seed=0, epoch=0, nm=nm, budget=budget, composition=composition,
-                      groups=np.zeros(len(sizes), int))
+    plan = plan_epoch(
+        sizes, seed=0, epoch=0, nm=nm, budget=budget, composition=composition, groups=np.zeros(len(sizes), int)
+    )
     assert len(plan) == nm
     assert sorted(np.concatenate(plan).tolist()) == list(range(len(sizes)))
     assert all(int(sizes[a].sum()) <= budget for a in plan)
+
+
+def test_contiguous_tight_budget_uses_greedy_cuts():
+    sizes = np.array([9, 1, 1, 9, 5, 5, 5, 5])  # byte quantiles give 11/14/15; only 11/14/15 -> 11/14/15 fits 15
+    plan = plan_epoch(sizes, seed=0, epoch=0, nm=3, budget=15, composition="contiguous")
+    assert sorted(int(sizes[a].sum()) for a in plan) == [11, 14, 15]
+    with pytest.raises(ValueError, match="needs nm >= 4"):
+        plan_epoch(sizes, seed=0, epoch=0, nm=3, budget=14, composition="contiguous")
+
+
+def test_staging_order_follows_order_values_with_ties_by_index():
+    order = np.array([3.5, 1.0, 3.5, 0.0, 2.0])  # storage offsets, say; files 0 and 2 tie
+    (plan,) = plan_epoch(np.ones(5, np.int64), seed=0, epoch=0, nm=1, order=order)
+    assert plan.tolist() == [3, 1, 4, 0, 2]

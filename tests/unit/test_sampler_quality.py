@@ -7,6 +7,7 @@ import pytest
 
 from sampler.quality import (
     chi2_sf,
+    distinct_fraction,
     first_position_chisquare,
     neighbour_entropy,
     position_uniformity,
@@ -16,8 +17,15 @@ from sampler.quality import (
 
 @pytest.mark.parametrize(
     ("x", "dof", "p"),
-    [(3.841458820694124, 1, 0.05), (18.307038053275146, 10, 0.05), (0.0, 3, 1.0), (2.0, 2, np.exp(-1.0)),
-     (1000.0, 900, 0.010994608942135844), (850.0, 900, 0.8820472207240427), (30.0, 5, 1.4748581038443073e-05)],
+    [
+        (3.841458820694124, 1, 0.05),
+        (18.307038053275146, 10, 0.05),
+        (0.0, 3, 1.0),
+        (2.0, 2, np.exp(-1.0)),
+        (1000.0, 900, 0.010994608942135844),
+        (850.0, 900, 0.8820472207240427),
+        (30.0, 5, 1.4748581038443073e-05),
+    ],
 )
 def test_chi2_sf_known_values(x, dof, p):
     # reference values from scipy.stats.chi2.sf
@@ -63,6 +71,13 @@ def test_neighbour_entropy_orders_modes():
     assert neighbour_entropy(np.array([3])) == 0.0
 
 
+def test_distinct_fraction():
+    assert distinct_fraction(np.arange(100), 10) == 1.0
+    met = np.concatenate([np.random.default_rng(0).permutation(25) for _ in range(4)])  # rf = 4 over 25 files
+    assert distinct_fraction(met, 100) == 0.25
+    assert distinct_fraction(np.array([1, 1, 2, 3, 9]), 2) == 0.75  # the incomplete last window is left out
+
+
 def test_visit_spread():
     even = visit_spread([np.arange(10), np.arange(10)[::-1].copy()], 10)
     assert (even.min, even.max, even.mean, even.cv) == (2, 2, 2.0, 0.0)
@@ -85,6 +100,9 @@ def test_visit_spread():
         (lambda: first_position_chisquare([], 3), "firsts must not be empty"),
         (lambda: neighbour_entropy(np.zeros((2, 2), int)), "stream must"),
         (lambda: visit_spread([np.array([-1])], 3), r"streams\[0\]"),
+        (lambda: distinct_fraction(np.arange(3), 0), "window must"),
+        (lambda: distinct_fraction(np.arange(3), 4), "at least one window"),
+        (lambda: distinct_fraction(np.zeros((2, 2), int), 1), "stream must"),
     ],
 )
 def test_bad_arguments(call, name):

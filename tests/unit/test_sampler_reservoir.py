@@ -37,9 +37,10 @@ def test_every_item_equally_likely(algo):
     assert _inclusion_p(samples, 50) > 1e-3
 
 
-def test_sample_indices_equally_likely_and_sorted():
+@pytest.mark.parametrize("method", ["L", "R"])
+def test_sample_indices_equally_likely_and_sorted(method):
     rng = np.random.default_rng(7)
-    samples = [sample_indices(60, 6, rng) for _ in range(3000)]
+    samples = [sample_indices(60, 6, rng, method=method) for _ in range(3000)]
     assert all(np.all(np.diff(s) > 0) for s in samples)
     assert _inclusion_p(samples, 60) > 1e-3
 
@@ -64,6 +65,7 @@ def test_short_streams_and_zero_k():
     assert algorithm_r(range(3), 0, 0) == []
     assert algorithm_l(range(3), 0, 0) == []
     assert sample_indices(5, 5, 0).tolist() == [0, 1, 2, 3, 4]
+    assert sample_indices(5, 5, 0, method="R").tolist() == [0, 1, 2, 3, 4]
     assert sample_indices(5, 0, 0).size == 0
 
 
@@ -83,6 +85,13 @@ def test_oneaccess_stream_matches_the_reservoir_plan(n, nm, seed, epoch):
     samples = list(oneaccess_samples(items, [len(a) for a in plan], seed=seed, epoch=epoch))
     assert [[t for t, _ in s] for s in samples] == [a.tolist() for a in plan]
     assert all(item == f"f{t}" for s in samples for t, item in s)
+
+
+def test_oneaccess_stream_matches_the_plan_across_key_chunks():
+    n = 3000  # keys are drawn in chunks of 256, 512, 1024, ...: the boundaries must not shift them
+    plan = plan_epoch(np.ones(n, np.int64), seed=8, epoch=2, nm=3, composition="reservoir")
+    samples = list(oneaccess_samples(range(n), [len(a) for a in plan], seed=8, epoch=2))
+    assert [[t for t, _ in s] for s in samples] == [a.tolist() for a in plan]
 
 
 def test_oneaccess_samples_are_disjoint_covering_and_sized():
@@ -135,6 +144,7 @@ def test_streaming_shuffle_small_buffer_stays_local():
         (lambda: algorithm_l(range(3), 1, "x"), "rng must"),
         (lambda: sample_indices(-1, 0, 0), "n must"),
         (lambda: sample_indices(3, 4, 0), "k must be <= n=3"),
+        (lambda: sample_indices(3, 1, 0, method="X"), "method must"),
         (lambda: epoch_keys(-1, seed=0, epoch=0), "n must"),
         (lambda: epoch_keys(3, seed=-1, epoch=0), "seed must"),
         (lambda: epoch_keys(3, seed=0, epoch=-1), "epoch must"),
@@ -148,3 +158,41 @@ def test_streaming_shuffle_small_buffer_stays_local():
 def test_bad_arguments(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda rng, e: algorithm_r(range(6), 2, rng),
+        lambda rng, e: algorithm_l(range(6), 2, rng),
+        lambda rng, e: sample_indices(6, 2, rng, method="L"),
+        lambda rng, e: sample_indices(6, 2, rng, method="R"),
+        lambda rng, e: [t for t, _ in next(oneaccess_samples(range(6), 2, seed=3, epoch=e))],
+    ],
+    ids=["R", "L", "indices-L", "indices-R", "oneaccess"],
+)
+def test_every_subset_equally_likely(draw):
+    """OneAccess Theorem 2: each of the C(6, 2) = 15 subsets has probability 1/15 (marginals could hide a bias)."""
+    rng = np.random.default_rng(21)
+    counts: dict[tuple[int, ...], int] = {}
+    trials = 4500
+    for e in range(trials):
+        key = tuple(sorted(int(x) for x in draw(rng, e)))
+        counts[key] = counts.get(key, 0) + 1
+    assert len(counts) == 15
+    observed = np.array(list(counts.values()), dtype=float)
+    stat = float(((observed - trials / 15) ** 2 / (trials / 15)).sum())
+    assert chi2_sf(stat, 14) > 1e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 100), min_size=1, max_size=60),
+    slack=st.integers(0, 300),
+    seed=st.integers(0, 2**31),
+)
+def test_oneaccess_stream_reproduces_budget_limited_reservoir_plans(sizes, slack, seed):
+    sizes_arr = np.array(sizes)
+    plan = plan_epoch(sizes_arr, seed=seed, epoch=0, budget=max(sizes) + slack, composition="reservoir")
+    samples = list(oneaccess_samples(range(len(sizes)), [len(a) for a in plan], seed=seed, epoch=0))
+    assert [[t for t, _ in s] for s in samples] == [a.tolist() for a in plan]

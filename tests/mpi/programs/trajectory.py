@@ -33,8 +33,17 @@ def main(steps: int, budget: int) -> None:
     step_bytes = (comm.bytes_sent - before) / steps
     ev = model.evaluate(data, 200)
     if comm.rank == 0:
-        print(json.dumps({"size": comm.size, "losses": losses, "p_at_1": ev["p_at_1"], "step_bytes": step_bytes,
-                          "budget_local": model.budget_local}))
+        print(
+            json.dumps(
+                {
+                    "size": comm.size,
+                    "losses": losses,
+                    "p_at_1": ev["p_at_1"],
+                    "step_bytes": step_bytes,
+                    "budget_local": model.budget_local,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

