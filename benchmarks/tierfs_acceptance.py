@@ -68,6 +68,7 @@ def main() -> int:
     ap.add_argument("--nm", type=int, default=8)
     ap.add_argument("--rf", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bandwidth", default="0", help="cap on backing reads, e.g. 5M (a slow tier)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -85,7 +86,8 @@ def main() -> int:
         bad: list[str] = []
         reads = 0
         t0 = time.monotonic()
-        with mounted(backing, mnt, cache, capacity, nm=args.nm, rf=args.rf, seed=args.seed) as m:
+        with mounted(backing, mnt, cache, capacity, nm=args.nm, rf=args.rf, seed=args.seed,
+                     bandwidth=args.bandwidth) as m:
 
             def sample_status() -> None:
                 # through the mount: waits behind the reader's requests when the daemon is busy
@@ -142,7 +144,8 @@ def main() -> int:
 
     rows = [
         ("files / dirs / data set", f"{args.files} / {args.dirs} / {format_size(dataset)} ({dataset} B)"),
-        ("capacity (1/4), nm, rf", f"{format_size(capacity)} ({capacity} B), {args.nm}, {args.rf}"),
+        ("capacity (1/4), nm, rf, bandwidth", f"{format_size(capacity)} ({capacity} B), {args.nm}, {args.rf}, "
+                                              f"{args.bandwidth}"),
         ("passes made, files read", f"{args.rf * args.nm}, {reads}"),
         ("bad reads", f"{len(bad)}"),
         ("mini-epochs visited (rf_effective)", f"{visited} {final['rf_effective']}"),
@@ -162,7 +165,8 @@ def main() -> int:
     table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
     header = f"| {'figure':<{width}} | value |\n|{'-' * (width + 2)}|-------|"
     machine = f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}"
-    text = f"{header}\n{table}\n\nCommand: `python benchmarks/{Path(__file__).name}`; machine: {machine}\n"
+    command = " ".join(["python", f"benchmarks/{Path(__file__).name}", *sys.argv[1:]])
+    text = f"{header}\n{table}\n\nCommand: `{command}`; machine: {machine}\n"
     print(text)
     (out / "tierfs_acceptance.md").write_text(text)
     (out / "tierfs_acceptance.json").write_text(json.dumps({"rows": rows, "status": samples, "disk": disk}))

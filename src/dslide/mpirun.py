@@ -113,6 +113,26 @@ class MpiJob:
         if self.proc.poll() is None:
             self.seen |= descendants(self.proc.pid)
 
+    def stdout_so_far(self) -> str:
+        """What the job has printed on stdout until now (it keeps running)."""
+        with open(self._stdout.fileno(), closefd=False) as f:
+            f.seek(0)
+            return f.read()
+
+    def rank_pids(self) -> dict[int, int]:
+        """The job's rank processes by rank (from ``PMI_RANK`` in their environment), as far as seen yet."""
+        self.track()
+        ranks = {}
+        for pid in self.seen:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(b"PMI_RANK="):
+                    ranks[int(item[9:])] = pid
+        return ranks
+
     def wait(self, timeout: float) -> Result:
         """Wait up to ``timeout`` s; on expiry stop the whole job and report ``timed_out``."""
         deadline = time.monotonic() + timeout

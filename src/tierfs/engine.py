@@ -479,9 +479,13 @@ class Engine:
                 self.last_error = f"staging {os.fsdecode(node.path)}: {exc.strerror or exc}"
                 log.warning("tierfs: %s", self.last_error)
                 return
-            if fingerprint(node.st) != fp:  # found changed by an open while we copied
+            if fingerprint(node.st) != fp or fp[0] != reserved:
+                # Found changed by an open while we copied, or bigger than what was reserved: this copy may
+                # not count against the cap; stage it again under a fresh reservation.
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=self.cache.data_fd)
+                if self._wanted.size and self._wanted[fidx]:
+                    self._queue.appendleft(fidx)
                 return
             self.cache.commit(fidx, name, fp, digest, reserved)
             ok = True

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
+import logging
 import os
 import stat
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyfuse3
 
@@ -30,6 +33,9 @@ from tierfs.engine import Engine, FileHandle
 from tierfs.tree import CONTROL_INODES, KIND_DIR
 
 __all__ = ["ATTR_TIMEOUT", "TierOperations"]
+
+log = logging.getLogger("tierfs")
+T = TypeVar("T")
 
 #: Seconds the kernel may cache names and attributes.  Long: the tree only changes by backing-file changes,
 #: which the engine notices on open and invalidates explicitly.
@@ -51,6 +57,24 @@ class _Virtual:
 
 async def _erofs(*_args: Any, **_kwargs: Any) -> Any:
     raise pyfuse3.FUSEError(errno.EROFS)
+
+
+def _errors(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """The one error rule: ``OSError`` becomes its errno, a bug becomes ``EIO`` (logged), never a dead mount."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: Any) -> T:
+        try:
+            return await handler(*args)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("tierfs: %s failed", handler.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
 
 
 class TierOperations(pyfuse3.Operations):
@@ -112,27 +136,25 @@ class TierOperations(pyfuse3.Operations):
         a.st_ctime_ns = st.st_ctime_ns
         return a
 
+    @_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         inode = self.engine.lookup(parent_inode, name)
         if inode is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attr(inode)
 
+    @_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         return self._attr(inode)
 
+    @_errors
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
-        try:
-            return self.engine.readlink(inode)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        return self.engine.readlink(inode)
 
+    @_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         s = pyfuse3.StatvfsData()
-        try:
-            v = os.fstatvfs(self.engine.root_fd)
-        except OSError:
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        v = os.fstatvfs(self.engine.root_fd)
         s.f_bsize, s.f_frsize = v.f_bsize, v.f_frsize
         s.f_blocks, s.f_bfree, s.f_bavail = v.f_blocks, 0, 0
         s.f_files, s.f_ffree, s.f_favail = v.f_files, 0, 0
@@ -141,15 +163,14 @@ class TierOperations(pyfuse3.Operations):
 
     # =============================================================================== directories
 
+    @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        try:
-            listing = self.engine.list_dir(inode)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        listing = self.engine.list_dir(inode)
         fh = next(self._fh)
         self._dirs[fh] = listing
         return fh
 
+    @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         listing = self._dirs[fh]
         for i in range(start_id, len(listing)):
@@ -157,11 +178,13 @@ class TierOperations(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, name, self._attr(inode), i + 1):
                 return
 
+    @_errors
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
 
     # ===================================================================================== files
 
+    @_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         eng = self.engine
         if inode in _VIRTUAL:
@@ -183,23 +206,19 @@ class TierOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         if inode == _CTL_DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        try:
-            handle = await eng.open_file(eng.file_index(inode))
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        handle = await eng.open_file(eng.file_index(inode))
         fh = next(self._fh)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache)
 
+    @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self._handles[fh]
         if isinstance(h, _Virtual):
             return h.data[off:off + size]
-        try:
-            return await self.engine.read(h, off, size)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        return await self.engine.read(h, off, size)
 
+    @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self._handles.get(fh)
         if not isinstance(h, _Virtual) or not h.writable:
@@ -213,11 +232,13 @@ class TierOperations(pyfuse3.Operations):
     async def flush(self, fh: int) -> None:
         pass
 
+    @_errors
     async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)
         if isinstance(h, FileHandle):
             self.engine.release(h)
 
+    @_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         # Truncating the control file (``>`` without atomic O_TRUNC) is the one change allowed, and a no-op.

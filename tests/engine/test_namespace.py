@@ -216,3 +216,21 @@ def test_symlinks_shown_with_their_own_text(tmp_path, open_engine, t):
 
     t.run(main)
     assert e.tree.n_files == 1  # nothing was taken from beyond a link
+
+
+def test_a_bug_is_eio_not_a_dead_mount(open_engine, t, monkeypatch):
+    e = open_engine()
+    ops = TierOperations(e)
+
+    async def boom(_fidx):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(e, "open_file", boom)
+
+    async def main():
+        f = e.view.order.tolist()[0]
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await ops.open(e.file_inode(f), os.O_RDONLY, CTX)
+        assert exc.value.errno == errno.EIO
+
+    t.run(main)

@@ -89,3 +89,24 @@ def test_ranks_die_with_their_process_manager(tmp_path):
             time.sleep(0.1)
         survivors = [pid for pid in pids.values() if not gone(pid)]
     assert not survivors, f"ranks {survivors} outlived their proxy"
+
+
+def test_a_killed_rank_ends_a_real_training_job(tmp_path):
+    from dslide.gen import write_dataset
+
+    write_dataset(tmp_path / "xc", 2048, 500, 100, shards=2, test_points=64, seed=1)
+    xc = tmp_path / "xc"
+    argv = ["-m", "dslide", "train", "--train", xc / "train", "--test", xc / "test.txt", "--epochs", 10_000,
+            "--hidden", 16, "--batch", 64, "--budget", 16, "--threads", 1, "--eval-points", 16]  # fmt: skip
+    with MpiJob(2, argv) as job:
+        deadline = time.monotonic() + 120
+        while '"pass": 1,' not in job.stdout_so_far():  # training is under way
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.stdout_so_far()
+            time.sleep(0.2)
+        pids = job.rank_pids()
+        assert sorted(pids) == [0, 1]
+        os.kill(pids[1], signal.SIGKILL)
+        result = job.wait(BOUND)
+    assert not result.timed_out, "the job hung after a rank of dslide train was killed"
+    assert result.returncode != 0
+    assert all_gone(pids.values())

@@ -31,3 +31,15 @@ def test_four_ranks_get_mpicomm():
     assert result.returncode == 0, result.stderr
     lines = sorted(result.stdout.strip().splitlines())
     assert lines == [f"MpiComm {r} 4 True" for r in range(4)]
+
+
+def test_threads_per_rank_share_the_cores():
+    import os
+
+    probe = "from dslide.mpicomm import threads_per_rank; print(threads_per_rank())"
+    cores = len(os.sched_getaffinity(0))
+    result = run_mpi(2, ["-c", probe], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(max(1, cores // 2))] * 2
+    alone = subprocess.run([sys.executable, "-c", probe], env=job_env(), capture_output=True, text=True, timeout=60)
+    assert alone.stdout.split() == ["None"]

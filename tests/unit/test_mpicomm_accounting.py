@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dslide.mpicomm import (
     dataparallel_allreduce_bytes,
+    ends_job_on_failure,
     launched_by_mpi,
     ring_allgather_bytes,
     ring_allreduce_bytes,
@@ -60,3 +62,15 @@ def test_launch_detection(monkeypatch):
     assert launched_by_mpi() == 3
     monkeypatch.setenv("PMI_SIZE", "2")
     assert launched_by_mpi() == 2
+
+
+def test_the_cli_edge_is_transparent_outside_mpi():
+    @ends_job_on_failure
+    def main(code: int) -> int:
+        if code < 0:
+            raise KeyError("boom")
+        return code
+
+    assert main(0) == 0 and main(2) == 2
+    with pytest.raises(KeyError):
+        main(-1)
