@@ -350,7 +350,7 @@ def plot(results: list[Result], workload: Workload, out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     x = range(len(ok))
     compute = [s["wall_s"] - s["stall_s"] for s in st]
-    axes[0].bar(x, compute, label="consumer busy")
+    axes[0].bar(x, compute, label="not waiting (compute, listing, CPU contention)")
     axes[0].bar(x, [s["stall_s"] for s in st], bottom=compute, label="stall", color="tab:red")
     axes[0].set_ylabel("seconds per epoch-equivalent (steady)")
     axes[0].legend()

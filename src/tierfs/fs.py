@@ -259,3 +259,10 @@ class TierOperations(pyfuse3.Operations):
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         pass
+
+    @_errors
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        # ``test -w`` must say no, like on any read-only mount; the control file is the one writable file.
+        if mode & os.W_OK and inode != _CTL_CONTROL:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return True

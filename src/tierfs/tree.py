@@ -115,6 +115,8 @@ class Tree:
                     subdirs: list[tuple[int, bytes]] = []
                     for entry in entries:
                         name = os.fsencode(entry.name)
+                        if idx == 0 and name == b".tierfs":
+                            continue  # the mount's control dir shadows it: it could never be read
                         try:
                             st = entry.stat(follow_symlinks=False)
                         except FileNotFoundError:

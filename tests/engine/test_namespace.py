@@ -165,6 +165,11 @@ def test_every_mutating_call_is_erofs_and_backing_untouched(open_engine, dataset
             with pytest.raises(pyfuse3.FUSEError) as exc:
                 await call()
             assert exc.value.errno == errno.EROFS, call
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await ops.access(f.st_ino, os.W_OK, CTX)
+        assert exc.value.errno == errno.EROFS
+        assert await ops.access(f.st_ino, os.R_OK, CTX)
+        assert await ops.access(CONTROL_INODES[b"control"], os.W_OK, CTX)
         # status, order and metrics cannot be opened for writing either
         with pytest.raises(pyfuse3.FUSEError):
             await ops.open(CONTROL_INODES[b"status"], os.O_WRONLY, CTX)

@@ -25,6 +25,8 @@ def root(tmp_path):
     (tmp_path / "outside" / "secret").write_bytes(b"secret")
     os.symlink(tmp_path / "outside", r / "link_dir")
     os.symlink("z.bin", r / "b" / "link_file")
+    (r / ".tierfs").mkdir()
+    (r / ".tierfs" / "shadowed.bin").write_bytes(b"s")  # hidden by the mount's control dir: not data
     return r
 
 
