@@ -44,7 +44,10 @@ def peak_rss_gib() -> float:
 def model_cfg(F: int, L: int, args: argparse.Namespace):
     from dslide.model import ModelConfig
 
-    return ModelConfig(F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, lr=args.lr, seed=args.seed)
+    return ModelConfig(
+        F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, lr=args.lr, seed=args.seed,
+        out_init=args.out_init, pool_factor=args.pool_factor,
+    )  # fmt: skip
 
 
 def make_side(side: str, F: int, L: int, args: argparse.Namespace):
@@ -263,10 +266,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--budget", type=int, default=512)
-    ap.add_argument("--tables", type=int, default=16)
+    ap.add_argument("--budget", type=int, default=1024)
+    ap.add_argument("--tables", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pool-factor", type=int, default=64, help="dslide: random-fill pool, x budget")
+    ap.add_argument("--out-init", type=float, default=0.1, help="std of W2 times sqrt(H), both sides")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per side in (a)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--dense-steps", type=int, default=None)

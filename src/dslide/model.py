@@ -53,17 +53,20 @@ class ModelConfig:
     n_features: int
     n_labels: int
     hidden: int = 128
-    budget: int = 512  # active output neurons per sample, all ranks together
+    budget: int = 1024  # active output neurons per sample, all ranks together
     hash: str = "srp"
     k: int = 0  # bits (srp) or winner-take-all hashes (dwta) per table; 0 = auto_k
-    tables: int = 16
+    tables: int = 32
     bucket_cap: int = 128
     lr: float = 3e-3
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
     seed: int = 0
-    pool_factor: int = 4  # random fill comes from a per-step pool of pool_factor x budget neurons
+    pool_factor: int = 64  # random fill comes from a per-step pool of pool_factor x budget neurons
+    # std of W2 is out_init / sqrt(H): small, so the many labels a sparse update has not reached yet do not
+    # outscore trained ones at exact inference with random logits (SRP hashing only sees directions)
+    out_init: float = 0.1
     rehash: RehashSchedule = field(default_factory=RehashSchedule)
 
     def __post_init__(self) -> None:
@@ -103,7 +106,7 @@ def initial_weights(
     for blk in range(l_lo // _W2_INIT_BLOCK, (l_hi - 1) // _W2_INIT_BLOCK + 1):
         b0 = blk * _W2_INIT_BLOCK
         rows = min(_W2_INIT_BLOCK, cfg.n_labels - b0)
-        block = np.random.default_rng((cfg.seed, 2, blk)).standard_normal((rows, H)) / math.sqrt(H)
+        block = np.random.default_rng((cfg.seed, 2, blk)).standard_normal((rows, H)) * (cfg.out_init / math.sqrt(H))
         lo, hi = max(l_lo, b0), min(l_hi, b0 + rows)
         W2[lo - l_lo : hi - l_lo] = block[lo - b0 : hi - b0]
     return W1, W2

@@ -44,14 +44,14 @@ import numpy as np
 import trio
 import xxhash
 
-from sampler.arf import Controller, auto_rf, make_controller
+from sampler.arf import auto_rf
 from sampler.plan import min_mini_epochs, plan_epoch
 from tierfs.cache import CacheEntry, CacheStore
-from tierfs.control import parse_control
+from tierfs.control import Arf, apply_control
 from tierfs.journal import Position, load_position, save_position
 from tierfs.options import MountConfig, Settings, format_size
 from tierfs.staging import BackingChanged, Stager, copy_into_cache
-from tierfs.stats import ArfStatus, Prefetch, Reads, Status
+from tierfs.stats import Status, snapshot
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree, fingerprint, open_beneath
 from tierfs.view import View
 
@@ -77,6 +77,17 @@ class FileHandle:
     keep_cache: bool
 
 
+def _pread_rest(fd: int, buf: bytearray, done: int, offset: int) -> int:
+    """Fill ``buf[done:]`` from ``offset + done`` (blocking; in a worker thread); returns the bytes in ``buf``."""
+    view = memoryview(buf)
+    while done < len(buf):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 class Engine:
     """See the module docstring.  ``mount.py``: ``open()``, then ``run()`` beside ``pyfuse3.main()``, ``close()``."""
 
@@ -91,15 +102,17 @@ class Engine:
         self.view: View | None = None
         self.changed = trio.Event()  # set (and replaced) whenever staging should look again
         self.last_error: str | None = None
+        #: (epoch, mini_epoch) of the last completed pass: what a ``feedback`` line is about (see control.py)
+        self.last_pass: tuple[int, int] | None = None
         #: Called with an inode whose kernel-cached attributes and data are stale (set by fs once mounted).
         self.invalidate_inode: Callable[[int], None] = lambda inode: None
         self._plans: dict[int, list[np.ndarray]] = {}
         self._cur = np.zeros(0, np.int64)
         self._cur_mask = np.zeros(0, bool)
-        self._next = np.zeros(0, np.int64)
+        self.next_files = np.zeros(0, np.int64)
         self._next_coords = (0, 0)
         self._wanted = np.zeros(0, bool)
-        self._pending_next: set[int] = set()
+        self.pending_next: set[int] = set()
         self._queue: deque[int] = deque()
         self._inflight: dict[int, trio.Event] = {}
         self._failed: set[int] = set()
@@ -108,7 +121,7 @@ class Engine:
         self._reads_in_pass = 0
         self._advance_requested = False
         self._blocked = False
-        self._controller = make_controller("off")
+        self.arf = Arf(config.settings)
         self._bw_next = 0.0
         self._opened = False
         self._closed = False
@@ -122,7 +135,7 @@ class Engine:
         self._staging_since: float | None = None
         self._pass_started: float | None = None
         self._pass_served = 0
-        self._consumption_bps = 0.0
+        self.consumption_bps = 0.0
 
     # ========================================================================================= lifecycle
 
@@ -156,11 +169,11 @@ class Engine:
             raise
         n = self.tree.n_files
         self._read_mark = np.zeros(n, bool)
-        self._controller = self._make_controller()
         pos = load_position(cfg.cache)
         if pos is not None:
             self.pos = pos
-            self._controller.history.extend(pos.arf_history)
+            self.last_pass = tuple(pos.last_pass) if pos.last_pass else None  # type: ignore[assignment]
+        self.arf = Arf(self.settings, self.pos.arf_history)
         if self.settings.policy == "lru":
             self._cur = np.arange(n, dtype=np.int64)
             self._cur_mask = np.ones(n, bool)
@@ -175,7 +188,7 @@ class Engine:
             self._enter(self.pos.epoch, self.pos.mini_epoch)
             self._evict_unwanted()
         self._opened = True
-        self._save_journal()
+        self.save_journal()
         log.info("tierfs: %d files, %s in the backing dir; %d copies kept in the cache",
                  n, format_size(int(self.tree.sizes.sum())), len(self.cache.entries))
 
@@ -205,7 +218,7 @@ class Engine:
         self._closed = True
         if self._opened:
             with contextlib.suppress(OSError):
-                self._save_journal()
+                self.save_journal()
         self.cache.close()
         if self.root_fd >= 0:
             os.close(self.root_fd)
@@ -281,12 +294,12 @@ class Engine:
         self._cur_mask = np.zeros(n, bool)
         self._cur_mask[self._cur] = True
         self._next_coords = self._coords_after(epoch, me)
-        self._next = self._plan(self._next_coords[0])[self._next_coords[1]]
+        self.next_files = self._plan(self._next_coords[0])[self._next_coords[1]]
         if self._next_coords == (epoch, me):
-            self._next = np.zeros(0, np.int64)
+            self.next_files = np.zeros(0, np.int64)
         self._wanted = self._cur_mask.copy()
-        self._wanted[self._next] = True
-        self._pending_next = {f for f in self._next.tolist() if self.cache.get(f) is None}
+        self._wanted[self.next_files] = True
+        self.pending_next = {f for f in self.next_files.tolist() if self.cache.get(f) is None}
         self._blocked = False
         self._failed.clear()
         self._new_view()
@@ -311,15 +324,15 @@ class Engine:
         rf = self.settings.rf
         if rf == "auto":
             staging = self.staging_bytes_per_s()
-            if staging > 0 and self._consumption_bps > 0:
-                return auto_rf(staging, self._consumption_bps)
+            if staging > 0 and self.consumption_bps > 0:
+                return auto_rf(staging, self.consumption_bps)
             return 1
         return int(rf)
 
     def next_ready(self) -> bool:
         """The next mini-epoch is cached, or as much of it as fits: staging is stuck on space that only a
         switch can free (a mini-epoch a little over half the cache)."""
-        if not self._pending_next:
+        if not self.pending_next:
             return True
         return self._blocked and not self._inflight and not self.cache.doomed_bytes
 
@@ -331,15 +344,16 @@ class Engine:
 
     def end_pass(self) -> None:
         """The current pass is over (all read, ``next-pass``, or the root listed again): count it, move on."""
+        self.last_pass = self.current_mini_epoch
         now = time.monotonic()
         if self._pass_started is not None and now > self._pass_started and self._pass_served:
-            self._consumption_bps = self._pass_served / (now - self._pass_started)
+            self.consumption_bps = self._pass_served / (now - self._pass_started)
         self.pos.pass_index += 1
         self.pos.passes_total += 1
         if self.settings.policy == "lru":
             self.pos.rf_effective[-1] += 1
             self._new_view()
-            self._save_journal()
+            self.save_journal()
             return
         self.pos.rf_effective[-1] += 1
         limit = self.pos.pass_index >= self.rf_now()
@@ -349,7 +363,7 @@ class Engine:
             self._switch()
         else:
             self._new_view()
-            self._save_journal()
+            self.save_journal()
 
     def _switch(self) -> None:
         """The next mini-epoch takes over; the previous one is evicted (open files on release)."""
@@ -357,11 +371,10 @@ class Engine:
         self.pos.pass_index = 0
         self.pos.rf_effective.append(0)
         self._advance_requested = False
-        self._controller.new_mini_epoch()
         self._enter(epoch, me)
         self._evict_unwanted()
-        self._save_journal()
-        self._notify()
+        self.save_journal()
+        self.notify()
         log.debug("tierfs: mini-epoch %d of epoch %d", me, epoch)
 
     def request_advance(self) -> None:
@@ -384,13 +397,14 @@ class Engine:
             if self._unread == 0:
                 self.end_pass()
 
-    def _save_journal(self) -> None:
-        self.pos.arf_history = self._controller.history[-_ARF_HISTORY_KEPT:]
+    def save_journal(self) -> None:
+        self.pos.arf_history = self.arf.history[-_ARF_HISTORY_KEPT:]
+        self.pos.last_pass = list(self.last_pass) if self.last_pass is not None else None
         save_position(self.config.cache, self.pos)
 
     # ========================================================================================= staging
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
 
@@ -398,8 +412,8 @@ class Engine:
         if self.settings.policy == "lru":
             self._queue = deque()
             return
-        self._queue = deque(f for f in (*self._cur.tolist(), *self._next.tolist()) if self.cache.get(f) is None)
-        self._notify()
+        self._queue = deque(f for f in (*self._cur.tolist(), *self.next_files.tolist()) if self.cache.get(f) is None)
+        self.notify()
 
     def next_to_stage(self) -> tuple[int, int] | None:
         """The next file the stager should copy, as (file index, size); None when everything wanted is cached."""
@@ -432,7 +446,7 @@ class Engine:
         for fidx in [f for f in self.cache.entries if not self._wanted[f]]:
             freed |= self.cache.evict(fidx)
         if freed:
-            self._notify()
+            self.notify()
 
     def staging_bytes_per_s(self) -> float:
         busy = self._staging_busy
@@ -491,7 +505,7 @@ class Engine:
             ok = True
             self._staged_bytes += fp[0]
             self.backing_bytes_read += fp[0]
-            self._pending_next.discard(fidx)
+            self.pending_next.discard(fidx)
             if not self._wanted[fidx] and self.settings.policy != "lru":
                 self.cache.evict(fidx)  # the view moved on while we copied
         finally:
@@ -503,7 +517,7 @@ class Engine:
             if not self._inflight and self._staging_since is not None:
                 self._staging_busy += time.monotonic() - self._staging_since
                 self._staging_since = None
-            self._notify()
+            self.notify()
             if ok and self._advance_requested and self.next_ready():
                 self._switch()
 
@@ -511,7 +525,7 @@ class Engine:
         """This file cannot be staged now (unreadable, ENOSPC, ...): it is served from the backing dir, and the
         mini-epoch counts as staged without it, so ``advance=ready`` never waits for it."""
         self._failed.add(fidx)
-        self._pending_next.discard(fidx)
+        self.pending_next.discard(fidx)
 
     async def _fetch_now(self, fidx: int) -> CacheEntry | None:
         """Stage ``fidx`` for a reader waiting on it; None if it cannot be cached right now."""
@@ -539,10 +553,10 @@ class Engine:
             self.cache.evict(fidx)
         self._failed.discard(fidx)
         if self._wanted.size and self._wanted[fidx]:
-            if fidx in set(self._next.tolist()):
-                self._pending_next.add(fidx)
+            if fidx in set(self.next_files.tolist()):
+                self.pending_next.add(fidx)
             self._queue.appendleft(fidx)
-            self._notify()
+            self.notify()
         self.invalidate_inode(self.file_inode(fidx))
 
     # ========================================================================================== reads
@@ -632,12 +646,23 @@ class Engine:
             self.cache.evict(entry.fidx)
             if self._wanted.size and self._wanted[entry.fidx]:
                 self._queue.appendleft(entry.fidx)
-                self._notify()
+                self.notify()
         return None
 
-    async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
+    async def read(self, handle: FileHandle, offset: int, size: int) -> bytes | bytearray:
         if handle.entry is not None:
-            data = os.pread(handle.fd, size, offset)
+            # The cached copy: bytes already in the page cache are copied right here (RWF_NOWAIT never blocks
+            # on the disk, and starts the read-ahead of what is missing); only the rest goes to a worker thread,
+            # so a warm read costs no thread hop and a cold one never stalls the other requests.
+            want = max(0, min(size, handle.entry.size - offset))
+            data = bytearray(want)
+            try:
+                n = os.preadv(handle.fd, [data], offset, os.RWF_NOWAIT) if want else 0
+            except OSError:  # EAGAIN: not in the page cache (or a cache fs without RWF_NOWAIT)
+                n = 0
+            if n < want:
+                n = await trio.to_thread.run_sync(_pread_rest, handle.fd, data, n, offset)
+                del data[n:]
         else:
             await self.throttle(size)
             t0 = time.monotonic()
@@ -654,7 +679,7 @@ class Engine:
     def release(self, handle: FileHandle) -> None:
         if handle.entry is not None:
             if self.cache.release_entry(handle.entry, handle.fd):
-                self._notify()
+                self.notify()
         else:
             os.close(handle.fd)
 
@@ -713,102 +738,44 @@ class Engine:
         return self.view.order_text() if self.view is not None else b""
 
     def control_write(self, data: bytes) -> None:
-        """Apply one write to the control file, all of it or (``ValueError``, ``last_error`` set) nothing."""
-        try:
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ValueError("control writes must be UTF-8 text") from None
-            req = parse_control(text, self.settings)
-            new = req.settings
-            replan = bool(req.changed & {"nm", "mini_epoch_size", "composition"})
-            if replan and self.settings.policy == "met":
-                self._plan_for(new, self.pos.epoch + 1)
-            controller = None
-            if req.changed & {"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"}:
-                controller = self._make_controller(new)
-        except ValueError as exc:
-            self.last_error = str(exc)
-            raise
-        self.last_error = None
+        """Apply one write to the control file (see :func:`tierfs.control.apply_control`)."""
+        apply_control(self, data)
+
+    def status(self) -> Status:
+        """One consistent snapshot of everything ``status`` and ``metrics`` show."""
+        return snapshot(self)
+
+    @property
+    def current_mini_epoch(self) -> tuple[int, int]:
+        return self.pos.epoch, self.pos.mini_epoch
+
+    def nm_in_force(self) -> int:
+        return len(self._plans.get(self.pos.epoch, ())) if self.settings.policy == "met" else 1
+
+    def check_plan(self, settings: Settings) -> None:
+        """``ValueError`` if ``settings`` cannot plan the next epoch (a control write is then refused)."""
+        self._plan_for(settings, self.pos.epoch + 1)
+
+    def apply_settings(self, new: Settings, *, replan: bool) -> None:
+        """Settings from a validated control write; ``replan``: nm/mini_epoch_size/composition changed."""
         self.settings = new
-        if controller is not None:
-            controller.history = self._controller.history
-            self._controller = controller
-        if replan and new.policy == "met":
+        if replan:
             # The current epoch keeps its plan; the new settings take effect from the next epoch on.
             self._plans = {e: p for e, p in self._plans.items() if e <= self.pos.epoch}
             self._enter_keep_view()
-        for cmd in req.commands:
-            if cmd == "next-pass":
-                self.end_pass()
-            elif cmd == "advance":
-                self.request_advance()
-        for metrics in req.feedback:
-            decision = self._controller.observe(metrics)
-            if decision == "advance" and self.settings.arf != "off":
-                self.request_advance()
-        if "rf" in req.changed and self.settings.advance == "strict" and self.pos.pass_index >= self.rf_now():
+
+    def rf_changed(self) -> None:
+        """A new ``rf``: under ``advance=strict`` a mini-epoch already past it leaves at once."""
+        if self.settings.advance == "strict" and self.pos.pass_index >= self.rf_now():
             self._switch()
-        self._save_journal()
-        self._notify()
 
     def _enter_keep_view(self) -> None:
         """Recompute next/wanted after a plan change without touching the current view or pass."""
         epoch, me = self.pos.epoch, self.pos.mini_epoch
         self._next_coords = self._coords_after(epoch, me)
-        self._next = self._plan(self._next_coords[0])[self._next_coords[1]]
+        self.next_files = self._plan(self._next_coords[0])[self._next_coords[1]]
         self._wanted = self._cur_mask.copy()
-        self._wanted[self._next] = True
-        self._pending_next = {f for f in self._next.tolist() if self.cache.get(f) is None}
+        self._wanted[self.next_files] = True
+        self.pending_next = {f for f in self.next_files.tolist() if self.cache.get(f) is None}
         self._evict_unwanted()
         self._rebuild_queue()
-
-    def _make_controller(self, s: Settings | None = None) -> Controller:
-        s = s or self.settings
-        return make_controller(s.arf, wait=s.arf_wait, window=s.arf_window, k=s.arf_k, weights=s.arf_weights)
-
-    def status(self) -> Status:
-        """One consistent snapshot of everything ``status`` and ``metrics`` show."""
-        view = self.view
-        nxt = self._next
-        total = len(nxt)
-        next_bytes = int(self.tree.sizes[nxt].sum()) if total else 0
-        pending_bytes = int(sum(int(self.tree.sizes[f]) for f in self._pending_next))
-        s = self.settings
-        return Status(
-            epoch=self.pos.epoch,
-            mini_epoch=self.pos.mini_epoch,
-            pass_=self.pos.pass_index,
-            passes_total=self.pos.passes_total,
-            nm=len(self._plans.get(self.pos.epoch, ())) if s.policy == "met" else 1,
-            rf=self.rf_now(),
-            rf_setting=s.rf,
-            rf_effective=tuple(self.pos.rf_effective),
-            advance=s.advance,
-            policy=s.policy,
-            composition=s.composition,
-            view=s.view,
-            view_files=len(view) if view is not None else 0,
-            view_bytes=view.bytes if view is not None else 0,
-            dataset_files=self.tree.n_files,
-            dataset_bytes=int(self.tree.sizes.sum()),
-            cache_bytes=self.cache.used,
-            cache_files=len(self.cache.entries),
-            cache_capacity=self.cache.capacity,
-            next_ready=self.next_ready() if s.policy == "met" else True,
-            prefetch=Prefetch(
-                files_done=total - len(self._pending_next),
-                files_total=total,
-                bytes_done=next_bytes - pending_bytes,
-                bytes_total=next_bytes,
-                bytes_per_s=self.staging_bytes_per_s(),
-            ),
-            reads=Reads(self.hits, self.misses, self.out_of_view),
-            backing_bytes_read=self.backing_bytes_read,
-            served_bytes=self.served_bytes,
-            stall_seconds=self.stall_seconds,
-            consumption_bytes_per_s=self._consumption_bps,
-            arf=ArfStatus(s.arf, self._controller.score, tuple(self._controller.history[-100:])),
-            last_error=self.last_error,
-        )

@@ -31,6 +31,7 @@ class Position:
     passes_total: int = 0
     rf_effective: list[int] = field(default_factory=lambda: [0])
     arf_history: list[dict[str, Any]] = field(default_factory=list)
+    last_pass: list[int] | None = None  # [epoch, mini_epoch] of the last completed pass (what feedback is about)
 
 
 def load_position(cache_dir: str) -> Position | None:
@@ -50,12 +51,19 @@ def load_position(cache_dir: str) -> Position | None:
             passes_total=int(raw.get("passes_total", 0)),
             rf_effective=[int(x) for x in raw.get("rf_effective", [0])] or [0],
             arf_history=list(raw.get("arf_history", [])),
+            last_pass=_pair(raw.get("last_pass")),
         )
     except (KeyError, TypeError, ValueError):
         return None
     if min(pos.epoch, pos.mini_epoch, pos.pass_index) < 0:
         return None
     return pos
+
+
+def _pair(value: Any) -> list[int] | None:
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value):
+        return [int(v) for v in value]
+    return None
 
 
 def save_position(cache_dir: str, pos: Position) -> None:

@@ -1,8 +1,8 @@
 """The state you can see: one immutable snapshot, rendered as the ``status`` JSON and as Prometheus text.
 
-The engine builds a :class:`Status` in one go on the trio thread (nothing changes while it is built), and
-``/.tierfs/status`` and ``/.tierfs/metrics`` render that object once per open; so a reader always gets one
-complete, consistent object, however fast the engine moves.
+:func:`snapshot` builds a :class:`Status` from the engine in one go on the trio thread (nothing changes while
+it is built), and ``/.tierfs/status`` and ``/.tierfs/metrics`` render that object once per open; so a reader
+always gets one complete, consistent object, however fast the engine moves.
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ArfStatus", "Prefetch", "Reads", "Status"]
+if TYPE_CHECKING:
+    from tierfs.engine import Engine
+
+__all__ = ["ArfStatus", "Prefetch", "Reads", "Status", "snapshot"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,54 @@ class Status:
         metric("last_error", "gauge", "1 if a control write or staging error is on record.",
                0 if self.last_error is None else 1)
         return "".join(out)
+
+
+def snapshot(engine: Engine) -> Status:
+    """One consistent snapshot of everything ``status`` and ``metrics`` show."""
+    view = engine.view
+    nxt = engine.next_files
+    sizes = engine.tree.sizes
+    total = len(nxt)
+    next_bytes = int(sizes[nxt].sum()) if total else 0
+    pending_bytes = int(sum(int(sizes[f]) for f in engine.pending_next))
+    s = engine.settings
+    pos = engine.pos
+    return Status(
+        epoch=pos.epoch,
+        mini_epoch=pos.mini_epoch,
+        pass_=pos.pass_index,
+        passes_total=pos.passes_total,
+        nm=engine.nm_in_force(),
+        rf=engine.rf_now(),
+        rf_setting=s.rf,
+        rf_effective=tuple(pos.rf_effective),
+        advance=s.advance,
+        policy=s.policy,
+        composition=s.composition,
+        view=s.view,
+        view_files=len(view) if view is not None else 0,
+        view_bytes=view.bytes if view is not None else 0,
+        dataset_files=engine.tree.n_files,
+        dataset_bytes=int(sizes.sum()),
+        cache_bytes=engine.cache.used,
+        cache_files=len(engine.cache.entries),
+        cache_capacity=engine.cache.capacity,
+        next_ready=engine.next_ready() if s.policy == "met" else True,
+        prefetch=Prefetch(
+            files_done=total - len(engine.pending_next),
+            files_total=total,
+            bytes_done=next_bytes - pending_bytes,
+            bytes_total=next_bytes,
+            bytes_per_s=engine.staging_bytes_per_s(),
+        ),
+        reads=Reads(engine.hits, engine.misses, engine.out_of_view),
+        backing_bytes_read=engine.backing_bytes_read,
+        served_bytes=engine.served_bytes,
+        stall_seconds=engine.stall_seconds,
+        consumption_bytes_per_s=engine.consumption_bps,
+        arf=ArfStatus(s.arf, engine.arf.score, tuple(engine.arf.history[-100:])),
+        last_error=engine.last_error,
+    )
 
 
 def _clean(v: Any) -> Any:

@@ -128,7 +128,7 @@ def test_feedback_with_arf_off_is_recorded_but_never_advances(open_engine, t):
 def test_rf_auto_from_measured_rates(open_engine, t):
     e = open_engine(rf="auto")
     e._staged_bytes, e._staging_busy = 1000, 1.0  # 1000 B/s staging
-    e._consumption_bps = 3500.0  # a reader 3.5x faster
+    e.consumption_bps = 3500.0  # a reader 3.5x faster
     assert e.rf_now() == 4
     assert e.status().rf == 4 and e.status().rf_setting == "auto"
 
@@ -174,7 +174,7 @@ def test_view_full_shows_everything_and_stages_mini_epochs(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        assert len(e.cache.entries) == len(e._cur) + len(e._next)
+        assert len(e.cache.entries) == len(e._cur) + len(e.next_files)
 
     t.run(main)
 
@@ -223,3 +223,49 @@ def test_empty_shares_are_skipped(open_engine, t):
         assert sorted(seen) == sorted(np.concatenate(e._plan(0)).tolist())
 
     t.run(main)
+
+
+def test_feedback_after_the_switch_is_about_the_mini_epoch_trained_on(open_engine, t):
+    # The rf-th pass ends when its last file is opened, so the trainer's feedback on it arrives after the
+    # switch: it must be scored within the mini-epoch it trained on, and its "advance" must not skip the new one.
+    e = open_engine(rf=2, arf="score", arf_wait=1)
+
+    async def main():
+        await _staged(e, t)
+        await t.read_view(e)
+        e.control_write(b"feedback loss=1\n")
+        assert e.status().arf.history[-1]["mini_epoch"] == 0
+        await _staged(e, t)
+        await t.read_view(e)  # the 2nd pass: tierfs switches at the last open
+        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 0)
+        e.control_write(b"feedback loss=2\n")  # worse than 1 within mini-epoch 0: "advance", about mini-epoch 0
+        h = e.status().arf.history[-1]
+        assert (h["epoch"], h["mini_epoch"], h["pass"], h["decision"]) == (0, 0, 2, "advance")
+        await _staged(e, t)
+        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 0)  # not applied to the new mini-epoch
+        await t.read_view(e)
+        e.control_write(b"feedback loss=5\n")  # the first score of mini-epoch 1: nothing to compare with yet
+        h = e.status().arf.history[-1]
+        assert (h["epoch"], h["mini_epoch"], h["pass"], h["decision"]) == (0, 1, 1, "continue")
+        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 1)
+        e.control_write(b"feedback loss=6\n")  # about the current mini-epoch: applied
+        await _staged(e, t)
+        assert e.pos.mini_epoch == 2
+
+    t.run(main)
+
+
+def test_feedback_is_about_the_last_completed_pass_across_a_restart(open_engine, t):
+    e = open_engine(rf=1)
+
+    async def main():
+        await _staged(e, t)
+        await t.read_view(e)
+
+    t.run(main)
+    assert e.pos.mini_epoch == 1 and e.last_pass == (0, 0)
+    e.close()
+    e2 = open_engine(rf=1)
+    assert e2.last_pass == (0, 0)
+    e2.control_write(b"feedback loss=1\n")
+    assert e2.status().arf.history[-1]["mini_epoch"] == 0

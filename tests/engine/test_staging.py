@@ -36,7 +36,7 @@ def test_stages_current_then_next_in_storage_order(open_engine, t):
         await _with_stager(e, lambda: t.settle(e))
 
     t.run(main)
-    cur, nxt = e._cur.tolist(), e._next.tolist()
+    cur, nxt = e._cur.tolist(), e.next_files.tolist()
     assert sorted(order) == sorted(cur + nxt)
     assert order == sorted(cur) + sorted(nxt)  # the current one first (nothing cached at mount), storage order
     assert e.next_ready()
