@@ -42,11 +42,12 @@ def peak_rss_gib() -> float:
 
 
 def model_cfg(F: int, L: int, args: argparse.Namespace):
+    from dslide.lsh import RehashSchedule
     from dslide.model import ModelConfig
 
     return ModelConfig(
         F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, lr=args.lr, seed=args.seed,
-        out_init=args.out_init, pool_factor=args.pool_factor,
+        out_init=args.out_init, pool_factor=args.pool_factor, rehash=RehashSchedule(first=args.rehash_first),
     )  # fmt: skip
 
 
@@ -271,6 +272,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pool-factor", type=int, default=64, help="dslide: random-fill pool, x budget")
+    ap.add_argument("--rehash-first", type=int, default=50, help="dslide: steps before the first rehash")
     ap.add_argument("--out-init", type=float, default=0.1, help="std of W2 times sqrt(H), both sides")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per side in (a)")
     ap.add_argument("--warmup", type=int, default=3)

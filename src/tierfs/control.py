@@ -104,8 +104,8 @@ def parse_control(text: str, settings: Settings) -> ControlRequest:
 class Arf:
     """The ARF controller fed by ``feedback`` lines, and the mini-epoch its per-mini-epoch state is about."""
 
-    def __init__(self, settings: Settings, history: list[dict[str, Any]] | None = None) -> None:
-        self.controller = self.controller_for(settings)
+    def __init__(self, controller: Controller | None = None, history: list[dict[str, Any]] | None = None) -> None:
+        self.controller = controller or make_controller("off")
         self.controller.history.extend(history or ())
         self.about: tuple[int, int] | None = None  # (epoch, mini_epoch) of the observations so far
 

@@ -1,9 +1,11 @@
 """The tiering engine: every decision of a tierfs mount, none of the FUSE plumbing.
 
 The engine owns the backing tree (:mod:`tree`), the cache (:mod:`cache`), the plan of mini-epochs (from
-:mod:`sampler.plan`), the view of the current pass (:mod:`view`), the staging task (:mod:`staging`), the
-control protocol (:mod:`control`) and the position journal (:mod:`journal`).  ``fs.TierOperations`` only
-translates FUSE requests into calls on it, so tests drive the engine without a mount.
+:mod:`sampler.plan`), the view of the current pass (:mod:`view`), the staging task (:mod:`staging`) and the
+position journal (:mod:`journal`).  Control-file writes are parsed and applied by :mod:`control` (settings,
+commands, ``feedback`` to ARF) through the small interface below; ``status`` and ``metrics`` are a
+:mod:`stats` snapshot of it.  ``fs.TierOperations`` only translates FUSE requests into calls on it, so tests
+drive the engine without a mount.
 
 Everything here runs on the one trio thread (FUSE handlers and staging tasks alike); worker threads only copy
 and read bytes and hand results back.  So state needs no locks, and a status snapshot taken between two
@@ -121,7 +123,7 @@ class Engine:
         self._reads_in_pass = 0
         self._advance_requested = False
         self._blocked = False
-        self.arf = Arf(config.settings)
+        self.arf = Arf()  # the configured controller is made in open()
         self._bw_next = 0.0
         self._opened = False
         self._closed = False
@@ -173,7 +175,7 @@ class Engine:
         if pos is not None:
             self.pos = pos
             self.last_pass = tuple(pos.last_pass) if pos.last_pass else None  # type: ignore[assignment]
-        self.arf = Arf(self.settings, self.pos.arf_history)
+        self.arf = Arf(Arf.controller_for(self.settings), self.pos.arf_history)
         if self.settings.policy == "lru":
             self._cur = np.arange(n, dtype=np.int64)
             self._cur_mask = np.ones(n, bool)

@@ -179,3 +179,29 @@ def test_strict_fetches_on_demand_and_switches_after_exactly_rf(open_engine, t):
         assert e.pos.mini_epoch == 2
 
     t.run(main)
+
+
+def test_cached_reads_are_whole_whether_or_not_the_copy_is_in_the_page_cache(open_engine, t):
+    # Warm bytes are copied on the trio thread (RWF_NOWAIT); the rest comes from a worker thread.  Either way a
+    # read returns every byte up to EOF: a short read would look like EOF to the kernel.
+    e = open_engine()
+
+    async def main():
+        await _staged(e, t)
+        fidx = max(e.view.order.tolist(), key=lambda f: int(e.tree.sizes[f]))
+        want = t.backing_bytes(e, fidx)
+        for cold in (False, True):
+            h = await e.open_file(fidx)
+            try:
+                assert h.entry is not None
+                if cold:  # drop the copy's pages (best effort: dirty pages stay until written back)
+                    os.fdatasync(h.fd)
+                    os.posix_fadvise(h.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                assert bytes(await e.read(h, 0, len(want) + 4096)) == want
+                assert bytes(await e.read(h, 1, 3)) == want[1:4]
+                assert await e.read(h, len(want), 10) == b""
+                assert await e.read(h, len(want) + 100, 10) == b""
+            finally:
+                e.release(h)
+
+    t.run(main)

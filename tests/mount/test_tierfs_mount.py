@@ -210,3 +210,27 @@ def test_killed_daemon_restart_resumes_position_and_cache(tierfs_mount, dataset,
         assert {n for n in os.listdir(os.path.join(cache, "data")) if not n.startswith(".tmp-")} & kept_names
         for rel in _listed_files(m.mountpoint):
             assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
+
+
+def test_data_path_tuning_keeps_reads_whole(tierfs_mount, dataset):
+    # flush answers ENOSYS (the kernel then stops sending it), the read-ahead is widened (as root), and cold or
+    # warm, small or large reads of cached copies return every byte.
+    backing, files = dataset
+    with tierfs_mount(capacity="4M", policy="lru", view="full") as m:
+        dev = os.stat(m.mountpoint).st_dev
+        if os.geteuid() == 0:
+            with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
+                assert int(f.read()) == 4096
+        for rel in files:  # the first reads stage the copies (lru: read-through)
+            assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
+        assert m.status()["reads"]["misses"] == len(files)
+        for rel in files:
+            fd = os.open(m.path(rel), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the kernel's pages: next read is served
+                data = b"".join(iter(lambda fd=fd: os.read(fd, 3000), b""))
+            finally:
+                os.close(fd)  # must not fail although flush is ENOSYS
+            with open(os.path.join(backing, rel), "rb") as f:
+                assert data == f.read()
+        assert m.status()["reads"]["hits"] == len(files)
