@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--k", type=_nonneg_int, default=0, help="bits (srp) / WTA hashes (dwta) per table; 0 = auto")
     t.add_argument("--tables", type=_nonneg_int, default=32)
     t.add_argument("--budget", type=_positive_int, default=1024, help="active output neurons per sample, all ranks")
+    t.add_argument("--blocks", type=_positive_int, default=8,
+                   help="label selection blocks; the rank count must divide it (default 8: 1, 2, 4 or 8 ranks)")
     t.add_argument("--bucket-cap", type=_positive_int, default=128)
     t.add_argument("--checkpoint", metavar="DIR")
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
@@ -96,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N passes")
     t.add_argument("--control", metavar="MOUNT/.tierfs/control", help="write tierfs feedback after every pass")
 
-    e = sub.add_parser("eval", help="P@1 and P@5 of a checkpoint on a test file")
+    e = sub.add_parser("eval", help="P@1 and P@5 of a checkpoint (written by any rank count) on a test file")
     e.add_argument("--checkpoint", required=True, metavar="DIR")
     e.add_argument("--test", required=True, metavar="FILE")
     e.add_argument("--eval-points", type=_nonneg_int, default=0, help="0 = all")
@@ -141,7 +143,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
         raise UsageError(f"--train {' '.join(a.train)}: no training files")
     _, n_features, n_labels = header
     cfg = ModelConfig(
-        n_features=n_features, n_labels=n_labels, hidden=a.hidden, budget=a.budget, hash=a.hash, k=a.k,
+        n_features=n_features, n_labels=n_labels, hidden=a.hidden, budget=a.budget, blocks=a.blocks, hash=a.hash, k=a.k,
         tables=a.tables, bucket_cap=a.bucket_cap, lr=a.lr, seed=a.seed, rehash=RehashSchedule(),
     )  # fmt: skip
     reporter = PassReporter(comm, a.control, list_train_files)

@@ -109,7 +109,7 @@ class PassReporter:
         p_at_1 = record.get("p_at_1")
         line = format_feedback(
             loss=record.get("loss"),
-            train_err=None if record.get("train_p_at_1") is None else 1.0 - record["train_p_at_1"],
+            train_err=record.get("train_err"),
             val_err=None if p_at_1 is None else 1.0 - p_at_1,
         )
         if line is None:

@@ -57,97 +57,120 @@ def select_active(
     y_indices,
     use_labels,
     label_lo,
-    label_hi,
+    blocks,
+    share,
     family,
     srp,
     dwta,
     k,
     n_tables,
+    n_codes,
     offsets,
     fill,
     items,
-    pool,
-    key,
+    pools,
+    pool_ptr,
+    keys,
     marks,
+    code_scratch,
+    count_scratch,
     active,
     n_own,
 ):
-    """Fill ``active[i]`` with exactly ``b`` distinct local neurons for sample i.
+    """Fill ``active[i]`` with exactly ``sum(share)`` distinct local neurons for sample i.
 
-    Order inside a row: the sample's true labels owned by this rank (``n_own[i]`` of them, at most b), then
-    LSH candidates from the bucket of ``h[i]`` in every table (a reservoir sample when they exceed what is
-    left), then a fill from the step's shared random ``pool``, and, if even that runs dry, consecutive
-    neurons from a random start.  ``marks`` is per-chunk scratch (one row per chunk of samples, all zero on
-    entry and exit) that keeps rows free of duplicates.
+    The rank's neurons fall into selection blocks (local bounds ``blocks``); block ``g`` contributes exactly
+    ``share[g]`` neurons, chosen as the same block would choose them on any other rank count: the sample's true
+    labels in the block (at most ``share[g]``; the rest are not active), then LSH candidates from the block's
+    buckets of ``h[i]`` in every table (a reservoir sample when they exceed what is left), then a fill from the
+    block's random ``pools[pool_ptr[g]:pool_ptr[g+1]]`` of the step, and, if even that runs dry, consecutive
+    neurons of the block from a random start.  Every draw comes from the stream ``(keys[g], i)``.  Row order:
+    all own labels first (``n_own[i]`` of them), then block by block.  ``marks`` / ``*_scratch`` are
+    per-chunk scratch (one row per chunk of samples); ``marks`` is all zero on entry and exit.
     """
     B, b = active.shape
-    n_local = marks.shape[1]
+    n_blocks = blocks.shape[0] - 1
     n_chunks = marks.shape[0]
     for c in prange(n_chunks):
         mark = marks[c]
+        codes = code_scratch[c]
+        in_block = count_scratch[c]
         for i in range(c, B, n_chunks):
             row = active[i]
             cnt = 0
+            for g in range(n_blocks):
+                in_block[g] = 0
             if use_labels:
                 r = rows[i]
                 for p in range(y_indptr[r], y_indptr[r + 1]):
-                    lab = y_indices[p]
-                    if lab >= label_lo and lab < label_hi and cnt < b:
-                        j = lab - label_lo
+                    j = y_indices[p] - label_lo
+                    if j < 0 or j >= blocks[n_blocks] or mark[j] != 0:
+                        continue
+                    g = 0
+                    while blocks[g + 1] <= j:
+                        g += 1
+                    if in_block[g] < share[g]:
+                        mark[j] = 1
+                        row[cnt] = j
+                        cnt += 1
+                        in_block[g] += 1
+            n_own[i] = cnt
+            x = h[i]
+            for t in range(n_tables):
+                codes[t] = table_code(family, srp, dwta, k, t, x)
+            for g in range(n_blocks):
+                need = share[g] - in_block[g]
+                goal = cnt + need
+                state = key2(keys[g], i)
+                if need > 0 and n_tables > 0:
+                    got = 0
+                    seen = 0
+                    for t in range(n_tables):
+                        bucket = g * n_codes + codes[t]
+                        start = offsets[t, bucket]
+                        for q in range(start, start + fill[t, bucket]):
+                            j = items[q]
+                            if mark[j] != 0:
+                                continue
+                            seen += 1
+                            if got < need:
+                                mark[j] = 1
+                                row[cnt + got] = j
+                                got += 1
+                            else:
+                                state, rv = next_u64(state)
+                                s = uniform_below(rv, seen)
+                                if s < need:
+                                    mark[row[cnt + s]] = 0
+                                    mark[j] = 1
+                                    row[cnt + s] = j
+                    cnt += got
+                p0 = pool_ptr[g]
+                npool = pool_ptr[g + 1] - p0
+                if cnt < goal and npool > 0:
+                    state, rv = next_u64(state)
+                    start = uniform_below(rv, npool)
+                    for q in range(npool):
+                        if cnt >= goal:
+                            break
+                        j = pools[p0 + (start + q) % npool]
                         if mark[j] == 0:
                             mark[j] = 1
                             row[cnt] = j
                             cnt += 1
-            n_own[i] = cnt
-            state = key2(key, i)
-            if cnt < b and n_tables > 0:
-                need = b - cnt
-                got = 0
-                seen = 0
-                x = h[i]
-                for t in range(n_tables):
-                    code = table_code(family, srp, dwta, k, t, x)
-                    start = offsets[t, code]
-                    for q in range(start, start + fill[t, code]):
-                        j = items[q]
-                        if mark[j] != 0:
-                            continue
-                        seen += 1
-                        if got < need:
+                if cnt < goal:
+                    lo = blocks[g]
+                    size = blocks[g + 1] - lo
+                    state, rv = next_u64(state)
+                    start = uniform_below(rv, size)
+                    q = 0
+                    while cnt < goal:
+                        j = lo + (start + q) % size
+                        if mark[j] == 0:
                             mark[j] = 1
-                            row[cnt + got] = j
-                            got += 1
-                        else:
-                            state, rv = next_u64(state)
-                            s = uniform_below(rv, seen)
-                            if s < need:
-                                mark[row[cnt + s]] = 0
-                                mark[j] = 1
-                                row[cnt + s] = j
-                cnt += got
-            npool = pool.shape[0]
-            if cnt < b and npool > 0:
-                state, rv = next_u64(state)
-                start = uniform_below(rv, npool)
-                for q in range(npool):
-                    if cnt >= b:
-                        break
-                    j = pool[(start + q) % npool]
-                    if mark[j] == 0:
-                        mark[j] = 1
-                        row[cnt] = j
-                        cnt += 1
-            if cnt < b:
-                state, rv = next_u64(state)
-                start = uniform_below(rv, n_local)
-                q = 0
-                while cnt < b:
-                    j = (start + q) % n_local
-                    if mark[j] == 0:
-                        mark[j] = 1
-                        row[cnt] = j
-                        cnt += 1
-                    q += 1
+                            row[cnt] = j
+                            cnt += 1
+                        q += 1
             for q in range(b):
                 mark[row[q]] = 0
 
@@ -175,13 +198,19 @@ def active_logits(h, active, W2, b2, logits, rowmax):
 @njit(parallel=True, fastmath=True, cache=True)
 def softmax_stats(logits, n_own, gmax, stats):
     """Turn logits into ``exp(z - gmax)`` in place; ``stats[i]`` = (sum of exps, sum of own label logits,
-    number of own labels) -- summed over ranks, these give the softmax normaliser and the loss."""
+    number of own labels, 1 if this rank's top active logit is an own label and the global maximum) -- summed
+    over ranks, these give the softmax normaliser, the loss, and whether the top active neuron is a label."""
     B, b = logits.shape
     for i in prange(B):
         s = 0.0
         ls = 0.0
+        top = 0
+        best = -np.inf
         for q in range(b):
             z = logits[i, q]
+            if z > best:
+                best = z
+                top = q
             if q < n_own[i]:
                 ls += z
             e = math.exp(z - gmax[i])
@@ -190,6 +219,7 @@ def softmax_stats(logits, n_own, gmax, stats):
         stats[i, 0] = s
         stats[i, 1] = ls
         stats[i, 2] = n_own[i]
+        stats[i, 3] = 1.0 if b > 0 and top < n_own[i] and best >= gmax[i] else 0.0
 
 
 @njit(parallel=True, fastmath=True, cache=True)

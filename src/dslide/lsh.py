@@ -14,7 +14,14 @@ counting sort, each bucket holding at most ``bucket_cap`` neurons chosen by rese
 so that incremental rehashes (:meth:`LSHIndex.rehash`, only the neurons an update touched) can move neurons
 between buckets without a rebuild.  :class:`RehashSchedule` makes rehashing frequent early and rare later
 (weights move fast at first), with fresh hash functions every few rebuilds.
+
+*Groups* make the tables independent of how neurons are sharded over ranks (issue 6): the neurons fall into
+fixed selection blocks (:mod:`dslide.model`), and a table's buckets are per (block, code) -- a rank's index is
+exactly the union of its blocks' tables.  Hash functions depend on (seed, generation) only, so every block and
+every rank hashes a vector to the same code (computed once per sample), and every reservoir draw is keyed by
+the neuron's *global* id; a block's buckets therefore hold the same neurons whatever P.
 """
+
 
 from __future__ import annotations
 
@@ -89,8 +96,8 @@ def _bucket_counts(codes, n_buckets, counts):
 
 
 @njit(parallel=True, cache=True)
-def _fill_buckets(codes, offsets, fill, seen, items, key):
-    """Insert every neuron in id order; a full bucket keeps a uniform sample (reservoir)."""
+def _fill_buckets(codes, offsets, fill, seen, items, key, first_id):
+    """Insert every neuron in id order; a full bucket keeps a uniform sample (reservoir, keyed by global id)."""
     for t in prange(codes.shape[1]):
         for i in range(codes.shape[0]):
             b = codes[i, t]
@@ -101,13 +108,13 @@ def _fill_buckets(codes, offsets, fill, seen, items, key):
                 items[start + fill[t, b]] = i
                 fill[t, b] += 1
             else:
-                j = uniform_below(key3(key, t, i), seen[t, b])
+                j = uniform_below(key3(key, t, i + first_id), seen[t, b])
                 if j < capacity:
                     items[start + j] = i
 
 
 @njit(parallel=True, cache=True)
-def _move_items(ids, new_codes, codes, offsets, fill, seen, items, key):
+def _move_items(ids, new_codes, codes, offsets, fill, seen, items, key, first_id):
     """Move neurons ``ids`` to their new buckets, table by table (tables are independent: no races)."""
     for t in prange(codes.shape[1]):
         for r in range(ids.shape[0]):
@@ -131,7 +138,7 @@ def _move_items(ids, new_codes, codes, offsets, fill, seen, items, key):
                 items[start + fill[t, new]] = i
                 fill[t, new] += 1
             elif capacity > 0:
-                j = uniform_below(key3(key, t, i), seen[t, new])
+                j = uniform_below(key3(key, t, i + first_id), seen[t, new])
                 if j < capacity:
                     items[start + j] = i
 
@@ -142,10 +149,23 @@ def _slack(counts: np.ndarray) -> np.ndarray:
 
 
 class LSHIndex:
-    """``n_tables`` tables of ``k``-hash codes over ``n_items`` vectors of ``dim`` (one rank's output neurons)."""
+    """``n_tables`` tables of ``k``-hash codes over ``n_items`` vectors of ``dim`` (one rank's output neurons).
+
+    ``groups`` (local boundaries ``[0, ..., n_items]``, default one group) splits every table into per-group
+    buckets: bucket ``g * n_codes + code``.  ``first_id`` is the global id of local item 0 (reservoir keys).
+    """
 
     def __init__(
-        self, family: str, k: int, n_tables: int, dim: int, n_items: int, bucket_cap: int, seed: int, rank: int = 0
+        self,
+        family: str,
+        k: int,
+        n_tables: int,
+        dim: int,
+        n_items: int,
+        bucket_cap: int,
+        seed: int,
+        groups: np.ndarray | None = None,
+        first_id: int = 0,
     ) -> None:
         if family not in FAMILIES:
             raise ValueError(f"hash family must be one of {sorted(FAMILIES)}, got {family!r}")
@@ -154,8 +174,13 @@ class LSHIndex:
         if n_tables < 0 or bucket_cap < 1:
             raise ValueError(f"need tables >= 0 and bucket_cap >= 1, got {n_tables}, {bucket_cap}")
         self.family, self.k, self.n_tables, self.dim = family, k, n_tables, dim
-        self.n_items, self.bucket_cap, self.seed, self.rank = n_items, bucket_cap, seed, rank
-        self.n_buckets = 1 << code_bits(family, k)
+        self.n_items, self.bucket_cap, self.seed, self.first_id = n_items, bucket_cap, seed, first_id
+        self.groups = np.array([0, n_items] if groups is None else groups, np.int64)
+        if self.groups[0] != 0 or self.groups[-1] != n_items or np.any(np.diff(self.groups) < 0):
+            raise ValueError(f"groups must rise from 0 to n_items={n_items}, got {self.groups.tolist()}")
+        self.n_codes = 1 << code_bits(family, k)
+        self.n_buckets = self.n_codes * (len(self.groups) - 1)  # buckets per table: (group, code)
+        self._base = (np.repeat(np.arange(len(self.groups) - 1), np.diff(self.groups)) * self.n_codes).astype(np.int32)
         self.generation = 0
         self.moves = 0
         self._new_functions()
@@ -170,7 +195,7 @@ class LSHIndex:
         return FAMILIES[self.family]
 
     def _new_functions(self) -> None:
-        rng = np.random.default_rng((self.seed, 7, self.rank, self.generation))
+        rng = np.random.default_rng((self.seed, 7, self.generation))
         m = max(self.n_tables * self.k, 1)
         if self.family == "srp":
             signs = rng.choice(np.array([-1.0, 1.0], np.float32), (m, self.dim))
@@ -187,7 +212,7 @@ class LSHIndex:
             self.srp = np.zeros((1, 1), np.float32)
 
     def hash(self, x: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
-        """Codes of the rows ``ids`` of ``x`` (all rows by default), shape (len(ids), n_tables)."""
+        """Codes (``< n_codes``, no group) of the rows ``ids`` of ``x`` (all rows by default), (len(ids), n_tables)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         ids = np.arange(len(x), dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
         out = np.empty((len(ids), self.n_tables), np.int32)
@@ -199,7 +224,7 @@ class LSHIndex:
         if new_functions:
             self.generation += 1
             self._new_functions()
-        self.codes = self.hash(weights)
+        self.codes = self.hash(weights) + self._base[:, None]
         counts = np.zeros((self.n_tables, self.n_buckets), np.int64)
         _bucket_counts(self.codes, self.n_buckets, counts)
         capacity = np.minimum(counts + _slack(counts), self.bucket_cap)
@@ -210,23 +235,27 @@ class LSHIndex:
         self.fill = np.zeros((self.n_tables, self.n_buckets), np.int32)
         self.seen = np.zeros((self.n_tables, self.n_buckets), np.int64)
         self.items = np.full(int(flat[-1]) if len(flat) else 0, -1, np.int32)
-        key = seed_key(self.seed, 11, self.rank, self.generation)
-        _fill_buckets(self.codes, self.offsets, self.fill, self.seen, self.items, key)
+        key = seed_key(self.seed, 11, self.generation)
+        _fill_buckets(self.codes, self.offsets, self.fill, self.seen, self.items, key, self.first_id)
 
     def rehash(self, weights: np.ndarray, ids: np.ndarray) -> None:
         """Re-hash only the neurons ``ids`` (those an update touched) and move them between buckets."""
         ids = np.asarray(ids, np.int64)
+        self.moves += 1  # counted even when this rank has nothing to move: the keys stay the same for every P
         if len(ids) == 0 or self.n_tables == 0:
             return
-        new_codes = self.hash(weights, ids)
-        self.moves += 1
-        key = seed_key(self.seed, 13, self.rank, self.generation, self.moves)
-        _move_items(ids, new_codes, self.codes, self.offsets, self.fill, self.seen, self.items, key)
+        new_codes = self.hash(weights, ids) + self._base[ids][:, None]
+        key = seed_key(self.seed, 13, self.generation, self.moves)
+        _move_items(ids, new_codes, self.codes, self.offsets, self.fill, self.seen, self.items, key, self.first_id)
 
     def query(self, x: np.ndarray) -> np.ndarray:
-        """Distinct neurons in the buckets of ``x`` over all tables (for tests and inspection)."""
+        """Distinct neurons in the buckets of ``x`` over all tables and groups (for tests and inspection)."""
         codes = self.hash(x[None, :])[0]
-        found = [self.items[self.offsets[t, c] : self.offsets[t, c] + self.fill[t, c]] for t, c in enumerate(codes)]
+        found = [
+            self.items[self.offsets[t, b] : self.offsets[t, b] + self.fill[t, b]]
+            for t, c in enumerate(codes)
+            for b in range(int(c), self.n_buckets, self.n_codes)
+        ]
         return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int32)
 
     def state(self) -> dict[str, np.ndarray]:

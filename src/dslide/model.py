@@ -7,8 +7,8 @@ output rows, and the Adam state of exactly what it owns; weights never move betw
 phases with collectives only between them:
 
 1. hidden forward of the own slice -> ``allgather`` -> the full hidden layer (B x H);
-2. per sample exactly ``budget // P`` active own neurons (own labels, LSH candidates, random fill), their
-   logits, ``allreduce_max`` of the row maxima and ``allreduce_sum`` of (sum of exps, label logits, label
+2. per sample exactly ``budget // P`` active own neurons (own labels, LSH candidates, random fill, chosen
+   block by block -- see below), their logits, ``allreduce_max`` of the row maxima and ``allreduce_sum`` of (sum of exps, label logits, label
    count): the softmax over the union of all ranks' active sets;
 3. output gradients of the own active rows + their lazy Adam update; this rank's share of dL/dh ->
    ``allreduce_sum``;
@@ -16,6 +16,14 @@ phases with collectives only between them:
 
 With :class:`~dslide.comm.SerialComm` (P = 1) this is plain SLIDE.  Initial weights are drawn per global
 column / row block, so every P starts from the same network.  The kernels are in :mod:`dslide.kernels`.
+
+*Selection blocks* make the random choices independent of P: the labels are cut into ``cfg.blocks`` fixed
+contiguous blocks (P must divide ``blocks``; rank r owns a contiguous run of ``blocks / P`` of them, which is
+exactly ``shard_bounds(L, P, r)``).  Each block has its own buckets in the LSH tables, its own random-fill
+pool and streams keyed by (seed, block, step, sample), a hash width derived from the block size, and a share
+of ``budget // blocks`` active neurons per sample that its true labels count against.  A block therefore
+selects the same neurons on any rank count, and P = 1, 2, 4 follow the same trajectory up to the float
+rounding of sums over ranks.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dslide.data import XCData
 from dslide.lsh import FAMILIES, LSHIndex, RehashSchedule, code_bits
 from dslide.rand import seed_key
 
-__all__ = ["ModelConfig", "SlideModel", "auto_k", "initial_weights", "shard_bounds"]
+__all__ = ["ModelConfig", "SlideModel", "auto_k", "block_bounds", "block_shares", "initial_weights", "shard_bounds"]
 
 _W2_INIT_BLOCK = 4096  # rows of W2 drawn from one seeded stream, so any slicing gives the same weights
 
@@ -48,12 +56,24 @@ def auto_k(family: str, n_items: int) -> int:
     return bits if family == "srp" else max(1, round(bits / 3))
 
 
+def block_bounds(n_labels: int, blocks: int) -> np.ndarray:
+    """Global label boundaries of the selection blocks (``blocks + 1`` values, sizes differ by <= 1)."""
+    return np.array([n_labels * g // blocks for g in range(blocks + 1)], np.int64)
+
+
+def block_shares(cfg: ModelConfig) -> np.ndarray:
+    """Active neurons per sample of every selection block: ``budget // blocks`` (at least 1), at most the block."""
+    per_block = max(1, cfg.budget // cfg.blocks)
+    return np.minimum(np.diff(block_bounds(cfg.n_labels, cfg.blocks)), per_block)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     n_features: int
     n_labels: int
     hidden: int = 128
-    budget: int = 1024  # active output neurons per sample, all ranks together
+    budget: int = 1024  # active output neurons per sample, all ranks together (budget // blocks per block)
+    blocks: int = 8  # selection blocks of labels; the rank count must divide it
     hash: str = "srp"
     k: int = 0  # bits (srp) or winner-take-all hashes (dwta) per table; 0 = auto_k
     tables: int = 32
@@ -70,7 +90,7 @@ class ModelConfig:
     rehash: RehashSchedule = field(default_factory=RehashSchedule)
 
     def __post_init__(self) -> None:
-        for name in ("n_features", "n_labels", "hidden", "budget", "bucket_cap", "pool_factor"):
+        for name in ("n_features", "n_labels", "hidden", "budget", "blocks", "bucket_cap", "pool_factor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.hash not in FAMILIES:
@@ -116,6 +136,7 @@ def initial_weights(
 class StepResult:
     loss_sum: float  # summed over the batch's labelled samples
     n_labelled: int
+    n_top_label: int = 0  # labelled samples whose top active logit is one of their labels (train_err's count)
 
 
 class SlideModel:
@@ -125,13 +146,22 @@ class SlideModel:
         self.cfg = cfg
         self.comm: Comm = comm if comm is not None else SerialComm()
         P, r = self.comm.size, self.comm.rank
+        if cfg.blocks % P:
+            supported = [p for p in range(1, cfg.blocks + 1) if cfg.blocks % p == 0]
+            raise ValueError(f"{P} ranks cannot share {cfg.blocks} selection blocks: blocks={cfg.blocks} supports "
+                             f"{', '.join(map(str, supported))} ranks")  # fmt: skip
         if cfg.hidden < P or cfg.n_labels < P:
             raise ValueError(f"{P} ranks need hidden >= {P} and labels >= {P}, got {cfg.hidden}, {cfg.n_labels}")
         self.h_lo, self.h_hi = shard_bounds(cfg.hidden, P, r)
         self.l_lo, self.l_hi = shard_bounds(cfg.n_labels, P, r)
         n_local = self.l_hi - self.l_lo
-        self.budget_local = min(cfg.budget // P, n_local) if cfg.budget >= P else 1
-        self.k = cfg.k or auto_k(cfg.hash, n_local)
+        self.block_lo, self.block_hi = cfg.blocks * r // P, cfg.blocks * (r + 1) // P
+        bounds = block_bounds(cfg.n_labels, cfg.blocks)[self.block_lo : self.block_hi + 1]
+        assert bounds[0] == self.l_lo and bounds[-1] == self.l_hi
+        self.blocks_local = bounds - self.l_lo
+        self.shares = np.ascontiguousarray(block_shares(cfg)[self.block_lo : self.block_hi], np.int64)
+        self.budget_local = int(self.shares.sum())
+        self.k = cfg.k or auto_k(cfg.hash, cfg.n_labels // cfg.blocks)
         code_bits(cfg.hash, self.k)
         F, H, Hl = cfg.n_features, cfg.hidden, self.h_hi - self.h_lo
 
@@ -161,7 +191,9 @@ class SlideModel:
         self.touched_in = np.zeros(F, np.uint8)
         self.dirty = np.zeros(n_local, np.uint8)  # output rows updated since the last rehash
 
-        self.index = LSHIndex(cfg.hash, self.k, cfg.tables, H, n_local, cfg.bucket_cap, cfg.seed, r)
+        self.index = LSHIndex(
+            cfg.hash, self.k, cfg.tables, H, n_local, cfg.bucket_cap, cfg.seed, self.blocks_local, self.l_lo
+        )
         self.index.rebuild(self.W2)
         self.step = 0
         self.rehash_count = 0
@@ -176,20 +208,28 @@ class SlideModel:
         return hl, np.ascontiguousarray(self.comm.allgather(hl), dtype=np.float32)
 
     def _select(self, data: XCData, rows: np.ndarray, h: np.ndarray, use_labels: bool, key: int) -> tuple:
+        cfg, ix = self.cfg, self.index
         n_local = self.l_hi - self.l_lo
         chunks = max(1, numba.get_num_threads())
         if self._marks.shape[0] != chunks:
             self._marks = np.zeros((chunks, n_local), np.uint8)
-        b = self.budget_local
-        pool_size = min(n_local, self.cfg.pool_factor * b)
-        pool = np.random.default_rng((self.cfg.seed, 4, self.comm.rank, key)).choice(n_local, pool_size, replace=False)
-        active = np.empty((len(rows), b), np.int32)
+        # each own block's fill pool and stream key, from (seed, block, key): the same for every P
+        pools, keys = [], np.empty(len(self.shares), np.uint64)
+        for g, share in enumerate(self.shares):
+            lo, size = self.blocks_local[g], self.blocks_local[g + 1] - self.blocks_local[g]
+            rng = np.random.default_rng((cfg.seed, 4, self.block_lo + g, key))
+            pools.append(rng.choice(size, min(size, cfg.pool_factor * int(share)), replace=False) + lo)
+            keys[g] = seed_key(cfg.seed, 3, self.block_lo + g, key)
+        pool_ptr = np.zeros(len(pools) + 1, np.int64)
+        pool_ptr[1:] = np.cumsum([len(p) for p in pools])
+        active = np.empty((len(rows), self.budget_local), np.int32)
         n_own = np.empty(len(rows), np.int32)
-        ix = self.index
         kernels.select_active(
-            h, rows, data.y_indptr, data.y_indices, use_labels, self.l_lo, self.l_hi,
-            ix.family_id, ix.srp, ix.dwta, ix.k, ix.n_tables, ix.offsets, ix.fill, ix.items,
-            pool.astype(np.int32), seed_key(self.cfg.seed, 3, self.comm.rank, key), self._marks, active, n_own,
+            h, rows, data.y_indptr, data.y_indices, use_labels, self.l_lo, self.blocks_local, self.shares,
+            ix.family_id, ix.srp, ix.dwta, ix.k, ix.n_tables, ix.n_codes, ix.offsets, ix.fill, ix.items,
+            np.concatenate(pools).astype(np.int32), pool_ptr, keys, self._marks,
+            np.empty((chunks, max(ix.n_tables, 1)), np.int64), np.empty((chunks, len(self.shares)), np.int64),
+            active, n_own,
         )  # fmt: skip
         return active, n_own
 
@@ -206,11 +246,12 @@ class SlideModel:
         rowmax = np.empty(B, np.float32)
         kernels.active_logits(h, active, self.W2, self.b2, logits, rowmax)
         gmax = np.ascontiguousarray(comm.allreduce_max(rowmax), dtype=np.float32)
-        stats = np.empty((B, 3), np.float64)
+        stats = np.empty((B, 4), np.float64)
         kernels.softmax_stats(logits, n_own, gmax, stats)
         stats = comm.allreduce_sum(stats)
         labelled = stats[:, 2] > 0
         loss = np.log(stats[labelled, 0]) + gmax[labelled] - stats[labelled, 1] / stats[labelled, 2]
+        top_is_label = int(np.count_nonzero(stats[labelled, 3] > 0))
         # 3. output backward, lazy Adam on touched rows, dL/dh summed over ranks
         dh = np.empty((B, cfg.hidden), np.float32)
         kernels.output_backward(
@@ -242,7 +283,7 @@ class SlideModel:
         )  # fmt: skip
         self.step += 1
         self._maybe_rehash()
-        return StepResult(float(loss.sum()), int(labelled.sum()))
+        return StepResult(float(loss.sum()), int(labelled.sum()), top_is_label)
 
     def _maybe_rehash(self) -> None:
         if self.step < self.next_rehash:

@@ -99,7 +99,7 @@ def run_training(
         files = comm.bcast(lister(opts.train) if comm.rank == 0 else None)
         t0 = time.perf_counter()
         steps_before = model.step
-        loss_sum, n_labelled, n_pass, step_bytes = _one_pass(model, files, opts, pass_index)
+        loss_sum, n_labelled, n_top, n_pass, step_bytes = _one_pass(model, files, opts, pass_index)
         dt = time.perf_counter() - t0
         seconds += dt
         samples += n_pass
@@ -113,6 +113,8 @@ def run_training(
             "seconds": round(seconds, 3),
             "samples_per_s": round(n_pass / dt, 1) if dt > 0 else 0.0,
             "loss": round(loss_sum / n_labelled, 6) if n_labelled else None,
+            # labelled samples of the pass whose top active logit was not one of their labels
+            "train_err": round(1.0 - n_top / n_labelled, 6) if n_labelled else None,
             "p_at_1": None,
             "p_at_5": None,
             "comm_bytes": int(comm.bytes_sent),
@@ -142,11 +144,13 @@ def _check_shape(name: str, data: XCData, cfg: ModelConfig) -> None:
         )
 
 
-def _one_pass(model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int) -> tuple[float, int, int, int]:
-    """Every file once, in a shuffled order, each file's points shuffled; returns (loss sum, labelled, points,
-    bytes this rank sent inside training steps)."""
+def _one_pass(
+    model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int
+) -> tuple[float, int, int, int, int]:
+    """Every file once, in a shuffled order, each file's points shuffled; returns (loss sum, labelled, labelled
+    with a label on top, points, bytes this rank sent inside training steps)."""
     order = np.random.default_rng((opts.seed, 5, pass_index)).permutation(len(files))
-    loss_sum, n_labelled, n_points, step_bytes = 0.0, 0, 0, 0
+    loss_sum, n_labelled, n_top, n_points, step_bytes = 0.0, 0, 0, 0, 0
     for fi in order:
         data = _load_on_rank0(files[fi], model.comm)
         _check_shape(files[fi], data, model.cfg)
@@ -157,8 +161,9 @@ def _one_pass(model: SlideModel, files: list[str], opts: TrainOptions, pass_inde
             step_bytes += model.comm.bytes_sent - sent
             loss_sum += res.loss_sum
             n_labelled += res.n_labelled
+            n_top += res.n_top_label
         n_points += len(data)
-    return loss_sum, n_labelled, n_points, step_bytes
+    return loss_sum, n_labelled, n_top, n_points, step_bytes
 
 
 def _load_on_rank0(path: str, comm: Comm) -> XCData:

@@ -4,13 +4,15 @@ exact bytes per step, and a bad shard (seen by rank 0 alone) ending the whole jo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from dslide.gen import write_dataset
 from dslide.model import shard_bounds
 from dslide.mpicomm import ring_allgather_bytes, ring_allreduce_bytes
-from dslide.mpirun import run_mpi
+from dslide.mpirun import job_env, run_mpi
 
 HIDDEN, BATCH = 16, 64
 
@@ -33,7 +35,7 @@ def expected_step_bytes(size: int, rank: int) -> int:
     widths = [hi - lo for lo, hi in (shard_bounds(HIDDEN, size, r) for r in range(size))]
     gather = 8 * (size - 1) + ring_allgather_bytes([BATCH * w * 4 for w in widths], rank)
     rowmax = ring_allreduce_bytes(BATCH, 4, size, rank)
-    stats = ring_allreduce_bytes(BATCH * 3, 8, size, rank)
+    stats = ring_allreduce_bytes(BATCH * 4, 8, size, rank)
     dh = ring_allreduce_bytes(BATCH * HIDDEN, 4, size, rank)
     return gather + rowmax + stats + dh
 
@@ -76,8 +78,22 @@ def test_a_two_rank_checkpoint_resumes_bit_for_bit(dataset, tmp_path):
     got = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert got["pass"] == want["pass"] == 2
     assert (got["loss"], got["p_at_1"], got["steps"]) == (want["loss"], want["p_at_1"], want["steps"])
-    # another rank count cannot take the shards over: every rank says so and the job ends with 1
+    assert got["train_err"] == want["train_err"] and 0 <= got["train_err"] <= 1
+    # one process evaluates the 2-rank checkpoint (no mpiexec): the figure the training job printed
+    first_record = json.loads(first.stdout.strip().splitlines()[-1])
+    alone = subprocess.run([sys.executable, "-m", "dslide", "eval", "--checkpoint", tmp_path / "ck", "--test",
+                            dataset / "test.txt", "--eval-points", "32"], env=job_env(), capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert json.loads(alone.stdout)["p_at_1"] == pytest.approx(first_record["p_at_1"], abs=1e-9)
+    # 4 ranks take the 2-rank shards over and continue the same trajectory (float rounding apart)
     other = train(4, dataset / "train", dataset / "test.txt", "--epochs", 2, "--checkpoint", tmp_path / "ck",
                   "--resume")  # fmt: skip
-    assert not other.timed_out and other.returncode == 1
-    assert "written by 2 ranks" in other.stderr
+    assert not other.timed_out and other.returncode == 0, other.stderr[-2000:]
+    four = json.loads(other.stdout.strip().splitlines()[-1])
+    assert four["steps"] == want["steps"] and four["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    # 3 ranks cannot split 8 selection blocks: every rank says so and the job ends with 1
+    three = train(3, dataset / "train", dataset / "test.txt", "--epochs", 2, "--checkpoint", tmp_path / "ck",
+                  "--resume")  # fmt: skip
+    assert not three.timed_out and three.returncode == 1
+    assert "it can be read by 1, 2, 4, 8 ranks, this job has 3" in three.stderr

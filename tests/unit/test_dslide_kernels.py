@@ -8,7 +8,7 @@ import pytest
 
 from dslide import kernels
 from dslide.gen import generate
-from dslide.model import ModelConfig, SlideModel
+from dslide.model import ModelConfig, SlideModel, block_bounds, block_shares
 
 F, L, H, B, b = 40, 15, 6, 5, 7
 
@@ -76,8 +76,11 @@ def run_kernels(data, W1, b1, W2, b2, active, n_own):
     kernels.hidden_forward(rows, data.x_indptr, data.x_indices, data.x_values, W1, b1, h)
     logits, rowmax = np.empty((B, b), np.float32), np.empty(B, np.float32)
     kernels.active_logits(h, active, W2, b2, logits, rowmax)
-    stats = np.empty((B, 3))
+    stats = np.empty((B, 4))
+    z = logits.copy()
     kernels.softmax_stats(logits, n_own, rowmax, stats)
+    # column 3: the top active logit is one of the sample's labels (train_err)
+    np.testing.assert_array_equal(stats[:, 3], np.argmax(z, axis=1) < n_own)
     gW2, gb2 = np.zeros_like(W2), np.zeros_like(b2)
     touched, dh = np.zeros(L, np.uint8), np.empty((B, H), np.float32)
     kernels.output_backward(h, active, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B, W2, gW2, gb2, touched, dh)
@@ -163,19 +166,66 @@ def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int,
     numba.set_num_threads(threads)
     try:
         data = generate(64, 300, 200, seed=2)
-        model = SlideModel(ModelConfig(300, 200, hidden=16, budget=budget, tables=4, bucket_cap=8))
+        cfg = ModelConfig(300, 200, hidden=16, budget=budget, tables=4, bucket_cap=8, blocks=4)
+        model = SlideModel(cfg)
         rows = np.arange(64, dtype=np.int64)
         _, h = model._hidden(data, rows)
         active, n_own = model._select(data, rows, h, True, 7)
         again, _ = model._select(data, rows, h, True, 7)
         np.testing.assert_array_equal(active, again)
-        assert active.shape == (64, min(budget, 200))
+        shares = block_shares(cfg)
+        assert active.shape == (64, shares.sum()) and shares.sum() == min(budget // 4 * 4, 200)
+        bounds = block_bounds(200, 4)
         for i in rows:
             assert len(set(active[i].tolist())) == active.shape[1]
             labels = data.y_indices[data.y_indptr[i] : data.y_indptr[i + 1]]
-            assert n_own[i] == min(len(labels), active.shape[1])
+            # every block selects exactly its share; its labels count against it (the excess is not active)
+            per_block = np.histogram(active[i], bounds)[0]
+            np.testing.assert_array_equal(per_block, shares)
+            labels_per_block = np.histogram(labels, bounds)[0]
+            assert n_own[i] == np.minimum(labels_per_block, shares).sum()
             assert set(active[i, : n_own[i]].tolist()) <= set(labels.tolist())
         assert active.min() >= 0 and active.max() < 200
         assert not model._marks.any()
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+class _RankOf:
+    """Just enough of a comm for a model's constructor and selection: rank ``rank`` of ``size``."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size, self.bytes_sent = rank, size, 0
+
+
+@pytest.mark.parametrize("family", ["srp", "dwta"])
+def test_ranks_select_what_one_process_selects(family: str) -> None:
+    """The union of P ranks' active sets is the one-process active set, sample by sample, after a rehash too
+    (tables, pools and streams are keyed by block, never by rank)."""
+    numba.set_num_threads(1)
+    try:
+        data = generate(64, 300, 240, seed=4)
+        cfg = ModelConfig(300, 240, hidden=16, budget=24, tables=4, bucket_cap=8, blocks=4, hash=family)
+        rows = np.arange(64, dtype=np.int64)
+        serial = SlideModel(cfg)
+        _, h = serial._hidden(data, rows)
+        moved = serial.W2 + np.random.default_rng(1).standard_normal(serial.W2.shape).astype(np.float32)
+        for rehash in (False, True):
+            if rehash:
+                serial.W2[...] = moved
+                serial.index.rehash(serial.W2, np.arange(0, 240, 3))
+            want, _ = serial._select(data, rows, h, True, 9)
+            for size in (2, 4):
+                parts = []
+                for r in range(size):
+                    m = SlideModel(cfg, _RankOf(r, size))
+                    if rehash:
+                        m.W2[...] = moved[m.l_lo : m.l_hi]
+                        m.index.rehash(m.W2, np.flatnonzero(np.arange(m.l_lo, m.l_hi) % 3 == 0))
+                    got, _ = m._select(data, rows, h, True, 9)
+                    assert got.shape[1] * size == want.shape[1]
+                    parts.append(got + m.l_lo)
+                union = np.sort(np.concatenate(parts, axis=1), axis=1)
+                np.testing.assert_array_equal(union, np.sort(want, axis=1), err_msg=f"P={size} rehash={rehash}")
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
