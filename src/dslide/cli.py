@@ -88,8 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--k", type=_nonneg_int, default=0, help="bits (srp) / WTA hashes (dwta) per table; 0 = auto")
     t.add_argument("--tables", type=_nonneg_int, default=32)
     t.add_argument("--budget", type=_positive_int, default=1024, help="active output neurons per sample, all ranks")
-    t.add_argument("--blocks", type=_positive_int, default=8,
-                   help="label selection blocks; the rank count must divide it (default 8: 1, 2, 4 or 8 ranks)")
+    t.add_argument(
+        "--blocks",
+        type=_positive_int,
+        default=8,
+        help="label selection blocks; the rank count must divide it (default 8: 1, 2, 4 or 8 ranks)",
+    )
     t.add_argument("--bucket-cap", type=_positive_int, default=128)
     t.add_argument("--checkpoint", metavar="DIR")
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")

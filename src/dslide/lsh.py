@@ -22,7 +22,6 @@ every rank hashes a vector to the same code (computed once per sample), and ever
 the neuron's *global* id; a block's buckets therefore hold the same neurons whatever P.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -8,8 +8,9 @@ phases with collectives only between them:
 
 1. hidden forward of the own slice -> ``allgather`` -> the full hidden layer (B x H);
 2. per sample exactly ``budget // P`` active own neurons (own labels, LSH candidates, random fill, chosen
-   block by block -- see below), their logits, ``allreduce_max`` of the row maxima and ``allreduce_sum`` of (sum of exps, label logits, label
-   count): the softmax over the union of all ranks' active sets;
+   block by block -- see below), their logits, ``allreduce_max`` of the row maxima and ``allreduce_sum`` of
+   (sum of exps, label logits, label count, top is a label): the softmax over the union of all ranks' active
+   sets;
 3. output gradients of the own active rows + their lazy Adam update; this rank's share of dL/dh ->
    ``allreduce_sum``;
 4. hidden backward of the own slice + lazy Adam on the touched rows of own W1 columns and own bias.
