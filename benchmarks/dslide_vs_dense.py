@@ -46,8 +46,9 @@ def model_cfg(F: int, L: int, args: argparse.Namespace):
     from dslide.model import ModelConfig
 
     return ModelConfig(
-        F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, lr=args.lr, seed=args.seed,
+        F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, lr=args.dslide_lr or args.lr, seed=args.seed,
         out_init=args.out_init, pool_factor=args.pool_factor, rehash=RehashSchedule(first=args.rehash_first),
+        blocks=args.blocks, fill_correction=not args.no_fill_correction,
     )  # fmt: skip
 
 
@@ -274,6 +275,9 @@ def main() -> None:
     ap.add_argument("--pool-factor", type=int, default=64, help="dslide: random-fill pool, x budget")
     ap.add_argument("--rehash-first", type=int, default=50, help="dslide: steps before the first rehash")
     ap.add_argument("--out-init", type=float, default=0.1, help="std of W2 times sqrt(H), both sides")
+    ap.add_argument("--blocks", type=int, default=8, help="dslide: label selection blocks")
+    ap.add_argument("--dslide-lr", type=float, default=None, help="dslide's Adam step if not --lr (dense keeps --lr)")
+    ap.add_argument("--no-fill-correction", action="store_true", help="dslide: plain softmax over the active set")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per side in (a)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--dense-steps", type=int, default=None)

@@ -3,11 +3,14 @@
 tierfs exposes ``MOUNT/.tierfs/status`` (one JSON object) beside ``MOUNT/.tierfs/control`` (``KEY=VALUE`` lines
 and commands).  A trainer started with ``--control MOUNT/.tierfs/control`` reports each pass as one line::
 
-    feedback loss=0.7134 val_err=0.62
+    feedback loss=0.7134 train_err=0.41 val_err=0.62
 
-which feeds the mount's adaptive repeating factor (``arf=score|bollinger``).  Only finite metrics are written
-(tierfs rejects others with EINVAL and the whole line would be lost); a metric the trainer does not measure
-is left out.  Each line is one ``write(2)`` ending in a newline, so a line is never split between two writes.
+which feeds the mount's adaptive repeating factor (``arf=score|bollinger``): ``loss`` and ``train_err`` are
+the pass's mean training loss and the fraction of its training samples whose top active logit was not a true
+label (both from the statistics the training step reduces anyway), ``val_err`` is 1 - P@1 on the test
+points.  Only finite metrics are written (tierfs rejects others with EINVAL and the whole line would be
+lost); a metric the trainer does not measure is left out.  Each line is one ``write(2)`` ending in a newline,
+so a line is never split between two writes.
 
 Only rank 0 talks to the mount: it lists the training directory (so a listing ends tierfs's pass exactly
 once), snapshots ``status`` right after listing (the view that pass trains on), and writes the feedback.

@@ -74,8 +74,10 @@ def select_active(
     marks,
     code_scratch,
     count_scratch,
+    correct,
     active,
     n_own,
+    corr,
 ):
     """Fill ``active[i]`` with exactly ``sum(share)`` distinct local neurons for sample i.
 
@@ -87,6 +89,11 @@ def select_active(
     neurons of the block from a random start.  Every draw comes from the stream ``(keys[g], i)``.  Row order:
     all own labels first (``n_own[i]`` of them), then block by block.  ``marks`` / ``*_scratch`` are
     per-chunk scratch (one row per chunk of samples); ``marks`` is all zero on entry and exit.
+
+    ``corr[i, q]`` is what the softmax adds to the logit of ``active[i, q]``: 0 for labels and LSH candidates
+    (taken as they are), and with ``correct`` ``log(rest / n_fill)`` for the ``n_fill`` uniform fill neurons
+    of a block standing in for the ``rest`` of the block not already active -- so the sum of their exps
+    estimates the rest's share of the full softmax normaliser (the sampled-softmax importance correction).
     """
     B, b = active.shape
     n_blocks = blocks.shape[0] - 1
@@ -118,6 +125,8 @@ def select_active(
             x = h[i]
             for t in range(n_tables):
                 codes[t] = table_code(family, srp, dwta, k, t, x)
+            for q in range(b):
+                corr[i, q] = 0
             for g in range(n_blocks):
                 need = share[g] - in_block[g]
                 goal = cnt + need
@@ -145,6 +154,7 @@ def select_active(
                                     mark[j] = 1
                                     row[cnt + s] = j
                     cnt += got
+                fill_from = cnt
                 p0 = pool_ptr[g]
                 npool = pool_ptr[g + 1] - p0
                 if cnt < goal and npool > 0:
@@ -171,6 +181,12 @@ def select_active(
                             row[cnt] = j
                             cnt += 1
                         q += 1
+                n_fill = goal - fill_from
+                rest = (blocks[g + 1] - blocks[g]) - in_block[g] - (fill_from - (goal - need))
+                if correct and n_fill > 0 and rest > n_fill:
+                    c = np.float32(math.log(rest / n_fill))
+                    for q in range(fill_from, goal):
+                        corr[i, q] = c
             for q in range(b):
                 mark[row[q]] = 0
 
@@ -196,10 +212,11 @@ def active_logits(h, active, W2, b2, logits, rowmax):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def softmax_stats(logits, n_own, gmax, stats):
-    """Turn logits into ``exp(z - gmax)`` in place; ``stats[i]`` = (sum of exps, sum of own label logits,
-    number of own labels, 1 if this rank's top active logit is an own label and the global maximum) -- summed
-    over ranks, these give the softmax normaliser, the loss, and whether the top active neuron is a label."""
+def softmax_stats(logits, corr, n_own, gmax, stats):
+    """Turn logits into ``exp(z + corr - gmax)`` in place (``corr``: :func:`select_active`'s fill correction);
+    ``stats[i]`` = (sum of exps, sum of own label logits, number of own labels, 1 if this rank's top active
+    logit -- uncorrected -- is an own label and the global maximum).  Summed over ranks, these give the
+    softmax normaliser, the loss, and whether the top active neuron is a label (``train_err``)."""
     B, b = logits.shape
     for i in prange(B):
         s = 0.0
@@ -213,7 +230,7 @@ def softmax_stats(logits, n_own, gmax, stats):
                 top = q
             if q < n_own[i]:
                 ls += z
-            e = math.exp(z - gmax[i])
+            e = math.exp(z + corr[i, q] - gmax[i])
             logits[i, q] = e
             s += e
         stats[i, 0] = s

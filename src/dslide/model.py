@@ -21,8 +21,8 @@ column / row block, so every P starts from the same network.  The kernels are in
 *Selection blocks* make the random choices independent of P: the labels are cut into ``cfg.blocks`` fixed
 contiguous blocks (P must divide ``blocks``; rank r owns a contiguous run of ``blocks / P`` of them, which is
 exactly ``shard_bounds(L, P, r)``).  Each block has its own buckets in the LSH tables, its own random-fill
-pool and streams keyed by (seed, block, step, sample), a hash width derived from the block size, and a share
-of ``budget // blocks`` active neurons per sample that its true labels count against.  A block therefore
+pool and streams keyed by (seed, block, step, sample), and a share of ``budget // blocks`` active neurons per
+sample that its true labels count against; the hash width comes from the label count, never from P.  A block therefore
 selects the same neurons on any rank count, and P = 1, 2, 4 follow the same trajectory up to the float
 rounding of sums over ranks.
 """
@@ -88,6 +88,9 @@ class ModelConfig:
     # std of W2 is out_init / sqrt(H): small, so the many labels a sparse update has not reached yet do not
     # outscore trained ones at exact inference with random logits (SRP hashing only sees directions)
     out_init: float = 0.1
+    # softmax over the active set with the uniform fill's logits raised by log(rest / fill): an estimate of the
+    # full softmax normaliser rather than of the active set's alone (sampled-softmax importance correction)
+    fill_correction: bool = True
     rehash: RehashSchedule = field(default_factory=RehashSchedule)
 
     def __post_init__(self) -> None:
@@ -162,7 +165,7 @@ class SlideModel:
         self.blocks_local = bounds - self.l_lo
         self.shares = np.ascontiguousarray(block_shares(cfg)[self.block_lo : self.block_hi], np.int64)
         self.budget_local = int(self.shares.sum())
-        self.k = cfg.k or auto_k(cfg.hash, cfg.n_labels // cfg.blocks)
+        self.k = cfg.k or auto_k(cfg.hash, cfg.n_labels)
         code_bits(cfg.hash, self.k)
         F, H, Hl = cfg.n_features, cfg.hidden, self.h_hi - self.h_lo
 
@@ -225,14 +228,15 @@ class SlideModel:
         pool_ptr[1:] = np.cumsum([len(p) for p in pools])
         active = np.empty((len(rows), self.budget_local), np.int32)
         n_own = np.empty(len(rows), np.int32)
+        corr = np.empty((len(rows), self.budget_local), np.float32)
         kernels.select_active(
             h, rows, data.y_indptr, data.y_indices, use_labels, self.l_lo, self.blocks_local, self.shares,
             ix.family_id, ix.srp, ix.dwta, ix.k, ix.n_tables, ix.n_codes, ix.offsets, ix.fill, ix.items,
             np.concatenate(pools).astype(np.int32), pool_ptr, keys, self._marks,
             np.empty((chunks, max(ix.n_tables, 1)), np.int64), np.empty((chunks, len(self.shares)), np.int64),
-            active, n_own,
+            cfg.fill_correction, active, n_own, corr,
         )  # fmt: skip
-        return active, n_own
+        return active, n_own, corr
 
     def train_step(self, data: XCData, rows: np.ndarray) -> StepResult:
         """One step of SLIDE on the points ``rows`` of ``data`` (every rank passes the same rows)."""
@@ -242,13 +246,13 @@ class SlideModel:
         # 1. hidden forward
         hl, h = self._hidden(data, rows)
         # 2. active sets, logits, softmax normaliser over all ranks
-        active, n_own = self._select(data, rows, h, True, self.step)
+        active, n_own, corr = self._select(data, rows, h, True, self.step)
         logits = np.empty(active.shape, np.float32)
         rowmax = np.empty(B, np.float32)
         kernels.active_logits(h, active, self.W2, self.b2, logits, rowmax)
         gmax = np.ascontiguousarray(comm.allreduce_max(rowmax), dtype=np.float32)
         stats = np.empty((B, 4), np.float64)
-        kernels.softmax_stats(logits, n_own, gmax, stats)
+        kernels.softmax_stats(logits, corr, n_own, gmax, stats)
         stats = comm.allreduce_sum(stats)
         labelled = stats[:, 2] > 0
         loss = np.log(stats[labelled, 0]) + gmax[labelled] - stats[labelled, 1] / stats[labelled, 2]
@@ -314,7 +318,7 @@ class SlideModel:
         if mode == "exact":
             self._exact_topk(h, k, top_s, top_i)
         elif mode == "lsh":
-            active, _ = self._select(data, rows, h, False, (1 << 40) + self.step)
+            active, _, _ = self._select(data, rows, h, False, (1 << 40) + self.step)
             logits = np.empty(active.shape, np.float32)
             kernels.active_logits(h, active, self.W2, self.b2, logits, np.empty(B, np.float32))
             kk = min(k, logits.shape[1])

@@ -64,6 +64,40 @@ log = logging.getLogger("tierfs")
 _VANISHED = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV)
 _ARF_HISTORY_KEPT = 1000
 _ADVISE_WHOLE = 1 << 20  # cached copies up to this size are read ahead whole on open
+_PUSH_CHUNK = 1 << 20  # bytes per notify_store message
+_PUSH_BUDGET_MAX = 1 << 30
+_PUSH_BATCH_FILES = 32  # files per worker-thread hop
+
+
+def push_budget() -> int:
+    """Bytes of the current and next mini-epochs that may be pushed into the kernel page cache: 10 % of RAM,
+    at most 1 GiB.  (A first pass would put the same pages there; pushing only moves that ahead of the reader.)"""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 0
+    return min(_PUSH_BUDGET_MAX, ram // 10)
+
+
+def _store_files(store: Callable[[int, int, bytes], None], jobs: list[tuple[int, int, int]]) -> list[int]:
+    """Push cached copies' bytes into the kernel page cache (worker thread).  ``jobs``: (fd, inode, size); per
+    job, the bytes pushed, or ``-errno`` (``-ENOENT``: the kernel has no inode for it: never listed or looked up,
+    or forgotten)."""
+    out = []
+    for fd, inode, size in jobs:
+        try:
+            store(inode, 0, b"")  # a probe: fails at once, before any read, when the kernel lacks the inode
+            off = 0
+            while off < size:
+                data = os.pread(fd, min(_PUSH_CHUNK, size - off), off)
+                if not data:
+                    break
+                store(inode, off, data)
+                off += len(data)
+            out.append(off)
+        except OSError as exc:
+            out.append(-(exc.errno or errno.EIO))
+    return out
 
 
 class BackingError(OSError):
@@ -109,6 +143,17 @@ class Engine:
         self.last_pass: tuple[int, int] | None = None
         #: Called with an inode whose kernel-cached attributes and data are stale (set by fs once mounted).
         self.invalidate_inode: Callable[[int], None] = lambda inode: None
+        #: Stores bytes in the kernel page cache of an inode (``pyfuse3.notify_store``, set by fs once mounted;
+        #: None: no kernel, nothing pushed).  Called from a worker thread only (see _pusher).
+        self.store_pages: Callable[[int, int, bytes], None] | None = None
+        self.push_budget = push_budget()
+        self.pushed_bytes = 0  # counter: bytes pushed into the kernel page cache
+        self._pushed: set[int] = set()  # files of the current/next mini-epoch whose bytes were pushed
+        self._pushed_window = 0  # their bytes, held under push_budget
+        self._push_queue: deque[int] = deque()
+        self._push_unknown: dict[int, set[int]] = {}  # dir node -> files whose inode the kernel lacked
+        self._push_inflight: dict[int, trio.Event] = {}
+        self._push_wake = trio.Event()
         self._plans: dict[int, list[np.ndarray]] = {}
         self._cur = np.zeros(0, np.int64)
         self._cur_mask = np.zeros(0, bool)
@@ -212,7 +257,9 @@ class Engine:
         if self.settings.policy == "lru":
             task_status.started()
             await trio.sleep_forever()
-        await Stager(self).run(task_status=task_status)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pusher)
+            await Stager(self).run(task_status=task_status)
 
     def close(self) -> None:
         """Persist the journal and release the cache; idempotent."""
@@ -307,6 +354,7 @@ class Engine:
         self._failed.clear()
         self._new_view()
         self._rebuild_queue()
+        self._rebuild_push_queue()
 
     def _new_view(self) -> None:
         s = self.settings
@@ -511,6 +559,8 @@ class Engine:
             self.pending_next.discard(fidx)
             if not self._wanted[fidx] and self.settings.policy != "lru":
                 self.cache.evict(fidx)  # the view moved on while we copied
+            elif self.settings.policy != "lru":
+                self._want_push(fidx)
         finally:
             if not ok:
                 self.cache.unreserve(reserved)
@@ -555,12 +605,112 @@ class Engine:
         if self.cache.get(fidx) is not None:
             self.cache.evict(fidx)
         self._failed.discard(fidx)
+        if fidx in self._pushed:
+            self._pushed.discard(fidx)
+            self._pushed_window -= int(self.tree.sizes[fidx])
         if self._wanted.size and self._wanted[fidx]:
             if fidx in set(self.next_files.tolist()):
                 self.pending_next.add(fidx)
             self._queue.appendleft(fidx)
             self.notify()
         self.invalidate_inode(self.file_inode(fidx))
+
+    # ==================================================================================== page cache
+
+    def _rebuild_push_queue(self) -> None:
+        """A new current mini-epoch: push what it still lacks, then the next one (within push_budget)."""
+        self._pushed &= set(np.flatnonzero(self._wanted).tolist()) if self._pushed else set()
+        self._pushed_window = int(self.tree.sizes[list(self._pushed)].sum()) if self._pushed else 0
+        self._push_unknown = {}
+        if self.settings.policy == "lru":
+            self._push_queue = deque()
+            return
+        self._push_queue = deque(f for f in (*self._cur.tolist(), *self.next_files.tolist())
+                                 if f not in self._pushed and self.cache.get(f) is not None)
+        self._wake_pusher()
+
+    def _want_push(self, fidx: int) -> None:
+        if self.store_pages is not None and fidx not in self._pushed:
+            self._push_queue.append(fidx)
+            self._wake_pusher()
+
+    def _wake_pusher(self) -> None:
+        self._push_wake.set()
+        self._push_wake = trio.Event()
+
+    def listed(self, dir_inode: int) -> None:
+        """The kernel got the entries (and so the inodes) of this directory: push what it lacked an inode for."""
+        if self._push_unknown and self.view is not None:
+            waiting = self._push_unknown.get(dir_inode - 1)
+            if waiting:
+                # only the files this listing showed: the others' inodes are still unknown to the kernel
+                mask = self.view.mask
+                shown = {f for f in waiting if mask[f]}
+                if shown:
+                    waiting -= shown
+                    self._push_queue.extendleft(shown)
+                    self._wake_pusher()
+
+    async def _pusher(self) -> None:
+        """Push staged copies of the current and next mini-epochs into the kernel page cache, so a first pass
+        over a mini-epoch is served like a repeated one (no READ requests).
+
+        Current mini-epoch first (what a switch left unpushed), then the next as its copies land, at most
+        ``push_budget`` bytes of the two.  Batches of files go to one worker thread, never the trio thread:
+        ``notify_store`` locks the kernel's pages, and a page locked by a READ waiting for this daemon must not
+        block the thread that answers it.  The kernel must know the inode (from a lookup or a listing); a file it
+        does not know waits for its directory's next listing (``listed``)."""
+        limiter = trio.CapacityLimiter(1)
+        while True:
+            wake = self._push_wake
+            batch: list[tuple[int, CacheEntry, int]] = []
+            size = 0
+            while self._push_queue and self.store_pages is not None and len(batch) < _PUSH_BATCH_FILES \
+                    and size < _PUSH_CHUNK * 8:
+                fidx = self._push_queue.popleft()
+                entry = self.cache.get(fidx)
+                if (entry is None or fidx in self._pushed or fidx in self._push_inflight or not self._wanted[fidx]
+                        or entry.doomed or self._pushed_window + size + entry.size > self.push_budget
+                        or (self.settings.verify == "xxhash" and not entry.verified)):  # only checked bytes
+                    continue
+                batch.append((fidx, entry, self.cache.open_entry(entry)))  # pinned while pushed
+                self._push_inflight[fidx] = trio.Event()
+                size += entry.size
+            if not batch:
+                await wake.wait()
+                continue
+            store = self.store_pages
+            assert store is not None
+            jobs = [(fd, self.file_inode(fidx), entry.size) for fidx, entry, fd in batch]
+            stopped = True
+            try:
+                # abandoned on cancel: at shutdown a store may wait on a page lock until the unmount aborts the
+                # connection; the descriptors are then left to the exit, since the thread may still read them
+                results = await trio.to_thread.run_sync(_store_files, store, jobs, limiter=limiter,
+                                                        abandon_on_cancel=True)
+                stopped = False
+            finally:
+                for fidx, entry, fd in batch:
+                    self._push_inflight.pop(fidx).set()
+                    if not stopped and self.cache.release_entry(entry, fd):
+                        self.notify()
+            for (fidx, entry, _fd), n in zip(batch, results, strict=True):
+                inode = self.file_inode(fidx)
+                if self.cache.get(fidx) is not entry or entry.fp != fingerprint(self.tree.file_node(fidx).st):
+                    # The backing changed (or the copy went) while its bytes travelled: never leave them there.
+                    self.invalidate_inode(inode)
+                elif n == -errno.ENOENT:
+                    self._push_unknown.setdefault(int(self.tree.groups[fidx]), set()).add(fidx)
+                elif n == -errno.ENOSYS:
+                    self.store_pages = None  # the kernel cannot: stop trying
+                elif n < 0:
+                    log.debug("tierfs: notify_store of %s: %s", os.fsdecode(self.tree.file_path(fidx)),
+                              os.strerror(-n))
+                else:
+                    self.pushed_bytes += n
+                    if self._wanted[fidx]:
+                        self._pushed.add(fidx)
+                        self._pushed_window += entry.size
 
     # ========================================================================================== reads
 
@@ -590,7 +740,12 @@ class Engine:
             raise BackingError(errno.ENOENT, "no longer a regular file in the backing dir")
         keep_cache = True
         if fingerprint(st) != fingerprint(node.st):
-            self._backing_changed(fidx, st)
+            pushing = self._push_inflight.get(fidx)
+            if pushing is not None:
+                await pushing.wait()  # its old bytes must land before the invalidation, never after
+            node = self.tree.file_node(fidx)
+            if fingerprint(st) != fingerprint(node.st):
+                self._backing_changed(fidx, st)
             keep_cache = False
         entry = self.cache.get(fidx)
         was_cached = entry is not None

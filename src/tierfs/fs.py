@@ -94,7 +94,7 @@ class TierOperations(pyfuse3.Operations):
         super().__init__()
         self.engine = engine
         self._handles: dict[int, FileHandle | _Virtual] = {}
-        self._dirs: dict[int, list[tuple[bytes, int]]] = {}
+        self._dirs: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
         self._fh = itertools.count(1)
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -107,6 +107,7 @@ class TierOperations(pyfuse3.Operations):
                 pyfuse3.invalidate_inode(inode, attr_only=False)
 
         self.engine.invalidate_inode = invalidate
+        self.engine.store_pages = pyfuse3.notify_store
         # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
         with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)
             trio.lowlevel.spawn_system_task(self._widen_read_ahead)
@@ -191,16 +192,19 @@ class TierOperations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         listing = self.engine.list_dir(inode)
         fh = next(self._fh)
-        self._dirs[fh] = listing
+        self._dirs[fh] = (inode, listing)
         return fh
 
     @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        listing = self._dirs[fh]
+        dir_inode, listing = self._dirs[fh]
         for i in range(start_id, len(listing)):
             name, inode = listing[i]
             if not pyfuse3.readdir_reply(token, name, self._attr(inode), i + 1):
-                return
+                break
+        if start_id < len(listing):
+            # readdirplus: the kernel now holds these inodes, so their pages can be pushed (after this reply)
+            self.engine.listed(dir_inode)
 
     @_errors
     async def releasedir(self, fh: int) -> None:

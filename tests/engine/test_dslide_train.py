@@ -52,6 +52,7 @@ def test_learns_what_no_frequency_baseline_can(planted: Path) -> None:
     _, records = run_training(small_cfg(), opts(planted, epochs=4, threads=2), emit=lambda r: None)
     p1 = [r["p_at_1"] for r in records]
     assert records[-1]["loss"] < records[0]["loss"]
+    assert 0 <= records[-1]["train_err"] < records[0]["train_err"] <= 1
     # the best constant prediction (the most frequent label) is the ceiling of every frequency baseline's P@1
     assert p1[-1] > max(3 * baseline, baseline + 0.2), (p1, baseline)
 

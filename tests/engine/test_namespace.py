@@ -21,7 +21,7 @@ async def _walk(ops: TierOperations, inode: int, prefix: str = "") -> dict[str, 
     """Every path listed below ``inode`` (one opendir per directory), mapped to its inode."""
     out = {}
     fh = await ops.opendir(inode, CTX)
-    for name, child in ops._dirs[fh]:
+    for name, child in ops._dirs[fh][1]:
         path = prefix + os.fsdecode(name)
         out[path] = child
         attr = await ops.getattr(child, CTX)
@@ -97,12 +97,12 @@ def test_listing_is_a_frozen_snapshot_and_order_reshuffles_each_pass(open_engine
 
     async def main():
         fh = await ops.opendir(pyfuse3.ROOT_INODE, CTX)
-        before = list(ops._dirs[fh])
+        before = list(ops._dirs[fh][1])
         orders = [e.order_text()]
         for _ in range(3):
             await t.read_view(e)  # every view file read: the pass ends
             orders.append(e.order_text())
-        assert ops._dirs[fh] == before  # the open listing did not move
+        assert ops._dirs[fh][1] == before  # the open listing did not move
         await ops.releasedir(fh)
         assert len(set(orders)) == len(orders)  # a fresh serving order every pass
         assert all(sorted(o.splitlines()) == sorted(orders[0].splitlines()) for o in orders)

@@ -234,3 +234,37 @@ def test_data_path_tuning_keeps_reads_whole(tierfs_mount, dataset):
             with open(os.path.join(backing, rel), "rb") as f:
                 assert data == f.read()
         assert m.status()["reads"]["hits"] == len(files)
+
+
+def test_staged_mini_epoch_is_pushed_into_the_page_cache_and_never_served_stale(tierfs_mount, dataset):
+    # The next mini-epoch's copies are pushed into the kernel page cache (notify_store) once staged, so its first
+    # pass sends no READ to the daemon; a backing change still reaches the reader, never the pushed bytes.
+    backing, files = dataset
+    with tierfs_mount(capacity="4M", nm=2, rf=100) as m:
+        for rel in files:
+            os.stat(m.path(rel))  # the kernel learns every inode (a push needs one)
+        _wait_next_ready(m)
+        _listed_files(m.mountpoint)  # readdirplus: pushes that found no inode are retried
+        time.sleep(1.0)
+        before = m.status()
+        m.control("advance")
+        assert m.status()["mini_epoch"] != before["mini_epoch"]
+        listed = _listed_files(m.mountpoint)
+        assert listed
+        for rel in listed:
+            assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
+        after = m.status()
+        assert after["served_bytes"] == before["served_bytes"]  # every byte came from the page cache
+        assert after["reads"]["hits"] - before["reads"]["hits"] == len(listed)
+        rel = listed[0]
+        path = os.path.join(backing, rel)
+        with open(path, "rb") as f:
+            old = f.read()
+        new = bytes(b ^ 0x5A for b in old)  # same size, other bytes
+        with open(path, "wb") as f:
+            f.write(new)
+        os.utime(path, ns=(1, 1))
+        with open(m.path(rel), "rb") as f:
+            assert f.read() == new
+        with open(m.path(rel), "rb") as f:
+            assert f.read() == new

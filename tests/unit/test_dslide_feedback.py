@@ -47,10 +47,10 @@ def test_reporter_snapshots_status_at_listing_and_writes_feedback(tmp_path):
     reporter = PassReporter(SerialComm(), str(control), list_files=lambda specs: sorted(specs))
     assert reporter.lister(["b", "a"]) == ["a", "b"]
     status.write_text(json.dumps({"epoch": 0, "mini_epoch": 5, "pass": 0, "rf": 2}))  # moved on meanwhile
-    record = {"loss": 0.75, "p_at_1": 0.25}
+    record = {"loss": 0.75, "train_err": 0.5, "p_at_1": 0.25}
     reporter(record)
     assert record["tierfs"] == {"epoch": 0, "mini_epoch": 4, "pass": 1, "rf": 2}
-    assert control.read_text() == "feedback loss=0.75 val_err=0.75\n"
+    assert control.read_text() == "feedback loss=0.75 train_err=0.5 val_err=0.75\n"
     assert reporter.feedback_written == 1
 
 

@@ -78,7 +78,7 @@ def run_kernels(data, W1, b1, W2, b2, active, n_own):
     kernels.active_logits(h, active, W2, b2, logits, rowmax)
     stats = np.empty((B, 4))
     z = logits.copy()
-    kernels.softmax_stats(logits, n_own, rowmax, stats)
+    kernels.softmax_stats(logits, np.zeros_like(logits), n_own, rowmax, stats)
     # column 3: the top active logit is one of the sample's labels (train_err)
     np.testing.assert_array_equal(stats[:, 3], np.argmax(z, axis=1) < n_own)
     gW2, gb2 = np.zeros_like(W2), np.zeros_like(b2)
@@ -170,8 +170,9 @@ def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int,
         model = SlideModel(cfg)
         rows = np.arange(64, dtype=np.int64)
         _, h = model._hidden(data, rows)
-        active, n_own = model._select(data, rows, h, True, 7)
-        again, _ = model._select(data, rows, h, True, 7)
+        active, n_own, corr = model._select(data, rows, h, True, 7)
+        again, _, again_corr = model._select(data, rows, h, True, 7)
+        np.testing.assert_array_equal(corr, again_corr)
         np.testing.assert_array_equal(active, again)
         shares = block_shares(cfg)
         assert active.shape == (64, shares.sum()) and shares.sum() == min(budget // 4 * 4, 200)
@@ -185,6 +186,8 @@ def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int,
             labels_per_block = np.histogram(labels, bounds)[0]
             assert n_own[i] == np.minimum(labels_per_block, shares).sum()
             assert set(active[i, : n_own[i]].tolist()) <= set(labels.tolist())
+            # the fill correction: none for labels, log(rest / fill) >= 0 for a block's uniform fill
+            assert np.all(corr[i, : n_own[i]] == 0) and np.all(corr[i] >= 0)
         assert active.min() >= 0 and active.max() < 200
         assert not model._marks.any()
     finally:
@@ -214,7 +217,7 @@ def test_ranks_select_what_one_process_selects(family: str) -> None:
             if rehash:
                 serial.W2[...] = moved
                 serial.index.rehash(serial.W2, np.arange(0, 240, 3))
-            want, _ = serial._select(data, rows, h, True, 9)
+            want, _, _ = serial._select(data, rows, h, True, 9)
             for size in (2, 4):
                 parts = []
                 for r in range(size):
@@ -222,7 +225,7 @@ def test_ranks_select_what_one_process_selects(family: str) -> None:
                     if rehash:
                         m.W2[...] = moved[m.l_lo : m.l_hi]
                         m.index.rehash(m.W2, np.flatnonzero(np.arange(m.l_lo, m.l_hi) % 3 == 0))
-                    got, _ = m._select(data, rows, h, True, 9)
+                    got, _, _ = m._select(data, rows, h, True, 9)
                     assert got.shape[1] * size == want.shape[1]
                     parts.append(got + m.l_lo)
                 union = np.sort(np.concatenate(parts, axis=1), axis=1)

@@ -1,0 +1,173 @@
+"""Pushing staged copies into the kernel page cache (``notify_store``), with a fake kernel."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import trio
+
+from tierfs.engine import Engine
+
+
+class FakeKernel:
+    """What ``notify_store`` would leave in the page cache: inode -> bytes; knows only ``known`` inodes."""
+
+    def __init__(self, known: set[int] | None = None) -> None:
+        self.pages: dict[int, bytearray] = {}
+        self.known = known
+        self.invalidated: list[int] = []
+
+    def store(self, inode: int, offset: int, data: bytes) -> None:
+        if self.known is not None and inode not in self.known:
+            raise OSError(errno.ENOENT, "no such inode")
+        buf = self.pages.setdefault(inode, bytearray())
+        buf[offset:offset + len(data)] = data
+
+    def invalidate(self, inode: int) -> None:
+        self.invalidated.append(inode)
+        self.pages.pop(inode, None)
+
+
+def _attach(e: Engine, kernel: FakeKernel) -> None:
+    e.store_pages = kernel.store
+    e.invalidate_inode = kernel.invalidate
+
+
+async def _settled(e: Engine, t) -> None:
+    await t.settle(e)
+    for _ in range(400):
+        if not e._push_queue and not e._push_inflight:
+            return
+        await trio.sleep(0.005)
+    raise AssertionError("pusher did not settle")
+
+
+def _run_with_stager(e: Engine, t, body) -> None:
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            await body()
+            n.cancel_scope.cancel()
+
+    t.run(main)
+
+
+def test_staged_current_and_next_are_pushed_with_their_exact_bytes(open_engine, t):
+    e = open_engine()
+    kernel = FakeKernel()
+    _attach(e, kernel)
+
+    async def body():
+        await _settled(e, t)
+        want = set(e._cur.tolist()) | set(e.next_files.tolist())
+        assert {e.file_inode(f) for f in want} == set(kernel.pages)
+        for f in want:
+            assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
+        assert e.pushed_bytes == sum(int(e.tree.sizes[f]) for f in want)
+        # a switch pushes nothing twice, and the new next mini-epoch once staged
+        before = e.pushed_bytes
+        e.request_advance()
+        await _settled(e, t)
+        nxt = set(e.next_files.tolist())
+        assert e.pushed_bytes - before == sum(int(e.tree.sizes[f]) for f in nxt)
+        for f in nxt:
+            assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
+
+    _run_with_stager(e, t, body)
+
+
+def test_push_stays_within_the_budget(open_engine, t):
+    e = open_engine()
+    kernel = FakeKernel()
+    _attach(e, kernel)
+    e.push_budget = int(e.tree.sizes[e._cur].sum()) // 2
+
+    async def body():
+        await _settled(e, t)
+        assert 0 < sum(len(b) for b in kernel.pages.values()) <= e.push_budget
+
+    _run_with_stager(e, t, body)
+
+
+def test_inodes_unknown_to_the_kernel_are_pushed_once_listed(open_engine, t):
+    e = open_engine()
+    kernel = FakeKernel(known=set())
+    _attach(e, kernel)
+
+    async def body():
+        await _settled(e, t)
+        assert not kernel.pages and e._push_unknown  # nothing known yet: nothing stored, nothing read
+        d = next(iter(e._push_unknown))
+        files = set(e._push_unknown[d])
+        kernel.known = {e.file_inode(f) for f in files}
+        e.listed(d + 1)  # readdirplus of that directory handed the kernel the inodes of the view's files
+        await _settled(e, t)
+        shown = {f for f in files if e.view.mask[f]}
+        assert shown and {e.file_inode(f) for f in shown} == set(kernel.pages)
+        for f in shown:
+            assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
+        assert e._push_unknown.get(d, set()) == files - shown  # not listed: still waiting
+
+    _run_with_stager(e, t, body)
+
+
+def test_a_changed_backing_file_is_invalidated_and_pushed_anew(open_engine, t):
+    e = open_engine()
+    kernel = FakeKernel()
+    _attach(e, kernel)
+
+    async def body():
+        await _settled(e, t)
+        fidx = int(e._cur[0])
+        inode = e.file_inode(fidx)
+        assert bytes(kernel.pages[inode]) == t.backing_bytes(e, fidx)
+        path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(fidx)))
+        old = t.backing_bytes(e, fidx)
+        time.sleep(0.01)
+        with open(path, "wb") as f:
+            f.write(bytes(b ^ 0xFF for b in old))  # same size, other bytes
+        assert await t.read_file(e, fidx) == bytes(b ^ 0xFF for b in old)
+        assert inode in kernel.invalidated
+        await _settled(e, t)
+        # never the old bytes: dropped, or pushed again from the new copy
+        assert inode not in kernel.pages or bytes(kernel.pages[inode]) == bytes(b ^ 0xFF for b in old)
+
+    _run_with_stager(e, t, body)
+
+
+def test_a_push_racing_a_backing_change_is_invalidated_after_it_lands(open_engine, t):
+    e = open_engine()
+    kernel = FakeKernel()
+    e.invalidate_inode = kernel.invalidate
+    fidx = -1
+    started = None
+
+    def slow_store(inode: int, offset: int, data: bytes) -> None:
+        # the backing file changes while this push is on its way; a racing open must wait for it
+        if inode == e.file_inode(fidx) and data and not started.is_set():
+            trio.from_thread.run_sync(started.set)
+            time.sleep(0.2)
+        kernel.store(inode, offset, data)
+
+    async def body():
+        nonlocal fidx, started
+        started = trio.Event()
+        await t.settle(e)
+        fidx = int(e._cur[0])
+        path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(fidx)))
+        old = t.backing_bytes(e, fidx)
+        e.store_pages = slow_store
+        e._rebuild_push_queue()
+        await started.wait()
+        with open(path, "wb") as f:
+            f.write(bytes(b ^ 0xFF for b in old))
+        os.utime(path, ns=(1, 1))
+        assert await t.read_file(e, fidx) == bytes(b ^ 0xFF for b in old)
+        inode = e.file_inode(fidx)
+        assert kernel.invalidated and kernel.invalidated[-1] == inode
+        await _settled(e, t)
+        assert inode not in kernel.pages or bytes(kernel.pages[inode]) == bytes(b ^ 0xFF for b in old)
+
+    _run_with_stager(e, t, body)
