@@ -159,8 +159,9 @@ def format_status(st: dict) -> str:
         + f"  {format_size(pf.get('bytes_per_s', 0))}/s",
         f"reads      {reads.get('hits')} hits, {reads.get('misses')} misses ({hit} hit), "
         f"{reads.get('out_of_view')} out of view",
-        f"backing    {format_size(st.get('backing_bytes_read', 0))} read;  served "
-        f"{format_size(st.get('served_bytes', 0))};  stalled {st.get('stall_seconds', 0):.1f} s",
+        f"backing    {format_size(st.get('backing_bytes_read', 0))} read;  opened "
+        f"{format_size(st.get('opened_bytes', 0))} (daemon served {format_size(st.get('served_bytes', 0))}, "
+        f"the rest from the page cache);  stalled {st.get('stall_seconds', 0):.1f} s",
         f"arf        {arf.get('mode')}  score {arf.get('score')}",
     ]
     if st.get("last_error"):

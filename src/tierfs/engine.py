@@ -153,6 +153,7 @@ class Engine:
         self._push_queue: deque[int] = deque()
         self._push_unknown: dict[int, set[int]] = {}  # dir node -> files whose inode the kernel lacked
         self._push_inflight: dict[int, trio.Event] = {}
+        self._known_while_pushed: set[int] = set()  # looked up or listed while their push was in flight
         self._push_wake = trio.Event()
         self._plans: dict[int, list[np.ndarray]] = {}
         self._cur = np.zeros(0, np.int64)
@@ -176,7 +177,8 @@ class Engine:
         # counters
         self.hits = self.misses = self.out_of_view = 0
         self.backing_bytes_read = 0
-        self.served_bytes = 0
+        self.served_bytes = 0  # returned by the daemon; page-cache hits never reach it
+        self.opened_bytes = 0  # sizes of dataset files opened: what loaders consume
         self.stall_seconds = 0.0
         self._staged_bytes = 0
         self._staging_busy = 0.0
@@ -442,6 +444,7 @@ class Engine:
         self._reads_in_pass += 1
         # Consumption counts bytes opened, not bytes read: repeated passes may be served by the page cache.
         self._pass_served += size
+        self.opened_bytes += size
         if not self._read_mark[fidx] and self.view is not None and self.view.mask[fidx]:
             self._read_mark[fidx] = True
             self._unread -= 1
@@ -640,16 +643,13 @@ class Engine:
 
     def listed(self, dir_inode: int) -> None:
         """The kernel got the entries (and so the inodes) of this directory: push what it lacked an inode for."""
-        if self._push_unknown and self.view is not None:
-            waiting = self._push_unknown.get(dir_inode - 1)
-            if waiting:
-                # only the files this listing showed: the others' inodes are still unknown to the kernel
-                mask = self.view.mask
-                shown = {f for f in waiting if mask[f]}
-                if shown:
-                    waiting -= shown
-                    self._push_queue.extendleft(shown)
-                    self._wake_pusher()
+        if (self._push_unknown or self._push_inflight) and self.view is not None:
+            # only the files this listing showed: the others' inodes are still unknown to the kernel
+            mask = self.view.mask
+            candidates = self._push_unknown.get(dir_inode - 1, set()) | self._push_inflight.keys()
+            shown = {f for f in candidates if mask[f] and int(self.tree.groups[f]) == dir_inode - 1}
+            if shown:
+                self._kernel_learnt(dir_inode - 1, shown)
 
     async def _pusher(self) -> None:
         """Push staged copies of the current and next mini-epochs into the kernel page cache, so a first pass
@@ -659,7 +659,7 @@ class Engine:
         ``push_budget`` bytes of the two.  Batches of files go to one worker thread, never the trio thread:
         ``notify_store`` locks the kernel's pages, and a page locked by a READ waiting for this daemon must not
         block the thread that answers it.  The kernel must know the inode (from a lookup or a listing); a file it
-        does not know waits for its directory's next listing (``listed``)."""
+        does not know waits for its next lookup (``lookup``) or its directory's next listing (``listed``)."""
         limiter = trio.CapacityLimiter(1)
         while True:
             wake = self._push_wake
@@ -696,11 +696,17 @@ class Engine:
                         self.notify()
             for (fidx, entry, _fd), n in zip(batch, results, strict=True):
                 inode = self.file_inode(fidx)
+                known_meanwhile = fidx in self._known_while_pushed
+                self._known_while_pushed.discard(fidx)
                 if self.cache.get(fidx) is not entry or entry.fp != fingerprint(self.tree.file_node(fidx).st):
                     # The backing changed (or the copy went) while its bytes travelled: never leave them there.
                     self.invalidate_inode(inode)
                 elif n == -errno.ENOENT:
-                    self._push_unknown.setdefault(int(self.tree.groups[fidx]), set()).add(fidx)
+                    if known_meanwhile:  # the kernel learnt the inode while the push travelled: try again
+                        self._push_queue.append(fidx)
+                        self._wake_pusher()
+                    else:
+                        self._push_unknown.setdefault(int(self.tree.groups[fidx]), set()).add(fidx)
                 elif n == -errno.ENOSYS:
                     self.store_pages = None  # the kernel cannot: stop trying
                 elif n < 0:
@@ -864,7 +870,28 @@ class Engine:
         if node is None or node.children is None:
             return None
         i = node.children.get(name)
-        return None if i is None else i + 1
+        if i is None:
+            return None
+        if self._push_unknown or self._push_inflight:
+            self._looked_up(parent_inode - 1, i + 1)
+        return i + 1
+
+    def _looked_up(self, dir_node: int, inode: int) -> None:
+        """The kernel now has an inode for this entry: push it if an earlier push found none."""
+        child = self.node(inode)
+        if child is None or child.kind != KIND_FILE:
+            return
+        self._kernel_learnt(dir_node, {child.fidx})
+
+    def _kernel_learnt(self, dir_node: int, files: set[int]) -> None:
+        # A push still travelling may come back -ENOENT although the kernel knows the inode by now: remember.
+        self._known_while_pushed |= files & self._push_inflight.keys()
+        waiting = self._push_unknown.get(dir_node)
+        if waiting and files & waiting:
+            found = files & waiting
+            waiting -= found
+            self._push_queue.extendleft(found)
+            self._wake_pusher()
 
     def list_dir(self, inode: int) -> list[tuple[bytes, int]]:
         """A frozen listing (name, inode) for one ``opendir``; listing the root again ends a pass with reads."""

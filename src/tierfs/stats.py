@@ -71,6 +71,8 @@ class Status:
     reads: Reads = field(default_factory=Reads)
     backing_bytes_read: int = 0
     served_bytes: int = 0
+    opened_bytes: int = 0
+    pushed_bytes: int = 0
     stall_seconds: float = 0.0
     consumption_bytes_per_s: float = 0.0
     arf: ArfStatus = field(default_factory=ArfStatus)
@@ -119,7 +121,13 @@ class Status:
         metric("reads_out_of_view_total", "counter", "Opens of files outside the current view.",
                self.reads.out_of_view)
         metric("backing_read_bytes_total", "counter", "Bytes read from the backing dir.", self.backing_bytes_read)
-        metric("served_bytes_total", "counter", "Bytes returned to readers.", self.served_bytes)
+        metric("served_bytes_total", "counter",
+               "Bytes the daemon returned to readers (reads from the kernel page cache are not seen).",
+               self.served_bytes)
+        metric("pushed_bytes_total", "counter", "Staged bytes pushed into the kernel page cache ahead of readers.",
+               self.pushed_bytes)
+        metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
+               self.opened_bytes)
         metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", self.stall_seconds)
         metric("arf_score", "gauge", "Last ARF score reported through feedback.", self.arf.score)
         metric("last_error", "gauge", "1 if a control write or staging error is on record.",
@@ -168,6 +176,8 @@ def snapshot(engine: Engine) -> Status:
         reads=Reads(engine.hits, engine.misses, engine.out_of_view),
         backing_bytes_read=engine.backing_bytes_read,
         served_bytes=engine.served_bytes,
+        opened_bytes=engine.opened_bytes,
+        pushed_bytes=engine.pushed_bytes,
         stall_seconds=engine.stall_seconds,
         consumption_bytes_per_s=engine.consumption_bps,
         arf=ArfStatus(s.arf, engine.arf.score, tuple(engine.arf.history[-100:])),

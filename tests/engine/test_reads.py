@@ -35,6 +35,7 @@ def test_hits_misses_and_out_of_view_are_counted(open_engine, t):
         assert e.backing_bytes_read == before + len(data)
         assert e.cache.get(outside[0]) is None  # a read outside the view does not pollute the cache
         assert e.served_bytes == len(data) + len(t.backing_bytes(e, cur[0]))
+        assert e.opened_bytes == e.served_bytes  # each file opened once and read whole
 
     t.run(main)
 

@@ -24,6 +24,17 @@ def _listed_files(mnt: str) -> list[str]:
     return out
 
 
+def _wait_pushed(m, timeout: float = 30.0) -> None:
+    """Until the current and the next mini-epoch are in the kernel page cache (pushed after staging)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = m.status()
+        if st["pushed_bytes"] >= st["view_bytes"] + st["prefetch"]["bytes_total"]:
+            return
+        assert time.monotonic() < deadline, f"pushes did not finish: {st}"
+        time.sleep(0.05)
+
+
 def _wait_next_ready(m, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not m.status()["next_ready"]:
@@ -245,7 +256,7 @@ def test_staged_mini_epoch_is_pushed_into_the_page_cache_and_never_served_stale(
             os.stat(m.path(rel))  # the kernel learns every inode (a push needs one)
         _wait_next_ready(m)
         _listed_files(m.mountpoint)  # readdirplus: pushes that found no inode are retried
-        time.sleep(1.0)
+        _wait_pushed(m)
         before = m.status()
         m.control("advance")
         assert m.status()["mini_epoch"] != before["mini_epoch"]
@@ -255,6 +266,7 @@ def test_staged_mini_epoch_is_pushed_into_the_page_cache_and_never_served_stale(
             assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
         after = m.status()
         assert after["served_bytes"] == before["served_bytes"]  # every byte came from the page cache
+        assert after["opened_bytes"] - before["opened_bytes"] == sum(files[rel] for rel in listed)
         assert after["reads"]["hits"] - before["reads"]["hits"] == len(listed)
         rel = listed[0]
         path = os.path.join(backing, rel)
