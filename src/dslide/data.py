@@ -118,6 +118,18 @@ def _pow10(e: int) -> float:
 
 
 @njit(cache=True)
+def _read_index(buf, pos, n):
+    """Digits at ``pos`` as an int, and the position after them; stops once past int32 (the caller's error)."""
+    v = 0
+    while pos < n and 48 <= buf[pos] <= 57:
+        v = v * 10 + (buf[pos] - 48)
+        pos += 1
+        if v > 2147483647:
+            break
+    return v, pos
+
+
+@njit(cache=True)
 def _parse_body(buf, pos, first_line, n_features, n_labels, x_indptr, x_indices, x_values, y_indptr, y_indices):
     """Fill the CSR arrays from ``buf[pos:]``; returns (rows, error code, error line, error argument)."""
     n = len(buf)
@@ -140,13 +152,8 @@ def _parse_body(buf, pos, first_line, n_features, n_labels, x_indptr, x_indices,
             while True:
                 if pos >= n or buf[pos] < 48 or buf[pos] > 57:
                     return row, _E_LABEL, line, 0
-                v = 0
-                while pos < n and 48 <= buf[pos] <= 57:
-                    v = v * 10 + (buf[pos] - 48)
-                    pos += 1
-                    if v > 2147483647:
-                        return row, _E_LABEL_RANGE, line, v
-                if v >= n_labels:
+                v, pos = _read_index(buf, pos, n)
+                if v > 2147483647 or v >= n_labels:
                     return row, _E_LABEL_RANGE, line, v
                 y_indices[ny] = v
                 ny += 1
@@ -164,12 +171,9 @@ def _parse_body(buf, pos, first_line, n_features, n_labels, x_indptr, x_indices,
                 break
             if buf[pos] < 48 or buf[pos] > 57:
                 return row, _E_FEATURE, line, 0
-            f = 0
-            while pos < n and 48 <= buf[pos] <= 57:
-                f = f * 10 + (buf[pos] - 48)
-                pos += 1
-                if f > 2147483647:
-                    return row, _E_FEATURE_RANGE, line, f
+            f, pos = _read_index(buf, pos, n)
+            if f > 2147483647:
+                return row, _E_FEATURE_RANGE, line, f
             if pos >= n or buf[pos] != _COLON:
                 return row, _E_COLON, line, 0
             pos += 1
