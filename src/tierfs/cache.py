@@ -14,7 +14,8 @@ every stray temp file.
 
 Capacity is accounted in bytes of file content: ``used`` counts every committed copy plus every reservation
 of a copy in flight, and a reservation that would pass the capacity is refused, so the cap holds at every
-instant.  A copy that is open is never deleted: eviction marks it and it goes on the last release.
+instant.  A copy that is open (or lent, see Engine.lend) is never deleted: eviction marks it and it goes on
+the last release.
 """
 
 from __future__ import annotations
@@ -193,12 +194,20 @@ class CacheStore:
 
     def open_entry(self, entry: CacheEntry) -> int:
         fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.data_fd)
-        entry.opens += 1
+        self.pin(entry)
         return fd
 
     def release_entry(self, entry: CacheEntry, fd: int) -> bool:
         """Close a copy opened by :meth:`open_entry`; True if that freed space (a doomed copy went)."""
         os.close(fd)
+        return self.unpin(entry)
+
+    def pin(self, entry: CacheEntry) -> None:
+        """Keep ``entry`` on disk without opening it (a copy lent to a reader, see Engine.lend)."""
+        entry.opens += 1
+
+    def unpin(self, entry: CacheEntry) -> bool:
+        """Undo one :meth:`pin` or open; True if that freed space (a doomed copy went)."""
         entry.opens -= 1
         if entry.doomed and entry.opens == 0:
             self._unlink(entry.name)

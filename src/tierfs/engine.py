@@ -67,6 +67,7 @@ _ADVISE_WHOLE = 1 << 20  # cached copies up to this size are read ahead whole on
 _PUSH_CHUNK = 1 << 20  # bytes per notify_store message
 _PUSH_BUDGET_MAX = 1 << 30
 _PUSH_BATCH_FILES = 32  # files per worker-thread hop
+LEND_SECONDS = 2.0  # a lent copy stays pinned this long: the reader opens it right after asking
 
 
 def push_budget() -> int:
@@ -176,6 +177,9 @@ class Engine:
         self._closed = False
         # counters
         self.hits = self.misses = self.out_of_view = 0
+        self.lent = 0  # opens answered with the cached copy's path (lend), a subset of hits
+        self._leases: deque[tuple[float, CacheEntry]] = deque()  # (deadline, copy) pinned by lend, in time order
+        self._lease_wake = trio.Event()
         self.backing_bytes_read = 0
         self.served_bytes = 0  # returned by the daemon; page-cache hits never reach it
         self.opened_bytes = 0  # sizes of dataset files opened: what loaders consume
@@ -185,6 +189,8 @@ class Engine:
         self._staging_since: float | None = None
         self._pass_started: float | None = None
         self._pass_served = 0
+        self._prev_pass: tuple[float, int] | None = None  # (first open, bytes opened) of the pass just ended
+        self._consumption_measured = False
         self.consumption_bps = 0.0
 
     # ========================================================================================= lifecycle
@@ -256,10 +262,11 @@ class Engine:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stage in the background until cancelled (the journal is written as the position moves)."""
-        if self.settings.policy == "lru":
-            task_status.started()
-            await trio.sleep_forever()
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._lease_keeper)
+            if self.settings.policy == "lru":
+                task_status.started()
+                await trio.sleep_forever()
             nursery.start_soon(self._pusher)
             await Stager(self).run(task_status=task_status)
 
@@ -399,8 +406,11 @@ class Engine:
         """The current pass is over (all read, ``next-pass``, or the root listed again): count it, move on."""
         self.last_pass = self.current_mini_epoch
         now = time.monotonic()
-        if self._pass_started is not None and now > self._pass_started and self._pass_served:
-            self.consumption_bps = self._pass_served / (now - self._pass_started)
+        if self._pass_started is not None and self._pass_served:
+            self._prev_pass = (self._pass_started, self._pass_served)
+            if not self._consumption_measured and now > self._pass_started:
+                # until the next pass starts, first to last open is the only estimate (an overestimate)
+                self.consumption_bps = self._pass_served / (now - self._pass_started)
         self.pos.pass_index += 1
         self.pos.passes_total += 1
         if self.settings.policy == "lru":
@@ -440,7 +450,15 @@ class Engine:
 
     def _record_open(self, fidx: int, size: int) -> None:
         if self._pass_started is None:
-            self._pass_started = time.monotonic()
+            now = self._pass_started = time.monotonic()
+            if self._prev_pass is not None:
+                # Consumption from one pass's first open to the next one's: the reading of the last files opened
+                # counts too (a pass of a few big shards is all opened long before it is consumed).
+                started, served = self._prev_pass
+                self._prev_pass = None
+                if now > started:
+                    self.consumption_bps = served / (now - started)
+                    self._consumption_measured = True
         self._reads_in_pass += 1
         # Consumption counts bytes opened, not bytes read: repeated passes may be served by the page cache.
         self._pass_served += size
@@ -783,10 +801,63 @@ class Engine:
             # follows then mostly finds it there and needs no thread hop (big files get the kernel's read-ahead).
             with contextlib.suppress(OSError):
                 os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_WILLNEED)
+        self._count_open(fidx, int(st.st_size))
+        return handle
+
+    def _count_open(self, fidx: int, size: int) -> None:
         if self.view is None or not self.view.mask[fidx]:
             self.out_of_view += 1
-        self._record_open(fidx, int(st.st_size))
-        return handle
+        self._record_open(fidx, size)
+
+    def lend(self, fidx: int) -> bytes | None:
+        """The absolute path of a valid cached copy of ``fidx``, for a reader that opens it itself; or None.
+
+        The copy is complete and never changes (copies land by rename, named by the backing file's fingerprint),
+        so a reader that opens it gets exactly the bytes the mount would serve, at the fast tier's own speed and
+        with no FUSE round trip per read.  It is pinned for ``LEND_SECONDS`` so an eviction cannot unlink it
+        between this answer and the reader's open; once opened, a descriptor outlives any later unlink.  None
+        (read through the mount) when the file is not cached, changed in the backing dir, or awaits its
+        ``verify=xxhash`` check: those go through :meth:`open_file`, which fetches, re-checks or verifies.
+        Counted as an open served from the cache, like :meth:`open_file`.
+        """
+        self._return_leases()
+        entry = self.cache.get(fidx)
+        if entry is None or (self.settings.verify == "xxhash" and not entry.verified):
+            return None
+        node = self.tree.file_node(fidx)
+        try:
+            st = os.stat(node.path, dir_fd=self.root_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or fingerprint(st) != fingerprint(node.st) or entry.fp != fingerprint(st):
+            return None
+        self.cache.pin(entry)
+        self.cache.touch(entry)
+        self._leases.append((time.monotonic() + LEND_SECONDS, entry))
+        if len(self._leases) == 1:
+            self._lease_wake.set()
+        self.hits += 1
+        self.lent += 1
+        self._count_open(fidx, int(st.st_size))
+        return os.fsencode(os.path.join(self.cache.data_path, entry.name))
+
+    def _return_leases(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        freed = False
+        while self._leases and self._leases[0][0] <= now:
+            freed |= self.cache.unpin(self._leases.popleft()[1])
+        if freed:
+            self.notify()
+
+    async def _lease_keeper(self) -> None:
+        """Unpin lent copies when their time is up, also when no further ``lend`` comes to do it."""
+        while True:
+            if not self._leases:
+                self._lease_wake = trio.Event()
+                await self._lease_wake.wait()
+                continue
+            await trio.sleep(max(0.0, self._leases[0][0] - time.monotonic()))
+            self._return_leases()
 
     async def _verify(self, entry: CacheEntry) -> CacheEntry | None:
         """``verify=xxhash``: hash the cached copy once and compare it with the hash taken while staging."""

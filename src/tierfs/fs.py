@@ -10,6 +10,8 @@ Caveats worth knowing:
   read sees the new size and bytes.
 * ``/.tierfs/status``, ``order``, ``metrics`` and ``control`` are rendered once per open into a buffer
   (``direct_io``, size 0 like /proc files), so one ``cat`` sees one consistent snapshot.
+* ``getxattr(user.tierfs.cache_path)`` on a dataset file answers the path of its cached copy (see
+  :mod:`tierfs.direct`); every other attribute does not exist, and the kernel asks again each time.
 * Writes to ``control`` are applied per ``write()`` call: ``echo rf=8 > control`` is one write; a bad one fails
   that ``write()`` with ``EINVAL`` and changes nothing.
 """
@@ -31,8 +33,9 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
+from tierfs.direct import CACHE_PATH_XATTR
 from tierfs.engine import Engine, FileHandle
-from tierfs.tree import CONTROL_INODES, KIND_DIR
+from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE
 
 __all__ = ["ATTR_TIMEOUT", "TierOperations"]
 
@@ -286,6 +289,21 @@ class TierOperations(pyfuse3.Operations):
 
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         raise pyfuse3.FUSEError(errno.EROFS)
+
+    @_errors
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        # The one attribute: the path of a dataset file's cached copy, for a reader that opens it itself
+        # (tierfs.direct).  Only for readers that may open the cache dir (0700): the daemon's user and root; for
+        # anyone else, and for a file that must go through the mount, there is no such attribute.
+        if name != CACHE_PATH_XATTR or inode >= _CTL_DIR or ctx.uid not in (0, self._uid):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        node = self.engine.node(inode)
+        if node is None or node.kind != KIND_FILE:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        path = self.engine.lend(self.engine.file_index(inode))
+        if path is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return path
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         pass

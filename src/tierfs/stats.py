@@ -31,11 +31,13 @@ class Prefetch:
 
 @dataclass(frozen=True)
 class Reads:
-    """Opens of dataset files: served from the cache (hits) or the backing dir (misses); outside the view."""
+    """Opens of dataset files: served from the cache (hits) or the backing dir (misses); outside the view;
+    hits answered with the cached copy's path for the reader to open itself (``direct``, see lend)."""
 
     hits: int = 0
     misses: int = 0
     out_of_view: int = 0
+    direct: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class Status:
         metric("reads_total", "counter", "", self.reads.misses, '{result="miss"}')
         metric("reads_out_of_view_total", "counter", "Opens of files outside the current view.",
                self.reads.out_of_view)
+        metric("reads_direct_total", "counter", "Hits answered with the cached copy's path (user.tierfs.cache_path).",
+               self.reads.direct)
         metric("backing_read_bytes_total", "counter", "Bytes read from the backing dir.", self.backing_bytes_read)
         metric("served_bytes_total", "counter",
                "Bytes the daemon returned to readers (reads from the kernel page cache are not seen).",
@@ -173,7 +177,7 @@ def snapshot(engine: Engine) -> Status:
             bytes_total=next_bytes,
             bytes_per_s=engine.staging_bytes_per_s(),
         ),
-        reads=Reads(engine.hits, engine.misses, engine.out_of_view),
+        reads=Reads(engine.hits, engine.misses, engine.out_of_view, engine.lent),
         backing_bytes_read=engine.backing_bytes_read,
         served_bytes=engine.served_bytes,
         opened_bytes=engine.opened_bytes,

@@ -110,7 +110,7 @@ def test_status_always_complete_valid_json_and_metrics_from_same_snapshot(open_e
         d = json.loads(b"".join(chunks))
         assert d.keys() >= REQUIRED
         assert set(d["prefetch"]) == {"files_done", "files_total", "bytes_done", "bytes_total", "bytes_per_s"}
-        assert set(d["reads"]) == {"hits", "misses", "out_of_view"}
+        assert set(d["reads"]) == {"hits", "misses", "out_of_view", "direct"}
         assert set(d["arf"]) >= {"mode", "score", "history"}
         assert isinstance(d["rf_effective"], list)
         seen.append(d)

@@ -269,3 +269,20 @@ def test_feedback_is_about_the_last_completed_pass_across_a_restart(open_engine,
     assert e2.last_pass == (0, 0)
     e2.control_write(b"feedback loss=1\n")
     assert e2.status().arf.history[-1]["mini_epoch"] == 0
+
+
+def test_consumption_runs_from_one_pass_start_to_the_next(open_engine, t):
+    # A pass whose files are all opened at once and consumed afterwards (a few big shards) must not look
+    # infinitely fast to rf=auto: the pass lasts until the next one begins.
+    e = open_engine(rf="auto", advance="strict")
+
+    async def main():
+        await t.read_view(e)  # every open within milliseconds: the first estimate is far too high
+        first_guess = e.consumption_bps
+        pass_bytes = e.opened_bytes
+        await trio.sleep(0.5)  # the loader still consuming what it opened
+        await t.read_file(e, e.view.order.tolist()[0])
+        assert e.consumption_bps <= pass_bytes / 0.5
+        assert e.consumption_bps < first_guess / 5
+
+    t.run(main)

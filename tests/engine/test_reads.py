@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 
 import pytest
 import trio
 
+import tierfs.engine as engine_mod
 from tierfs.engine import BackingError
 
 
@@ -204,5 +206,39 @@ def test_cached_reads_are_whole_whether_or_not_the_copy_is_in_the_page_cache(ope
                 assert await e.read(h, len(want) + 100, 10) == b""
             finally:
                 e.release(h)
+
+    t.run(main)
+
+
+def test_a_lent_copy_outlives_its_eviction_until_the_lease_ends(open_engine, t):
+    e = open_engine()
+
+    async def main():
+        await _staged(e, t)
+        fidx = e.view.order.tolist()[0]
+        path = e.lend(fidx)
+        assert path is not None and os.path.exists(path)
+        with open(path, "rb") as f:
+            assert f.read() == t.backing_bytes(e, fidx)
+        assert (e.hits, e.lent, e.misses) == (1, 1, 0)
+        committed = e.cache.committed
+        e.cache.evict(fidx)  # a mini-epoch switch, say, right after the answer
+        assert os.path.exists(path), "unlinked before the reader could open it"
+        assert e.cache.committed == committed  # still counted against the capacity
+        assert e.lend(fidx) is None  # no longer cached
+        e._return_leases(now=time.monotonic() + engine_mod.LEND_SECONDS + 1)
+        assert not os.path.exists(path)
+        assert e.cache.committed == committed - len(t.backing_bytes(e, fidx))
+        # the keeper task returns leases by itself too
+        other = e.view.order.tolist()[1]
+        path = e.lend(other)
+        e.cache.evict(other)
+        async with trio.open_nursery() as n:
+            n.start_soon(e._lease_keeper)
+            with trio.fail_after(engine_mod.LEND_SECONDS + 5):
+                while os.path.exists(path):
+                    await trio.sleep(0.05)
+            n.cancel_scope.cancel()
+        assert not e._leases
 
     t.run(main)
