@@ -14,7 +14,13 @@ For 1 and 4 reader threads, on a fresh mount each time:
 * ``small first``   N files of ~110 KiB in 50 dirs, page cache, dentries and inodes dropped, listed and read
   once (native: the backing files);
 * ``small repeat``  the same files again at once (native: again at once);
-* ``small cold hit`` caches dropped, again (native: the cached copies, caches dropped).
+* ``small cold hit`` caches dropped, again (native: the cached copies, caches dropped);
+* ``... staged``    a first read as a mini-epoch's first pass meets it under MET: the cached copies in RAM (just
+  staged), the mount's page cache empty (native: the cached copies, from RAM);
+* ``..., direct``   the same with the reader opening files through ``tierfs.direct.open_cached`` (one
+  ``getxattr`` through the mount, then the cached copy itself), for every test where the file is cached.
+
+Native reads of cached files read the cached copies themselves (their paths asked of the mount).
 
 Targets (issue 4): big first >= 1 GiB/s, big re-read >= 0.8 x native; small files >= 3,000 files/s on a first
 pass and >= 5,000 files/s repeated.  ``--py-spy FILE`` records the daemon with py-spy while it runs (a
@@ -40,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loader import read_whole
 from slowtier import GiB, KiB, MiB, Workload, drop_caches, install_sigterm, parse_size, require_root
+from tierfs.direct import cached_path
 
 _BLOCK = 1 * MiB
 
@@ -58,8 +65,11 @@ class Row:
         return self.tierfs / self.native if self.native else float("nan")
 
 
-def read_files(paths: list[str], threads: int) -> float:
-    """Read every file whole with ``threads`` threads pulling from a shared cursor; returns seconds."""
+def read_files(paths: list[str], threads: int, direct: bool = False) -> float:
+    """Read every file whole with ``threads`` threads pulling from a shared cursor; returns seconds.
+
+    ``direct``: open each with ``tierfs.direct.open_cached`` (the cached copy when the mount lends it).
+    """
     cursor = iter(range(len(paths)))
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -72,7 +82,7 @@ def read_files(paths: list[str], threads: int) -> float:
             if i is None:
                 return
             try:
-                read_whole(paths[i], buf)
+                read_whole(paths[i], buf, direct=direct)
             except OSError as exc:
                 errors.append(exc)
                 return
@@ -88,13 +98,16 @@ def read_files(paths: list[str], threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def read_big(path: str, threads: int) -> float:
-    """Read one file with ``threads`` threads, each ``pread``-ing its contiguous share in 1 MiB blocks."""
+def read_big(path: str, threads: int, direct: bool = False) -> float:
+    """Read one file with ``threads`` threads, each ``pread``-ing its contiguous share in 1 MiB blocks.
+
+    ``direct``: each thread opens the cached copy when the mount lends it (``tierfs.direct.cached_path``).
+    """
     size = os.stat(path).st_size
     share = -(-size // threads)
 
     def work(lo: int) -> None:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open((cached_path(path) or path) if direct else path, os.O_RDONLY)
         buf = bytearray(_BLOCK)
         view = memoryview(buf)
         try:
@@ -123,16 +136,13 @@ def listing(root: Path) -> list[str]:
     return [os.path.join(root, f) for f in list_dataset(root)]
 
 
-def find_cached_copies(cache: Path, rels: list[str]) -> dict[str, str]:
-    """Map dataset-relative paths to files in the cache dir, if the cache keeps dataset names (else empty)."""
+def find_cached_copies(mnt: Path, rels: list[str]) -> dict[str, str]:
+    """Map dataset-relative paths to their cached copies in the cache dir (asked of the mount); missing: absent."""
     found: dict[str, str] = {}
-    wanted = {Path(r).name: r for r in rels}
-    for dirpath, _dirs, files in os.walk(cache):
-        for name in files:
-            rel = wanted.get(name)
-            full = os.path.join(dirpath, name)
-            if rel is not None and full.endswith(rel):
-                found[rel] = full
+    for rel in rels:
+        copy = cached_path(mnt / rel)
+        if copy is not None:
+            found[rel] = copy
     return found
 
 
@@ -189,8 +199,8 @@ def run(args: argparse.Namespace) -> list[Row]:
                     spy_out = args.py_spy.with_name(f"{args.py_spy.stem}-t{threads}{args.py_spy.suffix}")
                 with py_spy(m.process.pid, spy_out):
                     served = lambda: int(m.status().get("served_bytes", 0))  # noqa: E731
-                    rows += _small(mnt, backing, cache, threads, served)
-                    rows += _big(mnt, backing, cache, big_rel, threads, args.big_size, served)
+                    rows += _small(mnt, backing, threads, served)
+                    rows += _big(mnt, backing, big_rel, threads, args.big_size, served)
                 status = m.status()
             print(
                 f"threads={threads}: hits {status.get('reads', {}).get('hits')}, misses "
@@ -201,17 +211,17 @@ def run(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def _small(mnt: Path, backing: Path, cache: Path, threads: int, served: Callable[[], int]) -> list[Row]:
-    def again(root: Path, cold: bool) -> float:
+def _small(mnt: Path, backing: Path, threads: int, served: Callable[[], int]) -> list[Row]:
+    def again(root: Path, cold: bool, direct: bool = False) -> float:
         if cold:
             drop_caches(3)
         t0 = time.perf_counter()
         paths = listing(root / "small")
-        return len(paths) / (time.perf_counter() - t0 + read_files(paths, threads))
+        return len(paths) / (time.perf_counter() - t0 + read_files(paths, threads, direct))
 
-    def on_mount(cold: bool) -> tuple[float, float]:
+    def on_mount(cold: bool, direct: bool = False) -> tuple[float, float]:
         s0 = served()
-        rate = again(mnt, cold)
+        rate = again(mnt, cold, direct)
         return rate, (served() - s0) / MiB
 
     # order matters: every cold measurement drops the caches of both sides, so each repeat follows its own
@@ -224,44 +234,65 @@ def _small(mnt: Path, backing: Path, cache: Path, threads: int, served: Callable
     again(backing, False)
     n = again(backing, False)
     rows.append(Row("small repeat", threads, t, n, "files/s", mib))
+    (t, mib) = on_mount(False, direct=True)
+    rows.append(Row("small repeat, direct", threads, t, n, "files/s", mib))
     rels = [os.path.relpath(p, backing) for p in listing(backing / "small")]
-    copies = find_cached_copies(cache, rels)
+    copies = find_cached_copies(mnt, rels)
+    assert len(copies) == len(rels), "every file was read through, so every one should be cached"
+    own = [copies[r] for r in rels]
     drop_caches(3)
-    if len(copies) == len(rels):
-        nat = len(rels) / read_files([copies[r] for r in rels], threads)
-    else:
-        nat = again(backing, True)
+    nat = len(rels) / read_files(own, threads)
     t, mib = on_mount(True)
     rows.append(Row("small cold hit", threads, t, nat, "files/s", mib))
+    t, mib = on_mount(True, direct=True)
+    rows.append(Row("small cold hit, direct", threads, t, nat, "files/s", mib))
+    # as a mini-epoch's first pass finds it under MET: the copies just staged (in RAM), the mount's cache empty
+    for direct in (False, True):
+        drop_caches(3)
+        read_files(own, threads)
+        nat = len(rels) / read_files(own, threads)
+        t, mib = on_mount(False, direct)
+        rows.append(Row("small first, staged" + (", direct" if direct else ""), threads, t, nat, "files/s", mib))
     return rows
 
 
 def _big(
-    mnt: Path, backing: Path, cache: Path, rel: str, threads: int, size: int, served: Callable[[], int]
+    mnt: Path, backing: Path, rel: str, threads: int, size: int, served: Callable[[], int]
 ) -> list[Row]:
     gib = size / GiB
 
-    def rate(path: Path | str, cold: bool) -> float:
+    def rate(path: Path | str, cold: bool, direct: bool = False) -> float:
         if cold:
             drop_caches(1)
-        return gib / read_big(str(path), threads)
+        return gib / read_big(str(path), threads, direct)
 
-    def on_mount(cold: bool) -> tuple[float, float]:
+    def on_mount(cold: bool, direct: bool = False) -> tuple[float, float]:
         s0 = served()
-        r = rate(mnt / rel, cold)
+        r = rate(mnt / rel, cold, direct)
         return r, (served() - s0) / MiB
 
     n = rate(backing / rel, True)
     (t, mib) = on_mount(True)
     rows = [Row("big first", threads, t, n, "GiB/s", mib)]
     (t, mib) = on_mount(False)
+    (td, mibd) = on_mount(False, direct=True)
     rate(backing / rel, False)
     n = rate(backing / rel, False)
     rows.append(Row("big re-read", threads, t, n, "GiB/s", mib))
-    copy = find_cached_copies(cache, [rel]).get(rel, str(backing / rel))
+    rows.append(Row("big re-read, direct", threads, td, n, "GiB/s", mibd))
+    copy = find_cached_copies(mnt, [rel])[rel]
     n = rate(copy, True)
     (t, mib) = on_mount(True)
     rows.append(Row("big cold hit", threads, t, n, "GiB/s", mib))
+    (t, mib) = on_mount(True, direct=True)
+    rows.append(Row("big cold hit, direct", threads, t, n, "GiB/s", mib))
+    # a first read as under MET: the copy just staged (in RAM), the mount's page cache empty
+    for direct in (False, True):
+        drop_caches(1)
+        rate(copy, False)
+        n = rate(copy, False)
+        (t, mib) = on_mount(False, direct)
+        rows.append(Row("big first, staged" + (", direct" if direct else ""), threads, t, n, "GiB/s", mib))
     return rows
 
 
@@ -282,7 +313,8 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
     }
     for r in rows:
         spec = ".2f" if r.unit == "GiB/s" else ",.0f"
-        tgt = targets[r.test](r) if r.test in targets else ""
+        kind = r.test.split(",")[0]
+        tgt = targets[kind](r) if kind in targets else ""
         lines.append(
             f"| {r.test} | {r.threads} | {format(r.tierfs, spec)} {r.unit} | {format(r.native, spec)} {r.unit} | "
             f"{r.ratio:.2f} | {r.daemon_mib:.0f} | {tgt} |"

@@ -9,7 +9,8 @@ consumer waited for data -- the number tierfs exists to drive to zero.  Re-listi
 tierfs mount move the loader to the next mini-epoch without the loader knowing.
 
 :class:`TorchLoader` does the same through ``torch.utils.data.DataLoader`` (worker processes) when torch is
-importable.
+importable.  With ``direct`` both open files through :func:`tierfs.direct.open_cached`, the one-line change
+that lets a loader read a tierfs mount's cached copies without the FUSE data path.
 
 Run ``python benchmarks/loader.py DIR --compute-ms 1 --passes 3`` for a per-pass table of one directory
 (``--drop-caches`` between passes needs root).
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from tierfs.direct import open_cached
 
 __all__ = ["LoaderConfig", "PassStats", "RunStats", "ThreadLoader", "TorchLoader", "list_dataset"]
 
@@ -54,19 +57,19 @@ def list_dataset(root: Path) -> list[str]:
     return out
 
 
-def read_whole(path: str, buf: bytearray) -> int:
-    """Read a file to its end through ``buf`` (unbuffered, 1 MiB reads); returns its length."""
+def read_whole(path: str, buf: bytearray, *, direct: bool = False) -> int:
+    """Read a file to its end through ``buf`` (unbuffered, 1 MiB reads); returns its length.
+
+    ``direct``: open it with :func:`tierfs.direct.open_cached` (the cached copy itself when the mount lends it).
+    """
     n = 0
     view = memoryview(buf)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with (open_cached(path, "rb", buffering=0) if direct else open(path, "rb", buffering=0)) as f:
         while True:
-            k = os.readv(fd, [view])
-            if k <= 0:
+            k = f.readinto(view)
+            if not k:
                 return n
             n += k
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class LoaderConfig:
     compute_s: float = 0.0  # per sample
     shuffle: bool = True
     seed: int = 0
+    direct: bool = False  # open files with tierfs.direct.open_cached
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ class ThreadLoader:
                 if i is None:
                     return
                 try:
-                    item: int | BaseException = read_whole(paths[i], buf)
+                    item: int | BaseException = read_whole(paths[i], buf, direct=cfg.direct)
                 except OSError as exc:
                     item = exc
                 while not stop.is_set():
@@ -183,14 +187,15 @@ class ThreadLoader:
 class _TorchFiles:
     """A map-style dataset over the listing (defined at module level so worker processes can unpickle it)."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], direct: bool = False) -> None:
         self.paths = paths
+        self.direct = direct
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> int:
-        with open(self.paths[i], "rb", buffering=0) as f:
+        with (open_cached if self.direct else open)(self.paths[i], "rb", buffering=0) as f:
             return len(f.read())
 
 
@@ -219,7 +224,7 @@ class TorchLoader:
         t_start = time.perf_counter()
         files = list_dataset(self.root)
         list_s = time.perf_counter() - t_start
-        ds = _TorchFiles([os.path.join(self.root, f) for f in files])
+        ds = _TorchFiles([os.path.join(self.root, f) for f in files], cfg.direct)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)
         dl = DataLoader(
             ds,
@@ -283,9 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compute-ms", type=float, default=0.0, help="compute time per sample, ms")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--torch", action="store_true", help="use torch's DataLoader (worker processes)")
+    ap.add_argument("--direct", action="store_true", help="open files with tierfs.direct.open_cached")
     ap.add_argument("--drop-caches", action="store_true", help="drop the page cache before every pass (root)")
     args = ap.parse_args(argv)
-    cfg = LoaderConfig(workers=args.workers, batch=args.batch, compute_s=args.compute_ms / 1000)
+    cfg = LoaderConfig(workers=args.workers, batch=args.batch, compute_s=args.compute_ms / 1000, direct=args.direct)
     loader: ThreadLoader | TorchLoader = (TorchLoader if args.torch else ThreadLoader)(args.root, cfg)
 
     def before(_i: int) -> None:

@@ -9,6 +9,8 @@ One command runs every configuration of issue 4 in one run, per workload:
 ``met-rfR``        tierfs MET, ``rf`` 1, 2, 4, 8, ``composition=random``
 ``met-auto``       tierfs MET, ``rf=auto``
 ``reservoir-rf4``  tierfs MET, ``composition=reservoir``, ``rf=4``
+``*-direct``       the same, the loader opening files with ``tierfs.direct.open_cached`` (cached copies read
+                   directly, without the FUSE data path)
 ``torch-*``        the same pass through ``torch.utils.data.DataLoader`` (when torch is importable)
 =================  ==================================================================================
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -69,8 +72,12 @@ ALL_CONFIGS = [
     "met-rf8",
     "met-auto",
     "reservoir-rf4",
+    "met-rf4-direct",
+    "met-rf8-direct",
+    "met-auto-direct",
     "torch-backing",
     "torch-met-rf4",
+    "torch-met-rf4-direct",
 ]
 
 
@@ -82,6 +89,7 @@ class Config:
     source: str  # "backing" | "fast" | "mount"
     loader: str = "threads"  # "threads" | "torch"
     options: tuple[tuple[str, object], ...] = ()
+    direct: bool = False  # the loader opens files with tierfs.direct.open_cached
 
     @property
     def rf(self) -> float | None:
@@ -92,6 +100,8 @@ class Config:
 def make_config(name: str, nm: int) -> Config:
     torch = name.startswith("torch-")
     base = name.removeprefix("torch-")
+    if base.endswith("-direct") and base.startswith(("met-", "reservoir-")):
+        return dataclasses.replace(make_config(name.removesuffix("-direct"), nm), name=name, direct=True)
     loader = "torch" if torch else "threads"
     if base in ("backing", "fast"):
         return Config(name, base, loader)
@@ -214,6 +224,7 @@ def run_config(
             root, status = mnt, m.status
         else:
             root = tier.root if cfg.source == "backing" else fast_root
+        loader_cfg = dataclasses.replace(loader_cfg, direct=cfg.direct)
         loader = (TorchLoader if cfg.loader == "torch" else ThreadLoader)(root, loader_cfg)
         bar = stack.enter_context(tqdm(total=target, desc=f"{workload.name}/{cfg.name}", unit="smp", leave=False))
 
@@ -325,7 +336,8 @@ def table(results: list[Result], workload: Workload, capacity: int, consume: flo
             f"| {r.config}{' (partial)' if r.error else ''} | {s['wall_s']:.1f} | {eps[0]['wall_s']:.1f} | "
             f"{s['stall_s']:.1f} | {dev / 1e6:.0f}{'' if r.ended_on_switch or not met else '*'} | "
             f"{_fmt(tfs / 1e6, '.0f')} | "
-            f"{_fmt(norm, '.2f')} | {_fmt(rf_eff, '.1f')} | {_fmt(s['hit_ratio'], '.2f')} | {s['samples_per_s']:.0f} | "
+            f"{_fmt(norm, '.2f')} | {_fmt(rf_eff, '.1f')} | {_fmt(s['hit_ratio'], '.2f')} | "
+            f"{s['samples_per_s']:.{0 if s['samples_per_s'] >= 100 else 2}f} | "
             f"{_fmt(s['wall_s'] / fast['wall_s'] if fast else math.nan, '.2f')} | "
             f"{_fmt(back['wall_s'] / s['wall_s'] if back else math.nan, '.2f')} |"
         )
