@@ -158,10 +158,10 @@ def format_status(st: dict) -> str:
         + _bar(pf.get("bytes_done", 0), pf.get("bytes_total", 0))
         + f"  {format_size(pf.get('bytes_per_s', 0))}/s",
         f"reads      {reads.get('hits')} hits, {reads.get('misses')} misses ({hit} hit), "
-        f"{reads.get('out_of_view')} out of view",
+        f"{reads.get('out_of_view')} out of view, {reads.get('direct', 0)} direct",
         f"backing    {format_size(st.get('backing_bytes_read', 0))} read;  opened "
         f"{format_size(st.get('opened_bytes', 0))} (daemon served {format_size(st.get('served_bytes', 0))}, "
-        f"the rest from the page cache);  stalled {st.get('stall_seconds', 0):.1f} s",
+        f"the rest from the page cache or read direct);  stalled {st.get('stall_seconds', 0):.1f} s",
         f"arf        {arf.get('mode')}  score {arf.get('score')}",
     ]
     if st.get("last_error"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -53,6 +54,9 @@ def test_direct_reads_lend_cached_copies_and_count_as_opens(tierfs_mount, datase
         assert st["passes_total"] == st0["passes_total"] + 1
         assert st["served_bytes"] == st0["served_bytes"]  # not one byte went through the daemon
         assert st["opened_bytes"] - st0["opened_bytes"] == sum(files[r] for r in view)
+        summary = subprocess.run([sys.executable, "-m", "tierfs", "status", m.mountpoint], capture_output=True,
+                                 text=True, check=True, timeout=60).stdout
+        assert f"{len(view)} direct" in summary
 
 
 def test_open_cached_falls_back_to_the_mount(tierfs_mount, dataset, tmp_path):
