@@ -45,10 +45,14 @@ def model_cfg(F: int, L: int, args: argparse.Namespace):
     from dslide.lsh import RehashSchedule
     from dslide.model import ModelConfig
 
+    kw = {}  # dslide's own defaults unless an option names another value
+    for name in ("lr", "lr_decay", "fill_power", "lsh_frac"):
+        if getattr(args, f"dslide_{name}") is not None:
+            kw[name] = getattr(args, f"dslide_{name}")
     return ModelConfig(
-        F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, lr=args.dslide_lr or args.lr, seed=args.seed,
+        F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, seed=args.seed,
         out_init=args.out_init, pool_factor=args.pool_factor, rehash=RehashSchedule(first=args.rehash_first),
-        blocks=args.blocks, fill_correction=not args.no_fill_correction,
+        blocks=args.blocks, fill_correction=not args.no_fill_correction, lsh_center=not args.no_lsh_center, **kw,
     )  # fmt: skip
 
 
@@ -59,13 +63,13 @@ def make_side(side: str, F: int, L: int, args: argparse.Namespace):
     cfg = model_cfg(F, L, args)
     if side == "dslide":
         return SlideModel(cfg)
-    return DenseTorch(*initial_weights(cfg), args.lr, args.threads)
+    return DenseTorch(*initial_weights(cfg), args.lr, args.threads, args.dense_lr_decay)
 
 
 class DenseTorch:
     """The same network in PyTorch, dense: every output neuron computed and updated every step."""
 
-    def __init__(self, W1: np.ndarray, W2: np.ndarray, lr: float, threads: int) -> None:
+    def __init__(self, W1: np.ndarray, W2: np.ndarray, lr: float, threads: int, lr_decay: float = 0.0) -> None:
         import torch
 
         torch.set_num_threads(threads)
@@ -81,6 +85,7 @@ class DenseTorch:
             self.out.bias.zero_()
         params = [*self.emb.parameters(), self.b1, *self.out.parameters()]
         self.opt = torch.optim.Adam(params, lr=lr)
+        self.lr, self.lr_decay, self.step = lr, lr_decay, 0  # lr_decay > 0: dslide's schedule, for a check
         self.times = {"forward": 0.0, "backward": 0.0, "adam": 0.0}
 
     def _inputs(self, data, rows):
@@ -117,7 +122,11 @@ class DenseTorch:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         t2 = time.perf_counter()
+        if self.lr_decay > 0:
+            for group in self.opt.param_groups:
+                group["lr"] = self.lr / (1.0 + self.step / self.lr_decay) ** 0.5
         self.opt.step()
+        self.step += 1
         t3 = time.perf_counter()
         self.times["forward"] += t1 - t0
         self.times["backward"] += t2 - t1
@@ -270,14 +279,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--tables", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=3e-3, help="dense's Adam step")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pool-factor", type=int, default=64, help="dslide: random-fill pool, x budget")
     ap.add_argument("--rehash-first", type=int, default=50, help="dslide: steps before the first rehash")
     ap.add_argument("--out-init", type=float, default=0.1, help="std of W2 times sqrt(H), both sides")
     ap.add_argument("--blocks", type=int, default=8, help="dslide: label selection blocks")
-    ap.add_argument("--dslide-lr", type=float, default=None, help="dslide's Adam step if not --lr (dense keeps --lr)")
+    ap.add_argument("--dslide-lr", type=float, default=None, help="dslide's Adam step (default: the engine's)")
+    ap.add_argument("--dslide-lr-decay", type=float, default=None, help="dslide: lr / sqrt(1 + step / this)")
+    ap.add_argument("--dslide-fill-power", type=float, default=None, help="dslide: fill ~ (target count + 1)^this")
+    ap.add_argument("--dslide-lsh-frac", type=float, default=None, help="dslide: LSH share of the active set")
+    ap.add_argument("--no-lsh-center", action="store_true", help="dslide: hash the rows uncentred")
     ap.add_argument("--no-fill-correction", action="store_true", help="dslide: plain softmax over the active set")
+    ap.add_argument("--dense-lr-decay", type=float, default=0.0, help="dense: dslide's lr schedule (0: constant)")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per side in (a)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--dense-steps", type=int, default=None)
@@ -310,6 +324,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     results = {"config": {k: v for k, v in vars(args).items() if k != "worker"}, "machine": machine()}
+    results["dslide_config_b"] = model_cfg(args.conv_features, args.conv_labels, args).to_json()
     results["throughput"] = {side: run_worker("a", side, argv) for side in ("dslide", "dense")}
     results["convergence"] = {side: run_worker("b", side, argv) for side in ("dslide", "dense")}
     results["wall_s"] = time.time() - t_start

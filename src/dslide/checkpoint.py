@@ -31,7 +31,9 @@ _VERSION = 2  # 2: selection blocks (version 1's per-rank random choices cannot 
 # How each array of SlideModel.state() is split over ranks.
 _HIDDEN_COLUMNS = ("W1", "opt_M1", "opt_V1", "opt_G1", "opt_Mb1", "opt_Vb1", "opt_Gb1")
 _HIDDEN_ROWS = ("b1",)
-_LABEL_ROWS = ("W2", "b2", "dirty", "opt_M2", "opt_V2", "opt_G2", "opt_T2", "opt_Mb2", "opt_Vb2", "opt_Gb2")
+_LABEL_ROWS = (
+    "W2", "b2", "dirty", "label_count", "opt_M2", "opt_V2", "opt_G2", "opt_T2", "opt_Mb2", "opt_Vb2", "opt_Gb2",
+)  # fmt: skip
 _SAME = ("opt_T1", "opt_Tb1", "counters", "lsh_srp", "lsh_dwta", "lsh_counters")
 
 
@@ -117,7 +119,7 @@ def reshard(shards: list, cfg: ModelConfig, size: int, rank: int) -> dict[str, n
     state: dict[str, np.ndarray] = {k: np.array(shards[0][k]) for k in _SAME}
     state.update({k: cut(k, cfg.hidden, 1) for k in _HIDDEN_COLUMNS})
     state.update({k: cut(k, cfg.hidden, 0) for k in _HIDDEN_ROWS})
-    state.update({k: cut(k, cfg.n_labels, 0) for k in _LABEL_ROWS})
+    state.update({k: cut(k, cfg.n_labels, 0) for k in _LABEL_ROWS if k in shards[0]})
     state.update(_reshard_lsh(shards, cfg, size, rank))
     return state
 

@@ -57,6 +57,23 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    v = _nonneg_float(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dslide", description="D-SLIDE trainer: LSH-sparse output layer, numba kernels, MPI.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -78,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=_nonneg_int, default=5, help="passes over --train (default 5)")
     t.add_argument("--hidden", type=_positive_int, default=128)
     t.add_argument("--batch", type=_positive_int, default=256)
-    t.add_argument("--lr", type=_positive_float, default=3e-3)
+    t.add_argument("--lr", type=_positive_float, default=1e-2, help="Adam step (default 1e-2, see --lr-decay)")
     t.add_argument("--threads", type=_positive_int, default=None, help="numba threads per rank (default: cores/ranks)")
     t.add_argument("--seed", type=_nonneg_int, default=0)
     t.add_argument("--hash", choices=("srp", "dwta"), default="srp")
@@ -92,6 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="label selection blocks; the rank count must divide it (default 8: 1, 2, 4 or 8 ranks)",
     )
     t.add_argument("--bucket-cap", type=_positive_int, default=128)
+    t.add_argument(
+        "--lr-decay",
+        type=_nonneg_float,
+        default=None,
+        metavar="STEPS",
+        help="Adam step lr / sqrt(1 + step / STEPS); 0 = constant lr (default: the model's)",
+    )
+    t.add_argument(
+        "--fill-power",
+        type=_nonneg_float,
+        default=None,
+        help="random fill drawn ~ (label's target count + 1)^POWER; 0 = uniform (default: the model's)",
+    )
+    t.add_argument(
+        "--lsh-frac",
+        type=_fraction,
+        default=None,
+        help="at most this share of a block's active neurons from LSH, the rest random fill",
+    )
     t.add_argument("--checkpoint", metavar="DIR")
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
     t.add_argument("--eval-points", type=_nonneg_int, default=10_000, help="test points per evaluation; 0 = all")
@@ -143,9 +179,11 @@ def _cmd_train(a: argparse.Namespace) -> int:
     if not files:
         raise UsageError(f"--train {' '.join(a.train)}: no training files")
     _, n_features, n_labels = header
+    extra = {"lr_decay": a.lr_decay, "fill_power": a.fill_power, "lsh_frac": a.lsh_frac}
     cfg = ModelConfig(
         n_features=n_features, n_labels=n_labels, hidden=a.hidden, budget=a.budget, blocks=a.blocks, hash=a.hash, k=a.k,
         tables=a.tables, bucket_cap=a.bucket_cap, lr=a.lr, seed=a.seed, rehash=RehashSchedule(),
+        **{k: v for k, v in extra.items() if v is not None},
     )  # fmt: skip
     reporter = PassReporter(comm, a.control, list_train_files)
     run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister)

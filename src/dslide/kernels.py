@@ -19,6 +19,8 @@ from numba import njit, prange
 from dslide.lsh import table_code
 from dslide.rand import key2, next_u64, uniform_below
 
+_TWO_M53 = 1.0 / 9007199254740992.0
+
 __all__ = [
     "active_logits",
     "adam_rows",
@@ -27,6 +29,7 @@ __all__ = [
     "output_backward",
     "select_active",
     "softmax_stats",
+    "weighted_pool",
 ]
 
 
@@ -70,10 +73,12 @@ def select_active(
     items,
     pools,
     pool_ptr,
+    pool_lw,
     keys,
     marks,
     code_scratch,
     count_scratch,
+    lsh_cap,
     correct,
     active,
     n_own,
@@ -84,16 +89,20 @@ def select_active(
     The rank's neurons fall into selection blocks (local bounds ``blocks``); block ``g`` contributes exactly
     ``share[g]`` neurons, chosen as the same block would choose them on any other rank count: the sample's true
     labels in the block (at most ``share[g]``; the rest are not active), then LSH candidates from the block's
-    buckets of ``h[i]`` in every table (a reservoir sample when they exceed what is left), then a fill from the
-    block's random ``pools[pool_ptr[g]:pool_ptr[g+1]]`` of the step, and, if even that runs dry, consecutive
-    neurons of the block from a random start.  Every draw comes from the stream ``(keys[g], i)``.  Row order:
-    all own labels first (``n_own[i]`` of them), then block by block.  ``marks`` / ``*_scratch`` are
-    per-chunk scratch (one row per chunk of samples); ``marks`` is all zero on entry and exit.
+    buckets of ``h[i]`` in every table (at most ``lsh_cap[g]``: a reservoir sample when more are found), then a
+    fill from the block's random ``pools[pool_ptr[g]:pool_ptr[g+1]]`` of the step (a window of it from a random
+    start), and, if even that runs dry, consecutive neurons of the block from a random start.  Every draw comes
+    from the stream ``(keys[g], i)``.  Row order: all own labels first (``n_own[i]`` of them), then block by
+    block.  ``marks`` / ``*_scratch`` are per-chunk scratch (one row per chunk of samples); ``marks`` is all
+    zero on entry and exit.
 
     ``corr[i, q]`` is what the softmax adds to the logit of ``active[i, q]``: 0 for labels and LSH candidates
-    (taken as they are), and with ``correct`` ``log(rest / n_fill)`` for the ``n_fill`` uniform fill neurons
-    of a block standing in for the ``rest`` of the block not already active -- so the sum of their exps
-    estimates the rest's share of the full softmax normaliser (the sampled-softmax importance correction).
+    (taken as they are), and with ``correct`` the log of how many neurons of the rest a fill neuron stands for
+    -- so the sum of the fill's exps estimates the rest's share of the full softmax normaliser (the
+    sampled-softmax importance correction).  A uniform pool (``pool_lw`` empty): ``log(rest / n_fill)`` for
+    the ``n_fill`` fill neurons of a block standing in for the ``rest`` of the block not already active.  A
+    weighted pool (i.i.d. draws by q, ``pool_lw`` = log(1 - q_j) of each entry): ``-log(1 - (1 - q_j)^v)``, one
+    over the chance that j is among the ``v`` draws the fill read (Horvitz-Thompson).
     """
     B, b = active.shape
     n_blocks = blocks.shape[0] - 1
@@ -131,7 +140,8 @@ def select_active(
                 need = share[g] - in_block[g]
                 goal = cnt + need
                 state = key2(keys[g], i)
-                if need > 0 and n_tables > 0:
+                lneed = min(need, lsh_cap[g])
+                if lneed > 0 and n_tables > 0:
                     got = 0
                     seen = 0
                     for t in range(n_tables):
@@ -142,14 +152,14 @@ def select_active(
                             if mark[j] != 0:
                                 continue
                             seen += 1
-                            if got < need:
+                            if got < lneed:
                                 mark[j] = 1
                                 row[cnt + got] = j
                                 got += 1
                             else:
                                 state, rv = next_u64(state)
                                 s = uniform_below(rv, seen)
-                                if s < need:
+                                if s < lneed:
                                     mark[row[cnt + s]] = 0
                                     mark[j] = 1
                                     row[cnt + s] = j
@@ -157,16 +167,22 @@ def select_active(
                 fill_from = cnt
                 p0 = pool_ptr[g]
                 npool = pool_ptr[g + 1] - p0
+                weighted = pool_lw.shape[0] > 0
+                visited = 0  # pool entries (draws) read, repeats and already active neurons included
                 if cnt < goal and npool > 0:
                     state, rv = next_u64(state)
                     start = uniform_below(rv, npool)
                     for q in range(npool):
                         if cnt >= goal:
                             break
-                        j = pools[p0 + (start + q) % npool]
+                        visited += 1
+                        pq = p0 + (start + q) % npool
+                        j = pools[pq]
                         if mark[j] == 0:
                             mark[j] = 1
                             row[cnt] = j
+                            if weighted:
+                                corr[i, cnt] = pool_lw[pq]  # log(1 - q_j), turned into the correction below
                             cnt += 1
                 if cnt < goal:
                     lo = blocks[g]
@@ -183,12 +199,67 @@ def select_active(
                         q += 1
                 n_fill = goal - fill_from
                 rest = (blocks[g + 1] - blocks[g]) - in_block[g] - (fill_from - (goal - need))
-                if correct and n_fill > 0 and rest > n_fill:
+                if weighted:
+                    # the pool is i.i.d. draws from q and the fill is what `visited` of them hold: neuron j of the
+                    # rest is in it with P_j = 1 - (1 - q_j)^visited and stands for 1 / P_j (Horvitz-Thompson)
+                    for q in range(fill_from, goal):
+                        v = 0.0
+                        if correct and corr[i, q] < 0:
+                            v = -math.log(-math.expm1(visited * corr[i, q]))
+                        corr[i, q] = np.float32(v) if v > 0 else np.float32(0.0)
+                elif correct and n_fill > 0 and rest > n_fill:
                     c = np.float32(math.log(rest / n_fill))
                     for q in range(fill_from, goal):
                         corr[i, q] = c
             for q in range(b):
                 mark[row[q]] = 0
+
+
+@njit(cache=True)
+def weighted_pool(weights, key, pool, log1m_q):
+    """``pool[s]`` = i.i.d. draws of indices j with probability q_j = weights[j] / sum(weights), from the
+    stream ``key`` (Vose's alias method: O(1) a draw); ``log1m_q[s] = log(1 - q_j)`` (q capped at 1/2)."""
+    n = weights.shape[0]
+    total = 0.0
+    for j in range(n):
+        total += weights[j]
+    p = np.empty(n, np.float64)
+    prob = np.ones(n, np.float64)
+    alias = np.arange(n)
+    small = np.empty(n, np.int64)
+    large = np.empty(n, np.int64)
+    ns = 0
+    nl = 0
+    for j in range(n):
+        p[j] = weights[j] * n / total
+        if p[j] < 1.0:
+            small[ns] = j
+            ns += 1
+        else:
+            large[nl] = j
+            nl += 1
+    while ns > 0 and nl > 0:
+        ns -= 1
+        nl -= 1
+        a = small[ns]
+        z = large[nl]
+        prob[a] = p[a]
+        alias[a] = z
+        p[z] = (p[z] + p[a]) - 1.0
+        if p[z] < 1.0:
+            small[ns] = z
+            ns += 1
+        else:
+            large[nl] = z
+            nl += 1
+    state = np.uint64(key)
+    for s in range(pool.shape[0]):
+        state, rv = next_u64(state)
+        col = uniform_below(rv, n)
+        state, rv = next_u64(state)
+        j = col if np.float64(rv >> np.uint64(11)) * _TWO_M53 < prob[col] else alias[col]
+        pool[s] = j
+        log1m_q[s] = math.log1p(-min(weights[j] / total, 0.5))
 
 
 @njit(parallel=True, fastmath=True, cache=True)

@@ -87,6 +87,24 @@ def hash_rows(family, srp, dwta, k, n_tables, x, ids, out):
             out[i, t] = table_code(family, srp, dwta, k, t, row)
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def hash_rows_centred(family, srp, dwta, k, n_tables, x, mean, group_of, ids, out):
+    """``out[i, t]`` = code of ``x[ids[i]] - mean[g]`` in table t, g the row's group."""
+    dim = x.shape[1]
+    n = ids.shape[0]
+    chunks = min(n, 64)
+    for c in prange(chunks):
+        v = np.empty(dim, np.float32)
+        for i in range(c, n, chunks):
+            j = ids[i]
+            row = x[j]
+            m = mean[group_of[j]]
+            for d in range(dim):
+                v[d] = row[d] - m[d]
+            for t in range(n_tables):
+                out[i, t] = table_code(family, srp, dwta, k, t, v)
+
+
 @njit(parallel=True, cache=True)
 def _bucket_counts(codes, n_buckets, counts):
     for t in prange(codes.shape[1]):
@@ -165,6 +183,7 @@ class LSHIndex:
         seed: int,
         groups: np.ndarray | None = None,
         first_id: int = 0,
+        center: bool = False,
     ) -> None:
         if family not in FAMILIES:
             raise ValueError(f"hash family must be one of {sorted(FAMILIES)}, got {family!r}")
@@ -173,6 +192,11 @@ class LSHIndex:
         if n_tables < 0 or bucket_cap < 1:
             raise ValueError(f"need tables >= 0 and bucket_cap >= 1, got {n_tables}, {bucket_cap}")
         self.family, self.k, self.n_tables, self.dim = family, k, n_tables, dim
+        # center: hash each row minus its group's mean row.  A query's order of the rows by w.x is unchanged
+        # (the mean's part m.x is the same for every row), but the direction all rows share goes: trained
+        # output rows all drift along -mean(h), and uncentred they crowd into a few buckets that no
+        # (non-negative, ReLU) hidden vector reaches -- the tables then return almost nothing
+        self.center = center
         self.n_items, self.bucket_cap, self.seed, self.first_id = n_items, bucket_cap, seed, first_id
         self.groups = np.array([0, n_items] if groups is None else groups, np.int64)
         if self.groups[0] != 0 or self.groups[-1] != n_items or np.any(np.diff(self.groups) < 0):
@@ -218,12 +242,28 @@ class LSHIndex:
         hash_rows(self.family_id, self.srp, self.dwta, self.k, self.n_tables, x, ids, out)
         return out
 
+    def _row_codes(self, weights: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+        """Codes (no group) of the rows ``ids`` (all by default) of ``weights``, centred per group if asked."""
+        if not self.center:
+            return self.hash(weights, ids)
+        W = np.ascontiguousarray(weights, dtype=np.float32)
+        g = self.groups
+        mean = np.zeros((len(g) - 1, W.shape[1]), np.float32)
+        for q in range(len(g) - 1):  # from all of the group's rows: the same on any rank count
+            if g[q + 1] > g[q]:
+                mean[q] = W[g[q] : g[q + 1]].mean(axis=0, dtype=np.float64)
+        group_of = np.repeat(np.arange(len(g) - 1, dtype=np.int32), np.diff(g))
+        ids = np.arange(len(W), dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
+        out = np.empty((len(ids), self.n_tables), np.int32)
+        hash_rows_centred(self.family_id, self.srp, self.dwta, self.k, self.n_tables, W, mean, group_of, ids, out)
+        return out
+
     def rebuild(self, weights: np.ndarray, new_functions: bool = False) -> None:
         """Hash every neuron again and rebuild the tables (optionally with fresh hash functions)."""
         if new_functions:
             self.generation += 1
             self._new_functions()
-        self.codes = self.hash(weights) + self._base[:, None]
+        self.codes = self._row_codes(weights, None) + self._base[:, None]
         counts = np.zeros((self.n_tables, self.n_buckets), np.int64)
         _bucket_counts(self.codes, self.n_buckets, counts)
         capacity = np.minimum(counts + _slack(counts), self.bucket_cap)
@@ -243,7 +283,7 @@ class LSHIndex:
         self.moves += 1  # counted even when this rank has nothing to move: the keys stay the same for every P
         if len(ids) == 0 or self.n_tables == 0:
             return
-        new_codes = self.hash(weights, ids) + self._base[ids][:, None]
+        new_codes = self._row_codes(weights, ids) + self._base[ids][:, None]
         key = seed_key(self.seed, 13, self.generation, self.moves)
         _move_items(ids, new_codes, self.codes, self.offsets, self.fill, self.seen, self.items, key, self.first_id)
 

@@ -79,7 +79,7 @@ class ModelConfig:
     k: int = 0  # bits (srp) or winner-take-all hashes (dwta) per table; 0 = auto_k
     tables: int = 32
     bucket_cap: int = 128
-    lr: float = 3e-3
+    lr: float = 1e-2
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -91,6 +91,16 @@ class ModelConfig:
     # softmax over the active set with the uniform fill's logits raised by log(rest / fill): an estimate of the
     # full softmax normaliser rather than of the active set's alone (sampled-softmax importance correction)
     fill_correction: bool = True
+    # hash output rows minus their block's mean row: the same order by w.h for every h, without the direction
+    # all trained rows share (uncentred they crowd into buckets no hidden vector reaches)
+    lsh_center: bool = True
+    # at most this share of a block's active neurons are LSH candidates (a random sample of them when more are
+    # found); the rest is the corrected random fill, which keeps the softmax an estimate of the full one
+    lsh_frac: float = 0.5
+    # > 0: the random fill is drawn by label frequency, q_j ~ (times j was a training target so far + 1)^power
+    # (a unigram proposal, as TF's sampled softmax), with the matching correction; 0: uniform
+    fill_power: float = 1.0
+    lr_decay: float = 100.0  # > 0: Adam step lr / sqrt(1 + step / lr_decay); 0: constant lr
     rehash: RehashSchedule = field(default_factory=RehashSchedule)
 
     def __post_init__(self) -> None:
@@ -101,6 +111,9 @@ class ModelConfig:
             raise ValueError(f"hash must be one of {sorted(FAMILIES)}, got {self.hash!r}")
         if self.tables < 0 or self.k < 0:
             raise ValueError(f"tables and k must be >= 0, got {self.tables}, {self.k}")
+        if not (0 < self.lsh_frac <= 1 and self.fill_power >= 0 and self.lr_decay >= 0):
+            raise ValueError(f"need 0 < lsh_frac <= 1, fill_power >= 0, lr_decay >= 0; got {self.lsh_frac}, "
+                             f"{self.fill_power}, {self.lr_decay}")  # fmt: skip
         if not (self.lr > 0 and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0):
             raise ValueError(f"bad Adam settings lr={self.lr} beta1={self.beta1} beta2={self.beta2} eps={self.eps}")
 
@@ -111,6 +124,9 @@ class ModelConfig:
     def from_json(cls, d: dict) -> ModelConfig:
         d = dict(d)
         d["rehash"] = RehashSchedule(**d.get("rehash", {}))
+        # configs written before these options: what those models were trained with
+        for name, value in (("lsh_center", False), ("lsh_frac", 1.0), ("fill_power", 0.0), ("lr_decay", 0.0)):
+            d.setdefault(name, value)
         return cls(**d)
 
 
@@ -194,10 +210,14 @@ class SlideModel:
         self.touched_out = np.zeros(n_local, np.uint8)
         self.touched_in = np.zeros(F, np.uint8)
         self.dirty = np.zeros(n_local, np.uint8)  # output rows updated since the last rehash
+        self.label_count = np.zeros(n_local, np.int64)  # times each own label was a training target
+        self._fill_weight = np.ones(n_local, np.float64)  # (label_count + 1) ** fill_power
 
         self.index = LSHIndex(
-            cfg.hash, self.k, cfg.tables, H, n_local, cfg.bucket_cap, cfg.seed, self.blocks_local, self.l_lo
-        )
+            cfg.hash, self.k, cfg.tables, H, n_local, cfg.bucket_cap, cfg.seed, self.blocks_local, self.l_lo,
+            cfg.lsh_center,
+        )  # fmt: skip
+        self.lsh_caps = np.maximum(1, np.floor(cfg.lsh_frac * self.shares)).astype(np.int64)
         self.index.rebuild(self.W2)
         self.step = 0
         self.rehash_count = 0
@@ -219,11 +239,22 @@ class SlideModel:
             self._marks = np.zeros((chunks, n_local), np.uint8)
         # each own block's fill pool and stream key, from (seed, block, key): the same for every P
         pools, keys = [], np.empty(len(self.shares), np.uint64)
+        lws = []
         for g, share in enumerate(self.shares):
             lo, size = self.blocks_local[g], self.blocks_local[g + 1] - self.blocks_local[g]
-            rng = np.random.default_rng((cfg.seed, 4, self.block_lo + g, key))
-            pools.append(rng.choice(size, min(size, cfg.pool_factor * int(share)), replace=False) + lo)
+            if cfg.fill_power <= 0:
+                rng = np.random.default_rng((cfg.seed, 4, self.block_lo + g, key))
+                pools.append(rng.choice(size, min(size, cfg.pool_factor * int(share)), replace=False) + lo)
+            else:
+                # i.i.d. draws by q_j ~ (times label j was a target so far + 1)^fill_power, each with log(1 - q_j)
+                n = cfg.pool_factor * int(share)
+                pool, lw = np.empty(n, np.int32), np.empty(n, np.float32)
+                kernels.weighted_pool(self._fill_weight[lo : lo + size], seed_key(cfg.seed, 4, self.block_lo + g, key),
+                                      pool, lw)  # fmt: skip
+                pools.append(pool + lo)
+                lws.append(lw)
             keys[g] = seed_key(cfg.seed, 3, self.block_lo + g, key)
+        pool_lw = np.concatenate(lws).astype(np.float32) if lws else np.zeros(0, np.float32)
         pool_ptr = np.zeros(len(pools) + 1, np.int64)
         pool_ptr[1:] = np.cumsum([len(p) for p in pools])
         active = np.empty((len(rows), self.budget_local), np.int32)
@@ -232,9 +263,9 @@ class SlideModel:
         kernels.select_active(
             h, rows, data.y_indptr, data.y_indices, use_labels, self.l_lo, self.blocks_local, self.shares,
             ix.family_id, ix.srp, ix.dwta, ix.k, ix.n_tables, ix.n_codes, ix.offsets, ix.fill, ix.items,
-            np.concatenate(pools).astype(np.int32), pool_ptr, keys, self._marks,
+            np.concatenate(pools).astype(np.int32), pool_ptr, pool_lw, keys, self._marks,
             np.empty((chunks, max(ix.n_tables, 1)), np.int64), np.empty((chunks, len(self.shares)), np.int64),
-            cfg.fill_correction, active, n_own, corr,
+            self.lsh_caps, cfg.fill_correction, active, n_own, corr,
         )  # fmt: skip
         return active, n_own, corr
 
@@ -247,6 +278,7 @@ class SlideModel:
         hl, h = self._hidden(data, rows)
         # 2. active sets, logits, softmax normaliser over all ranks
         active, n_own, corr = self._select(data, rows, h, True, self.step)
+        self._count_labels(data, rows)
         logits = np.empty(active.shape, np.float32)
         rowmax = np.empty(B, np.float32)
         kernels.active_logits(h, active, self.W2, self.b2, logits, rowmax)
@@ -264,12 +296,13 @@ class SlideModel:
             self.W2, o["G2"], o["Gb2"], self.touched_out, dh,
         )  # fmt: skip
         dh = comm.allreduce_sum(dh)
+        lr = cfg.lr / math.sqrt(1.0 + self.step / cfg.lr_decay) if cfg.lr_decay > 0 else cfg.lr
         out_rows = np.flatnonzero(self.touched_out)
         self.touched_out[out_rows] = 0
         self.dirty[out_rows] = 1
         kernels.adam_rows(
             self.W2, o["M2"], o["V2"], o["G2"], self.b2, o["Mb2"], o["Vb2"], o["Gb2"], o["T2"], out_rows,
-            cfg.lr, cfg.beta1, cfg.beta2, cfg.eps,
+            lr, cfg.beta1, cfg.beta2, cfg.eps,
         )  # fmt: skip
         # 4. hidden backward of the own slice
         delta = np.ascontiguousarray(dh[:, self.h_lo : self.h_hi] * (hl > 0), dtype=np.float32)
@@ -279,16 +312,29 @@ class SlideModel:
         no_bias = np.zeros(0, np.float32)
         kernels.adam_rows(
             self.W1, o["M1"], o["V1"], o["G1"], no_bias, no_bias, no_bias, no_bias, o["T1"], in_rows,
-            cfg.lr, cfg.beta1, cfg.beta2, cfg.eps,
+            lr, cfg.beta1, cfg.beta2, cfg.eps,
         )  # fmt: skip
         o["Gb1"][0] = delta.sum(axis=0)
         kernels.adam_rows(
             self.b1[None, :], o["Mb1"], o["Vb1"], o["Gb1"], no_bias, no_bias, no_bias, no_bias, o["Tb1"],
-            np.zeros(1, np.int64), cfg.lr, cfg.beta1, cfg.beta2, cfg.eps,
+            np.zeros(1, np.int64), lr, cfg.beta1, cfg.beta2, cfg.eps,
         )  # fmt: skip
         self.step += 1
         self._maybe_rehash()
         return StepResult(float(loss.sum()), int(labelled.sum()), top_is_label)
+
+    def _count_labels(self, data: XCData, rows: np.ndarray) -> None:
+        """Count the batch's targets among the own labels (the frequency fill's weights)."""
+        starts, ends = data.y_indptr[rows], data.y_indptr[rows + 1]
+        lens = ends - starts
+        pos = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        own = data.y_indices[pos].astype(np.int64) - self.l_lo
+        own = own[(own >= 0) & (own < len(self.label_count))]
+        if len(own):
+            np.add.at(self.label_count, own, 1)
+            if self.cfg.fill_power > 0:
+                seen = np.unique(own)
+                self._fill_weight[seen] = (self.label_count[seen] + 1.0) ** self.cfg.fill_power
 
     def _maybe_rehash(self) -> None:
         if self.step < self.next_rehash:
@@ -373,17 +419,21 @@ class SlideModel:
     def state(self) -> dict[str, np.ndarray]:
         """Every array that defines this rank's shard (weights, Adam, LSH, counters): enough to resume exactly."""
         out = {"W1": self.W1, "b1": self.b1, "W2": self.W2, "b2": self.b2, "dirty": self.dirty}
+        out["label_count"] = self.label_count
         out.update({f"opt_{k}": v for k, v in self.opt.items()})
         out.update({f"lsh_{k}": v for k, v in self.index.state().items()})
         out["counters"] = np.array([self.step, self.rehash_count, self.next_rehash], np.int64)
         return out
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
-        for name in ("W1", "b1", "W2", "b2", "dirty"):
+        if "label_count" not in state:  # written before labels were counted
+            state = {**state, "label_count": np.zeros_like(self.label_count)}
+        for name in ("W1", "b1", "W2", "b2", "dirty", "label_count"):
             arr = getattr(self, name)
             if arr.shape != state[name].shape:
                 raise ValueError(f"checkpoint {name} has shape {state[name].shape}, this model {arr.shape}")
             arr[...] = state[name]
+        self._fill_weight[...] = (self.label_count + 1.0) ** max(self.cfg.fill_power, 0.0)
         for k in self.opt:
             self.opt[k][...] = state[f"opt_{k}"]
         self.index.load_state({k[4:]: v for k, v in state.items() if k.startswith("lsh_")})

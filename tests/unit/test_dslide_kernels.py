@@ -161,12 +161,14 @@ def test_lazy_adam_matches_per_row_reference() -> None:
         np.testing.assert_allclose(before - W[first], lr, rtol=1e-4)
 
 
-@pytest.mark.parametrize(("budget", "threads"), [(12, 1), (12, 2), (64, 1), (200, 2)])
-def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int, threads: int) -> None:
+@pytest.mark.parametrize(
+    ("budget", "threads", "fill_power"), [(12, 1, 1.0), (12, 2, 1.0), (64, 1, 1.0), (200, 2, 1.0), (64, 2, 0.0)]
+)
+def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int, threads: int, fill_power: float):
     numba.set_num_threads(threads)
     try:
         data = generate(64, 300, 200, seed=2)
-        cfg = ModelConfig(300, 200, hidden=16, budget=budget, tables=4, bucket_cap=8, blocks=4)
+        cfg = ModelConfig(300, 200, hidden=16, budget=budget, tables=4, bucket_cap=8, blocks=4, fill_power=fill_power)
         model = SlideModel(cfg)
         rows = np.arange(64, dtype=np.int64)
         _, h = model._hidden(data, rows)
@@ -186,7 +188,7 @@ def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int,
             labels_per_block = np.histogram(labels, bounds)[0]
             assert n_own[i] == np.minimum(labels_per_block, shares).sum()
             assert set(active[i, : n_own[i]].tolist()) <= set(labels.tolist())
-            # the fill correction: none for labels, log(rest / fill) >= 0 for a block's uniform fill
+            # the fill correction: none for labels, >= 0 for a block's fill (log(rest / fill) when uniform)
             assert np.all(corr[i, : n_own[i]] == 0) and np.all(corr[i] >= 0)
         assert active.min() >= 0 and active.max() < 200
         assert not model._marks.any()
@@ -232,3 +234,90 @@ def test_ranks_select_what_one_process_selects(family: str) -> None:
                 np.testing.assert_array_equal(union, np.sort(want, axis=1), err_msg=f"P={size} rehash={rehash}")
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def test_lsh_candidates_take_at_most_their_share_and_the_fill_is_corrected() -> None:
+    """With lsh_frac f a block takes at most floor(f * share) LSH candidates; the rest of its share is fill,
+    whose correction log(rest / fill) is positive (uniform fill): LSH candidates are exactly the
+    uncorrected non-labels."""
+    numba.set_num_threads(1)
+    try:
+        data = generate(64, 300, 400, seed=3)
+        cfg = ModelConfig(300, 400, hidden=16, budget=64, tables=8, k=3, blocks=2, fill_power=0.0, lsh_frac=0.25)
+        model = SlideModel(cfg)
+        rows = np.arange(64, dtype=np.int64)
+        _, h = model._hidden(data, rows)
+        active, n_own, corr = model._select(data, rows, h, True, 3)
+        bounds = block_bounds(400, 2)
+        n_lsh = []
+        for i in rows:
+            rest = active[i, n_own[i] :]
+            lsh = rest[corr[i, n_own[i] :] == 0]
+            per_block = np.histogram(lsh, bounds)[0]
+            assert np.all(per_block <= 8)  # floor(0.25 * 32)
+            n_lsh.append(len(lsh))
+        assert max(n_lsh) == 16  # 3-bit codes over 200 neurons per block: the tables find plenty
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def test_frequency_fill_counts_targets_and_draws_frequent_labels_more() -> None:
+    numba.set_num_threads(1)
+    try:
+        data = generate(256, 300, 400, seed=4)
+        cfg = ModelConfig(300, 400, hidden=16, budget=32, tables=0, blocks=2, fill_power=1.0)
+        model = SlideModel(cfg)
+        rows = np.arange(256, dtype=np.int64)
+        model.train_step(data, rows)
+        np.testing.assert_array_equal(model.label_count, data.label_counts())
+        np.testing.assert_allclose(model._fill_weight, data.label_counts() + 1.0)
+        _, h = model._hidden(data, rows)
+        active, _, corr = model._select(data, rows, h, False, 11)
+        drawn = np.bincount(active.ravel(), minlength=400)
+        counts = data.label_counts()
+        frequent, never = counts >= np.sort(counts)[-20], counts == 0
+        assert drawn[frequent].mean() > 3 * drawn[never].mean()
+        # a frequent label stands for fewer of the rest than a never-seen one
+        c_of = {}
+        for i in range(len(rows)):
+            for q in range(active.shape[1]):
+                c_of[int(active[i, q])] = float(corr[i, q])
+        f = [c_of[j] for j in np.flatnonzero(frequent) if j in c_of]
+        z = [c_of[j] for j in np.flatnonzero(never) if j in c_of]
+        assert f and z and max(f) < min(z)
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def test_lr_decay_scales_the_adam_step() -> None:
+    """A row's first Adam update moves each weight by the step's lr: lr / sqrt(1 + step / lr_decay)."""
+    data = generate(64, 300, 200, seed=5)
+    rows = np.arange(64, dtype=np.int64)
+    for decay, step, want in ((0.0, 300, 1e-2), (100.0, 0, 1e-2), (100.0, 300, 5e-3)):
+        model = SlideModel(ModelConfig(300, 200, hidden=16, budget=32, tables=2, blocks=2, lr=1e-2, lr_decay=decay))
+        model.step, model.next_rehash = step, 10**9
+        before = model.W2.copy()
+        model.train_step(data, rows)
+        assert abs(np.abs(model.W2 - before).max() - want) < 1e-3 * want
+
+
+def test_configs_from_before_the_options_keep_what_they_trained_with() -> None:
+    d = ModelConfig(300, 200).to_json()
+    for name in ("lsh_center", "lsh_frac", "fill_power", "lr_decay"):
+        del d[name]
+    old = ModelConfig.from_json(d)
+    assert (old.lsh_center, old.lsh_frac, old.fill_power, old.lr_decay) == (False, 1.0, 0.0, 0.0)
+
+
+def test_weighted_pool_draws_by_weight() -> None:
+    w = np.random.default_rng(1).zipf(1.5, 500).astype(np.float64)
+    w[:3] = [1000.0, 0.5, 3.0]
+    pool, log1m_q = np.empty(1_000_000, np.int32), np.empty(1_000_000, np.float32)
+    kernels.weighted_pool(w, np.uint64(12345), pool, log1m_q)
+    q = w / w.sum()
+    freq = np.bincount(pool, minlength=500) / len(pool)
+    assert 0.5 * np.abs(freq - q).sum() < 0.003  # total variation: sampling noise only
+    np.testing.assert_allclose(log1m_q, np.log1p(-np.minimum(q[pool], 0.5)), rtol=1e-5)
+    again = np.empty_like(pool)
+    kernels.weighted_pool(w, np.uint64(12345), again, np.empty_like(log1m_q))
+    np.testing.assert_array_equal(pool, again)

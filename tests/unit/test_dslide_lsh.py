@@ -90,3 +90,28 @@ def test_bad_settings_are_named() -> None:
         LSHIndex("dwta", 8, 2, 16, 10, 8, 0)
     with pytest.raises(ValueError, match="hash family must be one of"):
         LSHIndex("minhash", 2, 2, 16, 10, 8, 0)
+
+
+def test_centred_tables_spread_rows_that_share_a_direction() -> None:
+    """Rows with a large common part all hash alike; centred per group they spread over the buckets, and the
+    incremental rehash keeps the tables consistent with the centred codes."""
+    rng = np.random.default_rng(3)
+    n, dim = 600, 16
+    w = (5.0 + 0.3 * rng.standard_normal((n, dim))).astype(np.float32)
+    w[300:] -= 10.0  # the second group's common part points the other way
+    groups = np.array([0, 300, n])
+    plain = LSHIndex("srp", 6, 4, dim, n, bucket_cap=600, seed=1, groups=groups)
+    centred = LSHIndex("srp", 6, 4, dim, n, bucket_cap=600, seed=1, groups=groups, center=True)
+    plain.rebuild(w)
+    centred.rebuild(w)
+    check_invariants(centred)
+    for t in range(4):
+        assert len(np.unique(plain.codes[:300, t])) <= 2
+        assert len(np.unique(centred.codes[:300, t])) >= 20
+    mean = np.concatenate([np.repeat(w[:300].mean(0, keepdims=True), 300, 0),
+                           np.repeat(w[300:].mean(0, keepdims=True), 300, 0)])  # fmt: skip
+    np.testing.assert_array_equal(centred.codes - centred._base[:, None], centred.hash(w - mean))
+    ids = rng.choice(n, 100, replace=False)
+    w[ids] += rng.standard_normal((100, dim)).astype(np.float32)
+    centred.rehash(w, ids)
+    check_invariants(centred)
