@@ -215,6 +215,16 @@ def select_active(
                 mark[row[q]] = 0
 
 
+@njit(cache=True, inline="always")
+def _alias_sort(j, p, small, large, ns, nl):
+    """Push ``j`` on the alias method's under-full (p < 1) or over-full stack; the new stack heights."""
+    if p[j] < 1.0:
+        small[ns] = j
+        return ns + 1, nl
+    large[nl] = j
+    return ns, nl + 1
+
+
 @njit(cache=True)
 def weighted_pool(weights, key, pool, log1m_q):
     """``pool[s]`` = i.i.d. draws of indices j with probability q_j = weights[j] / sum(weights), from the
@@ -232,12 +242,7 @@ def weighted_pool(weights, key, pool, log1m_q):
     nl = 0
     for j in range(n):
         p[j] = weights[j] * n / total
-        if p[j] < 1.0:
-            small[ns] = j
-            ns += 1
-        else:
-            large[nl] = j
-            nl += 1
+        ns, nl = _alias_sort(j, p, small, large, ns, nl)
     while ns > 0 and nl > 0:
         ns -= 1
         nl -= 1
@@ -246,12 +251,7 @@ def weighted_pool(weights, key, pool, log1m_q):
         prob[a] = p[a]
         alias[a] = z
         p[z] = (p[z] + p[a]) - 1.0
-        if p[z] < 1.0:
-            small[ns] = z
-            ns += 1
-        else:
-            large[nl] = z
-            nl += 1
+        ns, nl = _alias_sort(z, p, small, large, ns, nl)
     state = np.uint64(key)
     for s in range(pool.shape[0]):
         state, rv = next_u64(state)

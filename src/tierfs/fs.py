@@ -300,7 +300,7 @@ class TierOperations(pyfuse3.Operations):
         node = self.engine.node(inode)
         if node is None or node.kind != KIND_FILE:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        path = self.engine.lend(self.engine.file_index(inode))
+        path = self.engine.lend(node.fidx)
         if path is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return path
