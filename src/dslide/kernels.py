@@ -24,11 +24,14 @@ _TWO_M53 = 1.0 / 9007199254740992.0
 __all__ = [
     "active_logits",
     "adam_rows",
+    "catch_up_rows",
     "hidden_backward",
     "hidden_forward",
+    "mark_features",
     "output_backward",
     "select_active",
     "softmax_stats",
+    "step_lr",
     "weighted_pool",
 ]
 
@@ -345,6 +348,15 @@ def output_backward(h, active, expz, n_own, norm, n_labels, scale, W2, gW2, gb2,
             touched[j] = 1
 
 
+@njit(cache=True)
+def mark_features(rows, x_indptr, x_indices, touched):
+    """``touched[f] = 1`` for every non-zero feature f of the samples ``rows``."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for p in range(x_indptr[r], x_indptr[r + 1]):
+            touched[x_indices[p]] = 1
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def hidden_backward(rows, x_indptr, x_indices, x_values, delta, gW1, touched):
     """``gW1[f] += x_f * delta[i]`` for every non-zero feature f of sample i (HOGWILD)."""
@@ -362,12 +374,14 @@ def hidden_backward(rows, x_indptr, x_indices, x_values, delta, gW1, touched):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
+def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps, step=0):
     """Adam on the rows ``rows`` only (lazy), then clear their gradients.
 
-    Each row counts its own updates in ``T``: a row's moments are averages over the steps it was touched, so
-    its bias correction must use that count, not the global step (with the global step a rarely touched
-    row's first update would be ~3x too large).  ``bW``... are the matching bias entries (length 0: none).
+    ``step`` = 0: each row counts its own updates in ``T`` and its bias correction uses that count (a row's
+    moments are averages over the steps it was touched).  ``step`` > 0: this is global Adam step ``step``,
+    the bias correction is the dense one and ``T[j]`` records ``step`` -- with :func:`catch_up_rows` before
+    the rows are read, the rows then follow dense Adam exactly.  ``bW``... are the matching bias entries
+    (length 0: none).
     """
     has_bias = bW.shape[0] > 0
     n = W.shape[1]
@@ -376,12 +390,12 @@ def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
     e = np.float32(eps)
     for r in prange(rows.shape[0]):
         j = rows[r]
-        t = T[j] + 1
+        t = step if step > 0 else T[j] + 1
         T[j] = t
         # lr * m_hat / (sqrt(v_hat) + eps) with the corrections folded into two per-row float32 scalars
         c1 = 1.0 - beta1**t
         c2 = 1.0 - beta2**t
-        step = np.float32(lr / c1)
+        lr_c1 = np.float32(lr / c1)
         inv_c2 = np.float32(1.0 / c2)
         w = W[j]
         m = M[j]
@@ -393,7 +407,7 @@ def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
             vd = b2 * v[d] + a2 * gd * gd
             m[d] = md
             v[d] = vd
-            w[d] -= step * md / (np.sqrt(vd * inv_c2) + e)
+            w[d] -= lr_c1 * md / (np.sqrt(vd * inv_c2) + e)
             g[d] = 0
         if has_bias:
             gd = bG[j]
@@ -403,3 +417,64 @@ def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps):
             bV[j] = vd
             bW[j] -= lr * (md / c1) / (math.sqrt(vd / c2) + eps)
             bG[j] = 0
+
+
+@njit(cache=True)
+def step_lr(lr, lr_decay, done):
+    """The Adam step size after ``done`` steps: ``lr / sqrt(1 + done / lr_decay)`` (``lr_decay`` 0: ``lr``)."""
+    return lr / math.sqrt(1.0 + done / lr_decay) if lr_decay > 0 else lr
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def catch_up_rows(W, M, V, T, rows, step, lr, lr_decay, beta1, beta2, eps, out, commit):
+    """Move the rows ``rows`` to where dense Adam has them before global step ``step``.
+
+    Dense Adam moves every row every step: a step without a gradient still decays the moments and moves the
+    row along ``m / sqrt(v)``.  Row j was last updated at step ``T[j]`` (0: never, nothing to do); its missed
+    steps s = T[j] + 1 .. step - 1 moved it by ``lr_s sqrt(1 - beta2^s) / (1 - beta1^s) * r^n * m / sqrt(v)``,
+    n = s - T[j], r = beta1 / sqrt(beta2) -- one scalar per row summed over the steps (to r^n < 1e-9), then
+    one pass over the row.  ``lr_s`` is :func:`step_lr` of s - 1, as the model schedules it; eps is kept
+    outside the square root's decay, a 1e-8-scale difference.  With ``commit`` the rows are moved in place,
+    their moments decayed and ``T[j] = step - 1`` (``out`` unused); without, ``out[q]`` gets row ``rows[q]``
+    moved and the state is left as it is (for inference).
+    """
+    H = W.shape[1]
+    r_mom = beta1 / math.sqrt(beta2)
+    for q in prange(rows.shape[0]):
+        j = rows[q]
+        t0 = T[j]
+        w = W[j]
+        missed = step - 1 - t0
+        if t0 <= 0 or missed <= 0:
+            if not commit:
+                o = out[q]
+                for d in range(H):
+                    o[d] = w[d]
+            continue
+        coef = 0.0
+        rn = 1.0
+        p1 = beta1**t0
+        p2 = beta2**t0
+        for n in range(1, missed + 1):
+            rn *= r_mom
+            p1 *= beta1
+            p2 *= beta2
+            coef += step_lr(lr, lr_decay, t0 + n - 1) * math.sqrt(1.0 - p2) / (1.0 - p1) * rn
+            if rn < 1e-9:
+                break
+        c = np.float32(coef)
+        e = np.float32(eps)
+        m = M[j]
+        v = V[j]
+        if commit:
+            d1 = np.float32(beta1**missed)
+            d2 = np.float32(beta2**missed)
+            for d in range(H):
+                w[d] -= c * m[d] / (np.sqrt(v[d]) + e)
+                m[d] *= d1
+                v[d] *= d2
+            T[j] = step - 1
+        else:
+            o = out[q]
+            for d in range(H):
+                o[d] = w[d] - c * m[d] / (np.sqrt(v[d]) + e)

@@ -101,6 +101,10 @@ class ModelConfig:
     # (a unigram proposal, as TF's sampled softmax), with the matching correction; 0: uniform
     fill_power: float = 1.0
     lr_decay: float = 100.0  # > 0: Adam step lr / sqrt(1 + step / lr_decay); 0: constant lr
+    # input-layer rows (W1) follow dense Adam although only the batch's features are touched: a row's momentum
+    # keeps moving it in the steps between its features' appearances (caught up in closed form before it is
+    # next read) and its bias correction is the global step's.  False: plain lazy Adam, per-row bias correction
+    dense_adam_in: bool = True
     rehash: RehashSchedule = field(default_factory=RehashSchedule)
 
     def __post_init__(self) -> None:
@@ -125,7 +129,9 @@ class ModelConfig:
         d = dict(d)
         d["rehash"] = RehashSchedule(**d.get("rehash", {}))
         # configs written before these options: what those models were trained with
-        for name, value in (("lsh_center", False), ("lsh_frac", 1.0), ("fill_power", 0.0), ("lr_decay", 0.0)):
+        for name, value in (
+            ("lsh_center", False), ("lsh_frac", 1.0), ("fill_power", 0.0), ("lr_decay", 0.0), ("dense_adam_in", False),
+        ):  # fmt: skip
             d.setdefault(name, value)
         return cls(**d)
 
@@ -223,13 +229,33 @@ class SlideModel:
         self.rehash_count = 0
         self.next_rehash = cfg.rehash.interval(0)
         self._marks = np.zeros((0, n_local), np.uint8)
+        self._w1_now: tuple[int, np.ndarray] | None = None
 
     # -- phases ---------------------------------------------------------------------------------------------
 
-    def _hidden(self, data: XCData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _hidden(self, data: XCData, rows: np.ndarray, W1: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         hl = np.empty((len(rows), self.h_hi - self.h_lo), np.float32)
-        kernels.hidden_forward(rows, data.x_indptr, data.x_indices, data.x_values, self.W1, self.b1, hl)
+        W1 = self.W1 if W1 is None else W1
+        kernels.hidden_forward(rows, data.x_indptr, data.x_indices, data.x_values, W1, self.b1, hl)
         return hl, np.ascontiguousarray(self.comm.allgather(hl), dtype=np.float32)
+
+    def _catch_up(self, rows: np.ndarray, out: np.ndarray | None = None) -> None:
+        """Move W1's ``rows`` to where dense Adam has them now (in place, or into ``out``, state untouched)."""
+        cfg, o = self.cfg, self.opt
+        kernels.catch_up_rows(
+            self.W1, o["M1"], o["V1"], o["T1"], rows, self.step + 1, cfg.lr, cfg.lr_decay, cfg.beta1, cfg.beta2,
+            cfg.eps, self.W1[:0] if out is None else out, out is None,
+        )  # fmt: skip
+
+    def _inference_W1(self) -> np.ndarray:
+        """W1 as dense Adam has it after the steps so far (what inference reads); computed once per step."""
+        if not self.cfg.dense_adam_in:
+            return self.W1
+        if self._w1_now is None or self._w1_now[0] != self.step:
+            out = np.empty_like(self.W1)
+            self._catch_up(np.arange(len(self.W1), dtype=np.int64), out)
+            self._w1_now = (self.step, out)
+        return self._w1_now[1]
 
     def _select(self, data: XCData, rows: np.ndarray, h: np.ndarray, use_labels: bool, key: int) -> tuple:
         cfg, ix = self.cfg, self.index
@@ -274,7 +300,12 @@ class SlideModel:
         cfg, comm, o = self.cfg, self.comm, self.opt
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         B = len(rows)
-        # 1. hidden forward
+        # 1. hidden forward (the batch's W1 rows first moved as dense Adam has moved them since last touched)
+        in_rows = None
+        if cfg.dense_adam_in:
+            kernels.mark_features(rows, data.x_indptr, data.x_indices, self.touched_in)
+            in_rows = np.flatnonzero(self.touched_in)
+            self._catch_up(in_rows)
         hl, h = self._hidden(data, rows)
         # 2. active sets, logits, softmax normaliser over all ranks
         active, n_own, corr = self._select(data, rows, h, True, self.step)
@@ -296,7 +327,7 @@ class SlideModel:
             self.W2, o["G2"], o["Gb2"], self.touched_out, dh,
         )  # fmt: skip
         dh = comm.allreduce_sum(dh)
-        lr = cfg.lr / math.sqrt(1.0 + self.step / cfg.lr_decay) if cfg.lr_decay > 0 else cfg.lr
+        lr = kernels.step_lr(cfg.lr, cfg.lr_decay, self.step)
         out_rows = np.flatnonzero(self.touched_out)
         self.touched_out[out_rows] = 0
         self.dirty[out_rows] = 1
@@ -307,12 +338,13 @@ class SlideModel:
         # 4. hidden backward of the own slice
         delta = np.ascontiguousarray(dh[:, self.h_lo : self.h_hi] * (hl > 0), dtype=np.float32)
         kernels.hidden_backward(rows, data.x_indptr, data.x_indices, data.x_values, delta, o["G1"], self.touched_in)
-        in_rows = np.flatnonzero(self.touched_in)
+        if in_rows is None:
+            in_rows = np.flatnonzero(self.touched_in)
         self.touched_in[in_rows] = 0
         no_bias = np.zeros(0, np.float32)
         kernels.adam_rows(
             self.W1, o["M1"], o["V1"], o["G1"], no_bias, no_bias, no_bias, no_bias, o["T1"], in_rows,
-            lr, cfg.beta1, cfg.beta2, cfg.eps,
+            lr, cfg.beta1, cfg.beta2, cfg.eps, self.step + 1 if cfg.dense_adam_in else 0,
         )  # fmt: skip
         o["Gb1"][0] = delta.sum(axis=0)
         kernels.adam_rows(
@@ -357,7 +389,7 @@ class SlideModel:
         training but without the true labels -- the fast, approximate option.
         """
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        _, h = self._hidden(data, rows)
+        _, h = self._hidden(data, rows, self._inference_W1())
         B = len(rows)
         top_s = np.empty((B, k), np.float32)
         top_i = np.empty((B, k), np.int64)
@@ -438,3 +470,4 @@ class SlideModel:
             self.opt[k][...] = state[f"opt_{k}"]
         self.index.load_state({k[4:]: v for k, v in state.items() if k.startswith("lsh_")})
         self.step, self.rehash_count, self.next_rehash = (int(v) for v in state["counters"])
+        self._w1_now = None

@@ -161,6 +161,69 @@ def test_lazy_adam_matches_per_row_reference() -> None:
         np.testing.assert_allclose(before - W[first], lr, rtol=1e-4)
 
 
+@pytest.mark.parametrize("lr_decay", [0.0, 20.0])
+def test_caught_up_lazy_adam_follows_dense_adam(lr_decay: float) -> None:
+    """Rows touched now and then, caught up before each read and updated at the global step, are where dense
+    Adam (every row every step, zero gradient when untouched) has them -- at every read and at the end."""
+    rng = np.random.default_rng(11)
+    n, d, steps = 12, 5, 240
+    lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-8
+    touch_p = np.array([1.0, 0.5, 0.2, 0.05, 0.02, 0.01, 0.3, 0.3, 0.1, 0.0, 0.7, 0.04])
+    W = rng.standard_normal((n, d)).astype(np.float32)
+    M, V, G, T = np.zeros_like(W), np.zeros_like(W), np.zeros_like(W), np.zeros(n, np.int64)
+    none = np.zeros(0, np.float32)
+    ref, rm, rv = W.astype(np.float64), np.zeros((n, d)), np.zeros((n, d))
+    out = np.empty_like(W)
+    for t in range(1, steps + 1):
+        lr_t = lr / np.sqrt(1 + (t - 1) / lr_decay) if lr_decay else lr
+        rows = np.flatnonzero(rng.random(n) < touch_p).astype(np.int64)
+        kernels.catch_up_rows(W, M, V, T, rows, t, lr, lr_decay, b1, b2, eps, out[:0], True)
+        np.testing.assert_allclose(W[rows], ref[rows], rtol=2e-4, atol=2e-5)  # what the forward pass reads
+        g = np.zeros((n, d))
+        g[rows] = rng.standard_normal((len(rows), d))
+        G[rows] = g[rows]
+        kernels.adam_rows(W, M, V, G, none, none, none, none, T, rows, lr_t, b1, b2, eps, t)
+        rm, rv = b1 * rm + (1 - b1) * g, b2 * rv + (1 - b2) * g * g
+        ref -= lr_t * (rm / (1 - b1**t)) / (np.sqrt(rv / (1 - b2**t)) + eps)
+        np.testing.assert_allclose(W[rows], ref[rows], rtol=2e-4, atol=2e-5)
+        assert (T[rows] == t).all()
+    state = [a.copy() for a in (W, M, V, T)]
+    everything = np.arange(n, dtype=np.int64)
+    kernels.catch_up_rows(W, M, V, T, everything, steps + 1, lr, lr_decay, b1, b2, eps, out, False)
+    np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5)  # what inference reads
+    for a, b in zip((W, M, V, T), state, strict=True):
+        np.testing.assert_array_equal(a, b)  # inference leaves the state alone
+    assert T[9] == 0 and (out[9] == W[9]).all()  # a row never touched has not moved
+    # rows last touched long ago really moved after their last update: momentum, not just the update
+    assert np.abs(out - W).max() > 3 * lr  # one Adam step moves a weight by about lr at most
+
+
+def test_inference_reads_caught_up_input_rows_and_leaves_training_alone() -> None:
+    """Evaluating between steps changes nothing in training (bit for bit, one thread), and inference reads W1
+    as dense Adam has it now: rows of features absent from the last steps have still moved."""
+    numba.set_num_threads(1)
+    try:
+        data = generate(400, 300, 200, seed=6)
+        cfg = ModelConfig(300, 200, hidden=16, budget=32, tables=2, blocks=2)
+        quiet, evaluated = SlideModel(cfg), SlideModel(cfg)
+        for s in range(15):
+            rows = np.arange(s * 24, s * 24 + 24, dtype=np.int64) % 400
+            quiet.train_step(data, rows)
+            evaluated.train_step(data, rows)
+            if s % 4 == 1:
+                evaluated.evaluate(data, 50)
+        after = evaluated.state()
+        for name, arr in quiet.state().items():
+            np.testing.assert_array_equal(arr, after[name], err_msg=name)
+        now = quiet._inference_W1()
+        assert np.abs(now - quiet.W1).max() > 0.1 * cfg.lr  # momentum moved rows the last step did not touch
+        quiet._catch_up(np.arange(300, dtype=np.int64))  # the same catch-up, committed
+        np.testing.assert_allclose(now, quiet.W1, rtol=1e-6, atol=1e-7)
+        assert quiet._inference_W1() is now  # computed once per step
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
 @pytest.mark.parametrize(
     ("budget", "threads", "fill_power"), [(12, 1, 1.0), (12, 2, 1.0), (64, 1, 1.0), (200, 2, 1.0), (64, 2, 0.0)]
 )
@@ -303,10 +366,11 @@ def test_lr_decay_scales_the_adam_step() -> None:
 
 def test_configs_from_before_the_options_keep_what_they_trained_with() -> None:
     d = ModelConfig(300, 200).to_json()
-    for name in ("lsh_center", "lsh_frac", "fill_power", "lr_decay"):
+    for name in ("lsh_center", "lsh_frac", "fill_power", "lr_decay", "dense_adam_in"):
         del d[name]
     old = ModelConfig.from_json(d)
-    assert (old.lsh_center, old.lsh_frac, old.fill_power, old.lr_decay) == (False, 1.0, 0.0, 0.0)
+    got = (old.lsh_center, old.lsh_frac, old.fill_power, old.lr_decay, old.dense_adam_in)
+    assert got == (False, 1.0, 0.0, 0.0, False)
 
 
 def test_weighted_pool_draws_by_weight() -> None:
