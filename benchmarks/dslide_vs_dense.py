@@ -234,7 +234,13 @@ def worker_convergence(side: str, args: argparse.Namespace) -> dict:
 
 def run_worker(part: str, side: str, argv: list[str]) -> dict:
     cmd = [sys.executable, __file__, *argv, "--worker", f"{part}:{side}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = dict(os.environ)
+    if side == "dslide":
+        # dslide trains in numba threads; numpy's BLAS (evaluation only, untimed) would otherwise leave its own
+        # threads spinning on the 2 cores after each evaluation and slow the next steps by 15-20 %.  Torch
+        # evaluates in the pool it trains in.
+        env["OPENBLAS_NUM_THREADS"] = "1"
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if r.returncode != 0:
         raise SystemExit(f"worker {part}:{side} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
