@@ -204,10 +204,11 @@ def select_active(
                 rest = (blocks[g + 1] - blocks[g]) - in_block[g] - (fill_from - (goal - need))
                 if weighted:
                     # the pool is i.i.d. draws from q and the fill is what `visited` of them hold: neuron j of the
-                    # rest is in it with P_j = 1 - (1 - q_j)^visited and stands for 1 / P_j (Horvitz-Thompson)
+                    # rest is in it with P_j = 1 - (1 - q_j)^visited and stands for 1 / P_j (Horvitz-Thompson);
+                    # a fill that holds all of the rest stands for itself
                     for q in range(fill_from, goal):
                         v = 0.0
-                        if correct and corr[i, q] < 0:
+                        if correct and rest > n_fill and corr[i, q] < 0:
                             v = -math.log(-math.expm1(visited * corr[i, q]))
                         corr[i, q] = np.float32(v) if v > 0 else np.float32(0.0)
                 elif correct and n_fill > 0 and rest > n_fill:
@@ -431,15 +432,17 @@ def catch_up_rows(W, M, V, T, rows, step, lr, lr_decay, beta1, beta2, eps, out, 
 
     Dense Adam moves every row every step: a step without a gradient still decays the moments and moves the
     row along ``m / sqrt(v)``.  Row j was last updated at step ``T[j]`` (0: never, nothing to do); its missed
-    steps s = T[j] + 1 .. step - 1 moved it by ``lr_s sqrt(1 - beta2^s) / (1 - beta1^s) * r^n * m / sqrt(v)``,
-    n = s - T[j], r = beta1 / sqrt(beta2) -- one scalar per row summed over the steps (to r^n < 1e-9), then
-    one pass over the row.  ``lr_s`` is :func:`step_lr` of s - 1, as the model schedules it; eps is kept
-    outside the square root's decay, a 1e-8-scale difference.  With ``commit`` the rows are moved in place,
-    their moments decayed and ``T[j] = step - 1`` (``out`` unused); without, ``out[q]`` gets row ``rows[q]``
-    moved and the state is left as it is (for inference).
+    steps s = T[j] + 1 .. step - 1 moved it by ``a_s * m / (sqrt(v) + eps * e_s)``, ``a_s = lr_s sqrt(1 -
+    beta2^s) / (1 - beta1^s) * r^n``, ``e_s = sqrt(1 - beta2^s) / beta2^(n/2)``, n = s - T[j], r = beta1 /
+    sqrt(beta2), ``lr_s`` :func:`step_lr` of s - 1 -- summed as ``sum(a_s) * m / (sqrt(v) + eps * e)`` with e
+    the a-weighted mean of e_s (exact for one missed step, and whenever eps is small against sqrt(v)): two
+    scalars per row summed over the steps (to r^n < 1e-9), then one pass over the row.  With ``commit`` the
+    rows are moved in place, their moments decayed and ``T[j] = step - 1`` (``out`` unused); without,
+    ``out[q]`` gets row ``rows[q]`` moved and the state is left as it is (for inference).
     """
     H = W.shape[1]
-    r_mom = beta1 / math.sqrt(beta2)
+    sqrt_b2 = math.sqrt(beta2)
+    r_mom = beta1 / sqrt_b2
     for q in prange(rows.shape[0]):
         j = rows[q]
         t0 = T[j]
@@ -452,18 +455,23 @@ def catch_up_rows(W, M, V, T, rows, step, lr, lr_decay, beta1, beta2, eps, out, 
                     o[d] = w[d]
             continue
         coef = 0.0
+        eps_w = 0.0
         rn = 1.0
+        sq2 = 1.0
         p1 = beta1**t0
         p2 = beta2**t0
         for n in range(1, missed + 1):
             rn *= r_mom
+            sq2 *= sqrt_b2
             p1 *= beta1
             p2 *= beta2
-            coef += step_lr(lr, lr_decay, t0 + n - 1) * math.sqrt(1.0 - p2) / (1.0 - p1) * rn
+            a = step_lr(lr, lr_decay, t0 + n - 1) * math.sqrt(1.0 - p2) / (1.0 - p1) * rn
+            coef += a
+            eps_w += a * math.sqrt(1.0 - p2) / sq2
             if rn < 1e-9:
                 break
         c = np.float32(coef)
-        e = np.float32(eps)
+        e = np.float32(eps * eps_w / coef)
         m = M[j]
         v = V[j]
         if commit:

@@ -324,6 +324,60 @@ def test_lsh_candidates_take_at_most_their_share_and_the_fill_is_corrected() -> 
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
+@pytest.mark.parametrize("fill_power", [0.0, 1.0])
+def test_a_budget_of_every_label_is_the_exact_softmax(fill_power: float) -> None:
+    """With every output neuron active the fill stands for nothing else: no correction, every label once."""
+    data = generate(40, 300, 90, seed=4)
+    cfg = ModelConfig(300, 90, hidden=16, budget=96, tables=2, blocks=3, fill_power=fill_power)
+    model = SlideModel(cfg)
+    model.label_count[:10] = 50  # unequal fill weights, as after some training
+    model._fill_weight[:] = (model.label_count + 1.0) ** max(fill_power, 0.0)
+    rows = np.arange(40, dtype=np.int64)
+    _, h = model._hidden(data, rows)
+    active, _, corr = model._select(data, rows, h, True, 0)
+    assert (np.sort(active, axis=1) == np.arange(90)).all()
+    assert not corr.any()
+
+
+def test_every_label_active_trains_exactly_the_dense_network() -> None:
+    """With the whole output layer active, dslide's steps -- selection, the softmax, the gradients, lazy Adam
+    on W2, the caught-up Adam on W1, the lr schedule -- are dense Adam on the dense network (float64 reference)."""
+    numba.set_num_threads(1)
+    try:
+        n_feat, n_lab = 400, 24
+        data = generate(48, n_feat, n_lab, seed=8)
+        cfg = ModelConfig(n_feat, n_lab, hidden=8, budget=24, tables=2, blocks=2, lr=1e-2, lr_decay=5.0)
+        model = SlideModel(cfg)
+        x = np.zeros((len(data), n_feat))
+        for r in range(len(data)):
+            sl = slice(data.x_indptr[r], data.x_indptr[r + 1])
+            x[r, data.x_indices[sl]] = data.x_values[sl]
+        params = [p.astype(np.float64) for p in (model.W1, model.b1, model.W2, model.b2)]
+        moments = [(np.zeros_like(p), np.zeros_like(p)) for p in params]
+        rng = np.random.default_rng(0)
+        for t in range(1, 9):
+            rows = np.sort(rng.choice(len(data), 12, replace=False)).astype(np.int64)
+            model.train_step(data, rows)
+            active = np.empty((12, n_lab), np.int64)
+            n_own = np.empty(12, np.int64)
+            for i, r in enumerate(rows):
+                labels = data.y_indices[data.y_indptr[r] : data.y_indptr[r + 1]]
+                active[i] = np.concatenate([labels, np.setdiff1d(np.arange(n_lab), labels)])
+                n_own[i] = len(labels)
+            grads = reference_grads(x[rows], *params, active, n_own)[:4]
+            lr_t = cfg.lr / np.sqrt(1 + (t - 1) / cfg.lr_decay)
+            for p, g, (m, v) in zip(params, grads, moments, strict=True):
+                m[...] = cfg.beta1 * m + (1 - cfg.beta1) * g
+                v[...] = cfg.beta2 * v + (1 - cfg.beta2) * g * g
+                p -= lr_t * (m / (1 - cfg.beta1**t)) / (np.sqrt(v / (1 - cfg.beta2**t)) + cfg.eps)
+        got = (model._inference_W1(), model.b1, model.W2, model.b2)
+        for name, a, want in zip(("W1", "b1", "W2", "b2"), got, params, strict=True):
+            np.testing.assert_allclose(a, want, rtol=1e-4, atol=2e-5, err_msg=name)
+        assert np.abs(params[0] - model.W1).max() > 1e-3  # W1 rows idle in the last steps had moved meanwhile
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
 def test_frequency_fill_counts_targets_and_draws_frequent_labels_more() -> None:
     numba.set_num_threads(1)
     try:
