@@ -47,21 +47,22 @@ _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        v = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    v = _number(text)
     if not v > 0 or v == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return v
 
 
 def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    v = _number(text)
     if not v >= 0 or v == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
     return v
