@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
 
 F, L, H, BATCH, BUDGET = 135_909, 670_091, 128, 256, 512
 LINK_BYTES_PER_S = 1e9 / 8  # 1 Gbit/s

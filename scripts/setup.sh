@@ -8,7 +8,7 @@ cd "$root"
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-apt_pkgs=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv)
+apt_pkgs=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv rsync util-linux)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,6 +28,6 @@ stamp=.venv/.tierfs-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing the project into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test,bench]"
+    .venv/bin/python -m pip install -q -e ".[test,bench,torch]"
     touch "$stamp"
 fi

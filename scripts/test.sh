@@ -4,5 +4,5 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/scripts/setup.sh"
 cd "$root"
-.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff check tierfs sampler dslide tests benchmarks examples
 exec .venv/bin/python -m pytest "$@"

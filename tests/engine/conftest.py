@@ -39,13 +39,17 @@ def open_engine(tmp_path, dataset):
 
     def factory(capacity: int | None = None, *, cache: str | os.PathLike[str] | None = None,
                 backing_dir: str | os.PathLike[str] | None = None, **settings: Any) -> Engine:
-        total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(backing_dir or backing) for f in fs)
+        # what the copies take on the cache disk (the cap counts allocated blocks, at least one per file)
+        block = os.statvfs(tmp_path).f_frsize
+        total = sum(max(block, -(-os.path.getsize(os.path.join(r, f)) // block) * block)
+                    for r, _, fs in os.walk(backing_dir or backing) for f in fs)
         cfg = MountConfig(
             backing=os.fspath(backing_dir or backing),
             mountpoint=os.fspath(tmp_path / "mnt"),
             cache=os.fspath(cache or tmp_path / "cache"),
             capacity=capacity or int(total * 0.7),
-            settings=Settings(**{"nm": 4, "rf": 2, **settings}),
+            # revalidate=open: these tests change backing files and expect the next open to see it
+            settings=Settings(**{"nm": 4, "rf": 2, "revalidate": "open", **settings}),
         )
         e = Engine(cfg)
         e.open()
@@ -68,7 +72,7 @@ async def read_file(engine: Engine, fidx: int, chunk: int = 1 << 16) -> bytes:
             off += len(data)
         return b"".join(out)
     finally:
-        engine.release(h)
+        await engine.release(h)
 
 
 def backing_bytes(engine: Engine, fidx: int) -> bytes:
@@ -88,7 +92,7 @@ async def read_view(engine: Engine) -> int:
 async def settle(engine: Engine) -> None:
     """Wait until the stager has nothing left to do (everything wanted is cached or failed)."""
     for _ in range(2000):
-        if engine.next_to_stage() is None and not engine._inflight:
+        if engine.stager.settled():
             return
         await trio.sleep(0.005)
     raise AssertionError("staging did not settle")

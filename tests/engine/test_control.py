@@ -67,7 +67,9 @@ def test_bad_write_is_einval_changes_nothing_and_shows_in_status(open_engine, t)
     t.run(main)
 
 
-def test_truncating_open_of_control_is_allowed(open_engine, t):
+def test_truncating_control_is_refused(open_engine, t):
+    # truncate(control) changed nothing but succeeded (issue 11); ``echo x > control`` never truncates: the
+    # kernel hands O_TRUNC to open (atomic O_TRUNC), as the mount tests' shell writes show
     e = open_engine()
     ops = TierOperations(e)
 
@@ -76,7 +78,9 @@ def test_truncating_open_of_control_is_allowed(open_engine, t):
         names = ("update_mode", "update_size", "update_mtime", "update_atime", "update_uid", "update_gid")
         sf = SimpleNamespace(**{n: n == "update_size" for n in names})
         attr = await ops.getattr(CONTROL_INODES[b"control"], None)
-        await ops.setattr(CONTROL_INODES[b"control"], attr, sf, None, None)  # `>` without atomic O_TRUNC
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await ops.setattr(CONTROL_INODES[b"control"], attr, sf, None, None)
+        assert exc.value.errno == errno.EROFS
 
     t.run(main)
 
@@ -110,7 +114,7 @@ def test_status_always_complete_valid_json_and_metrics_from_same_snapshot(open_e
         d = json.loads(b"".join(chunks))
         assert d.keys() >= REQUIRED
         assert set(d["prefetch"]) == {"files_done", "files_total", "bytes_done", "bytes_total", "bytes_per_s"}
-        assert set(d["reads"]) == {"hits", "misses", "out_of_view", "direct"}
+        assert set(d["reads"]) == {"hits", "misses", "out_of_view", "direct", "plan"}
         assert set(d["arf"]) >= {"mode", "score", "history"}
         assert isinstance(d["rf_effective"], list)
         seen.append(d)

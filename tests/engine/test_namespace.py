@@ -63,12 +63,15 @@ def test_every_backing_path_resolves_and_reads(open_engine, dataset, t):
             attr = await _resolve(ops, rel)
             assert attr.st_size == size
             assert await _read(ops, attr.st_ino) == (backing / rel).read_bytes()
-        with pytest.raises(pyfuse3.FUSEError) as exc:
-            await ops.lookup(pyfuse3.ROOT_INODE, b"nope", CTX)
-        assert exc.value.errno == errno.ENOENT
+        # a name that is not there is a negative entry the kernel keeps (ENOENT to the caller, no more lookups)
+        class_dir = (await _resolve(ops, sorted(files)[0].split("/")[0])).st_ino
+        for parent, name in ((pyfuse3.ROOT_INODE, b"nope"), (class_dir, b".tierfs"),
+                             (CONTROL_INODES[b".tierfs"], b"nope")):
+            neg = await ops.lookup(parent, name, CTX)
+            assert neg.st_ino == 0 and neg.entry_timeout >= 60
 
     t.run(main)
-    assert e.out_of_view == len(files) - len(e.view.files) or e.out_of_view > 0
+    assert e.data.out_of_view == len(files) - len(e.view.files) or e.data.out_of_view > 0
 
 
 def test_root_lists_view_and_every_data_dir(open_engine, dataset, t):
@@ -120,10 +123,11 @@ def test_control_dir_hidden_but_resolvable(open_engine, t):
         d = await ops.lookup(pyfuse3.ROOT_INODE, b".tierfs", CTX)
         assert stat.S_ISDIR(d.st_mode)
         listed = sorted(await _walk(ops, d.st_ino))
-        assert listed == ["control", "metrics", "order", "status"]
-        for name in ("control", "status", "order", "metrics"):
+        assert listed == ["control", "metrics", "order", "order0", "plan", "status"]
+        for name in ("control", "status", "order", "order0", "metrics"):
             a = await ops.lookup(d.st_ino, name.encode(), CTX)
             assert a.st_ino == CONTROL_INODES[name.encode()]
+            assert a.attr_timeout >= 60  # constant attributes: the kernel keeps them (the content is per open)
         status = json.loads(await _read(ops, CONTROL_INODES[b"status"]))
         assert status["view_files"] == len(e.view.files)
         assert (await _read(ops, CONTROL_INODES[b"order"])) == e.order_text()
@@ -191,7 +195,8 @@ def test_attributes_are_read_only_copies(open_engine, dataset, t):
         a = await _resolve(ops, rel)
         st = (backing / rel).stat()
         assert a.st_size == st.st_size and a.st_mtime_ns == st.st_mtime_ns
-        assert stat.S_IMODE(a.st_mode) == stat.S_IMODE(st.st_mode) & ~0o222
+        # the backing file's own modes and blocks (a read-only dataset to every tool: issue 14; writes get EROFS)
+        assert a.st_mode == st.st_mode and a.st_blocks == st.st_blocks
 
     t.run(main)
 
@@ -204,7 +209,7 @@ def test_symlinks_shown_with_their_own_text(tmp_path, open_engine, t):
     os.symlink(tmp_path / "outside", backing / "cls" / "escape")
     os.symlink("a.bin", backing / "cls" / "rel")
     os.symlink(tmp_path, backing / "dirlink")
-    e = open_engine(capacity=1000, backing_dir=backing, nm=1)
+    e = open_engine(capacity=1 << 20, backing_dir=backing, nm=1)
     ops = TierOperations(e)
 
     async def main():

@@ -127,8 +127,8 @@ def test_feedback_with_arf_off_is_recorded_but_never_advances(open_engine, t):
 
 def test_rf_auto_from_measured_rates(open_engine, t):
     e = open_engine(rf="auto")
-    e._staged_bytes, e._staging_busy = 1000, 1.0  # 1000 B/s staging
-    e.consumption_bps = 3500.0  # a reader 3.5x faster
+    e.stager._bytes, e.stager._busy = 1000, 1.0  # 1000 B/s staging
+    e.schedule.consumption_bps = 3500.0  # a reader 3.5x faster
     assert e.rf_now() == 4
     assert e.status().rf == 4 and e.status().rf_setting == "auto"
 
@@ -136,7 +136,7 @@ def test_rf_auto_from_measured_rates(open_engine, t):
 @pytest.mark.parametrize("composition", ["random", "stratified", "contiguous", "reservoir"])
 def test_compositions(open_engine, t, composition):
     e = open_engine(composition=composition, rf=1, advance="strict")
-    plan = e._plan(0)
+    plan = e.schedule.plan(0)
     assert sorted(np.concatenate(plan).tolist()) == list(range(e.tree.n_files))
     assert all(int(e.tree.sizes[p].sum()) <= e.config.capacity // 2 for p in plan)
     if composition == "stratified":
@@ -158,10 +158,10 @@ def test_compositions(open_engine, t, composition):
 def test_rank_world_size_shard_the_plan(open_engine, tmp_path, t):
     e0 = open_engine(cache=tmp_path / "c0", rank=0, world_size=2)
     e1 = open_engine(cache=tmp_path / "c1", rank=1, world_size=2)
-    for j in range(len(e0._plan(0))):
-        a, b = set(e0._plan(0)[j].tolist()), set(e1._plan(0)[j].tolist())
+    for j in range(len(e0.schedule.plan(0))):
+        a, b = set(e0.schedule.plan(0)[j].tolist()), set(e1.schedule.plan(0)[j].tolist())
         assert not a & b
-    union = set(np.concatenate(e0._plan(0)).tolist()) | set(np.concatenate(e1._plan(0)).tolist())
+    union = set(np.concatenate(e0.schedule.plan(0)).tolist()) | set(np.concatenate(e1.schedule.plan(0)).tolist())
     assert union == set(range(e0.tree.n_files))
     assert set(e0.view.files.tolist()).isdisjoint(e1.view.files.tolist())
 
@@ -174,7 +174,7 @@ def test_view_full_shows_everything_and_stages_mini_epochs(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        assert len(e.cache.entries) == len(e._cur) + len(e.next_files)
+        assert len(e.cache.entries) == len(e.schedule.current) + len(e.schedule.next_files)
 
     t.run(main)
 
@@ -191,28 +191,28 @@ def test_lru_reads_through_under_the_cap(open_engine, t):
         assert e.pos.passes_total == 2
         # the most recently read files are the cached ones
         last = e.view.order.tolist()
-        hits = e.hits
+        hits = e.data.hits
         await t.read_file(e, list(e.cache.entries)[-1])
-        assert e.hits == hits + 1
+        assert e.data.hits == hits + 1
         assert len(last) == e.tree.n_files
 
     t.run(main)
-    assert e.misses > 0 and e.cache.used <= e.cache.capacity
+    assert e.data.misses > 0 and e.cache.used <= e.cache.capacity
 
 
 def test_settings_change_keeps_current_epoch_plan(open_engine, t):
     e = open_engine(capacity=1 << 20, nm=4)
-    cur = e._cur.copy()
+    cur = e.schedule.current.copy()
     e.control_write(b"nm=2\n")
-    assert e.settings.nm == 2 and (e._cur == cur).all()
-    assert len(e._plan(0)) == 4 and len(e._plan(1)) == 2
+    assert e.settings.nm == 2 and (e.schedule.current == cur).all()
+    assert len(e.schedule.plan(0)) == 4 and len(e.schedule.plan(1)) == 2
     assert isinstance(e.settings, Settings)
 
 
 def test_empty_shares_are_skipped(open_engine, t):
-    # 32 files, 2 ranks x 20 mini-epochs: some shares are empty; a rank never sits on an empty view
-    e = open_engine(capacity=1 << 20, nm=20, rank=1, world_size=2, rf=1, advance="strict")
-    assert any(len(p) == 0 for p in e._plan(0))
+    # 32 files, 2 ranks x 40 mini-epochs: some shares are empty; a rank never sits on an empty view
+    e = open_engine(capacity=1 << 20, nm=40, rank=1, world_size=2, rf=1, advance="strict")
+    assert any(len(p) == 0 for p in e.schedule.plan(0))
 
     async def main():
         seen = []
@@ -220,7 +220,7 @@ def test_empty_shares_are_skipped(open_engine, t):
             assert len(e.view) > 0
             seen.extend(e.view.files.tolist())
             await t.read_view(e)
-        assert sorted(seen) == sorted(np.concatenate(e._plan(0)).tolist())
+        assert sorted(seen) == sorted(np.concatenate(e.schedule.plan(0)).tolist())
 
     t.run(main)
 
@@ -278,11 +278,11 @@ def test_consumption_runs_from_one_pass_start_to_the_next(open_engine, t):
 
     async def main():
         await t.read_view(e)  # every open within milliseconds: the first estimate is far too high
-        first_guess = e.consumption_bps
-        pass_bytes = e.opened_bytes
+        first_guess = e.schedule.consumption_bps
+        pass_bytes = e.data.opened_bytes
         await trio.sleep(0.5)  # the loader still consuming what it opened
         await t.read_file(e, e.view.order.tolist()[0])
-        assert e.consumption_bps <= pass_bytes / 0.5
-        assert e.consumption_bps < first_guess / 5
+        assert e.schedule.consumption_bps <= pass_bytes / 0.5
+        assert e.schedule.consumption_bps < first_guess / 5
 
     t.run(main)

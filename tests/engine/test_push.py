@@ -9,6 +9,7 @@ import time
 import trio
 
 from tierfs.engine import Engine
+from tierfs.pusher import KernelCache
 
 
 class FakeKernel:
@@ -25,20 +26,19 @@ class FakeKernel:
         buf = self.pages.setdefault(inode, bytearray())
         buf[offset:offset + len(data)] = data
 
-    def invalidate(self, inode: int) -> None:
+    def invalidate(self, inode: int, attr_only: bool = False) -> None:
         self.invalidated.append(inode)
         self.pages.pop(inode, None)
 
 
-def _attach(e: Engine, kernel: FakeKernel) -> None:
-    e.store_pages = kernel.store
-    e.invalidate_inode = kernel.invalidate
+def _attach(e: Engine, kernel: FakeKernel, store=None) -> None:
+    e.attach_kernel(KernelCache(store or kernel.store, kernel.invalidate))
 
 
 async def _settled(e: Engine, t) -> None:
     await t.settle(e)
     for _ in range(400):
-        if not e._push_queue and not e._push_inflight:
+        if not e.pusher.queue and not e.pusher.inflight:
             return
         await trio.sleep(0.005)
     raise AssertionError("pusher did not settle")
@@ -61,17 +61,17 @@ def test_staged_current_and_next_are_pushed_with_their_exact_bytes(open_engine, 
 
     async def body():
         await _settled(e, t)
-        want = set(e._cur.tolist()) | set(e.next_files.tolist())
+        want = set(e.schedule.current.tolist()) | set(e.schedule.next_files.tolist())
         assert {e.file_inode(f) for f in want} == set(kernel.pages)
         for f in want:
             assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
-        assert e.pushed_bytes == sum(int(e.tree.sizes[f]) for f in want)
+        assert e.pusher.pushed_bytes == sum(int(e.tree.sizes[f]) for f in want)
         # a switch pushes nothing twice, and the new next mini-epoch once staged
-        before = e.pushed_bytes
+        before = e.pusher.pushed_bytes
         e.request_advance()
         await _settled(e, t)
-        nxt = set(e.next_files.tolist())
-        assert e.pushed_bytes - before == sum(int(e.tree.sizes[f]) for f in nxt)
+        nxt = set(e.schedule.next_files.tolist())
+        assert e.pusher.pushed_bytes - before == sum(int(e.tree.sizes[f]) for f in nxt)
         for f in nxt:
             assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
 
@@ -82,11 +82,11 @@ def test_push_stays_within_the_budget(open_engine, t):
     e = open_engine()
     kernel = FakeKernel()
     _attach(e, kernel)
-    e.push_budget = int(e.tree.sizes[e._cur].sum()) // 2
+    e.pusher.budget = int(e.tree.sizes[e.schedule.current].sum()) // 2
 
     async def body():
         await _settled(e, t)
-        assert 0 < sum(len(b) for b in kernel.pages.values()) <= e.push_budget
+        assert 0 < sum(len(b) for b in kernel.pages.values()) <= e.pusher.budget
 
     _run_with_stager(e, t, body)
 
@@ -98,9 +98,9 @@ def test_inodes_unknown_to_the_kernel_are_pushed_once_listed(open_engine, t):
 
     async def body():
         await _settled(e, t)
-        assert not kernel.pages and e._push_unknown  # nothing known yet: nothing stored, nothing read
-        d = next(iter(e._push_unknown))
-        files = set(e._push_unknown[d])
+        assert not kernel.pages and e.pusher.unknown  # nothing known yet: nothing stored, nothing read
+        d = next(iter(e.pusher.unknown))
+        files = set(e.pusher.unknown[d])
         kernel.known = {e.file_inode(f) for f in files}
         e.listed(d + 1)  # readdirplus of that directory handed the kernel the inodes of the view's files
         await _settled(e, t)
@@ -108,7 +108,7 @@ def test_inodes_unknown_to_the_kernel_are_pushed_once_listed(open_engine, t):
         assert shown and {e.file_inode(f) for f in shown} == set(kernel.pages)
         for f in shown:
             assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
-        assert e._push_unknown.get(d, set()) == files - shown  # not listed: still waiting
+        assert e.pusher.unknown.get(d, set()) == files - shown  # not listed: still waiting
 
     _run_with_stager(e, t, body)
 
@@ -120,7 +120,7 @@ def test_a_changed_backing_file_is_invalidated_and_pushed_anew(open_engine, t):
 
     async def body():
         await _settled(e, t)
-        fidx = int(e._cur[0])
+        fidx = int(e.schedule.current[0])
         inode = e.file_inode(fidx)
         assert bytes(kernel.pages[inode]) == t.backing_bytes(e, fidx)
         path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(fidx)))
@@ -140,7 +140,6 @@ def test_a_changed_backing_file_is_invalidated_and_pushed_anew(open_engine, t):
 def test_a_push_racing_a_backing_change_is_invalidated_after_it_lands(open_engine, t):
     e = open_engine()
     kernel = FakeKernel()
-    e.invalidate_inode = kernel.invalidate
     fidx = -1
     started = None
 
@@ -155,11 +154,11 @@ def test_a_push_racing_a_backing_change_is_invalidated_after_it_lands(open_engin
         nonlocal fidx, started
         started = trio.Event()
         await t.settle(e)
-        fidx = int(e._cur[0])
+        fidx = int(e.schedule.current[0])
         path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(fidx)))
         old = t.backing_bytes(e, fidx)
-        e.store_pages = slow_store
-        e._rebuild_push_queue()
+        _attach(e, kernel, slow_store)
+        e.pusher.reset(e.schedule.staging_order(), None)
         await started.wait()
         with open(path, "wb") as f:
             f.write(bytes(b ^ 0xFF for b in old))

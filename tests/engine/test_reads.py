@@ -10,7 +10,7 @@ import time
 import pytest
 import trio
 
-import tierfs.engine as engine_mod
+import tierfs.datapath as datapath_mod
 from tierfs.engine import BackingError
 
 
@@ -27,17 +27,17 @@ def test_hits_misses_and_out_of_view_are_counted(open_engine, t):
     async def main():
         await _staged(e, t)
         cur = e.view.order.tolist()
-        outside = [f for f in range(e.tree.n_files) if not e._wanted[f]]
+        outside = [f for f in range(e.tree.n_files) if not e.schedule.wanted[f]]
         assert await t.read_file(e, cur[0]) == t.backing_bytes(e, cur[0])
-        assert (e.hits, e.misses, e.out_of_view) == (1, 0, 0)
-        before = e.backing_bytes_read
+        assert (e.data.hits, e.data.misses, e.data.out_of_view) == (1, 0, 0)
+        before = e.status().backing_bytes_read
         data = await t.read_file(e, outside[0])
         assert data == t.backing_bytes(e, outside[0])
-        assert (e.hits, e.misses, e.out_of_view) == (1, 1, 1)
-        assert e.backing_bytes_read == before + len(data)
+        assert (e.data.hits, e.data.misses, e.data.out_of_view) == (1, 1, 1)
+        assert e.status().backing_bytes_read == before + len(data)
         assert e.cache.get(outside[0]) is None  # a read outside the view does not pollute the cache
-        assert e.served_bytes == len(data) + len(t.backing_bytes(e, cur[0]))
-        assert e.opened_bytes == e.served_bytes  # each file opened once and read whole
+        assert e.data.served_bytes == len(data) + len(t.backing_bytes(e, cur[0]))
+        assert e.data.opened_bytes == e.data.served_bytes  # each file opened once and read whole
 
     t.run(main)
 
@@ -47,11 +47,11 @@ def test_current_files_fetched_on_demand_so_each_byte_is_read_once(open_engine, 
 
     async def main():
         n = await t.read_view(e)
-        assert e.misses == n and e.hits == 0
-        assert e.backing_bytes_read == e.status().view_bytes or e.pos.mini_epoch == 0
+        assert e.data.misses == n and e.data.hits == 0
+        assert e.status().backing_bytes_read == e.status().view_bytes or e.pos.mini_epoch == 0
         assert e.pos.pass_index == 1
         await t.read_view(e)
-        assert e.hits == n  # the second pass is all cache
+        assert e.data.hits == n  # the second pass is all cache
 
     t.run(main)
 
@@ -69,7 +69,7 @@ def test_changed_backing_file_is_restaged_and_served_new(open_engine, t):
         h = await e.open_file(f)
         assert not h.keep_cache  # the kernel must drop its pages of the old content
         assert await e.read(h, 0, 1000) == b"new content, new size"
-        e.release(h)
+        await e.release(h)
         assert e.tree.file_node(f).st.st_size == len(b"new content, new size")
         await _staged(e, t)
         assert e.cache.get(f) is not None and e.cache.get(f).name != old_name
@@ -125,7 +125,7 @@ def test_unreachable_backing_dir_is_eio_never_empty(open_engine, t, tmp_path):
             with pytest.raises(BackingError) as exc:
                 await e.open_file(f)
             assert exc.value.errno == errno.EIO
-        e.release(h)
+        await e.release(h)
 
     t.run(main)
 
@@ -134,7 +134,7 @@ def test_backing_read_error_is_eio(open_engine, t, monkeypatch):
     e = open_engine()
 
     async def main():
-        f = next(f for f in range(e.tree.n_files) if not e._cur_mask[f])
+        f = next(f for f in range(e.tree.n_files) if not e.schedule.current_mask[f])
         h = await e.open_file(f)
 
         def broken(*_a):
@@ -145,7 +145,7 @@ def test_backing_read_error_is_eio(open_engine, t, monkeypatch):
             await e.read(h, 0, 100)
         assert exc.value.errno == errno.EIO
         monkeypatch.undo()
-        e.release(h)
+        await e.release(h)
 
     t.run(main)
 
@@ -178,7 +178,7 @@ def test_strict_fetches_on_demand_and_switches_after_exactly_rf(open_engine, t):
         await t.read_view(e)  # no stager: the next mini-epoch is not staged, strict switches anyway
         assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 0)
         n = await t.read_view(e)
-        assert e.misses >= n and e.stall_seconds > 0
+        assert e.data.misses >= n and e.data.stall_seconds > 0
         assert e.pos.mini_epoch == 2
 
     t.run(main)
@@ -205,7 +205,7 @@ def test_cached_reads_are_whole_whether_or_not_the_copy_is_in_the_page_cache(ope
                 assert await e.read(h, len(want), 10) == b""
                 assert await e.read(h, len(want) + 100, 10) == b""
             finally:
-                e.release(h)
+                await e.release(h)
 
     t.run(main)
 
@@ -216,29 +216,61 @@ def test_a_lent_copy_outlives_its_eviction_until_the_lease_ends(open_engine, t):
     async def main():
         await _staged(e, t)
         fidx = e.view.order.tolist()[0]
-        path = e.lend(fidx)
+        path = await e.lend(fidx)
         assert path is not None and os.path.exists(path)
         with open(path, "rb") as f:
             assert f.read() == t.backing_bytes(e, fidx)
-        assert (e.hits, e.lent, e.misses) == (1, 1, 0)
+        assert (e.data.hits, e.data.lent, e.data.misses) == (1, 1, 0)
         committed = e.cache.committed
+        disk = e.cache.get(fidx).disk
         e.cache.evict(fidx)  # a mini-epoch switch, say, right after the answer
         assert os.path.exists(path), "unlinked before the reader could open it"
         assert e.cache.committed == committed  # still counted against the capacity
-        assert e.lend(fidx) is None  # no longer cached
-        e._return_leases(now=time.monotonic() + engine_mod.LEND_SECONDS + 1)
+        assert await e.lend(fidx) is None  # no longer cached
+        e.data._return_leases(now=time.monotonic() + datapath_mod.LEND_SECONDS + 1)
         assert not os.path.exists(path)
-        assert e.cache.committed == committed - len(t.backing_bytes(e, fidx))
+        assert e.cache.committed == committed - disk
         # the keeper task returns leases by itself too
         other = e.view.order.tolist()[1]
-        path = e.lend(other)
+        path = await e.lend(other)
         e.cache.evict(other)
         async with trio.open_nursery() as n:
-            n.start_soon(e._lease_keeper)
-            with trio.fail_after(engine_mod.LEND_SECONDS + 5):
+            n.start_soon(e.data.lease_keeper)
+            with trio.fail_after(datapath_mod.LEND_SECONDS + 5):
                 while os.path.exists(path):
                     await trio.sleep(0.05)
             n.cancel_scope.cancel()
-        assert not e._leases
+        assert not e.data._leases
+
+    t.run(main)
+
+
+def test_a_big_lru_miss_is_served_from_the_backing_while_it_is_copied(open_engine, t, tmp_path):
+    backing = tmp_path / "big"
+    (backing / "c").mkdir(parents=True)
+    data = os.urandom(3 << 20)
+    (backing / "c" / "big.bin").write_bytes(data)
+    e = open_engine(policy="lru", capacity=16 << 20, backing_dir=backing)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            h = await e.open_file(0)
+            assert h.entry is None  # the reader did not wait for the whole copy: it reads the backing file
+            off, got = 0, []
+            while chunk := await e.read(h, off, 1 << 20):
+                got.append(chunk)
+                off += len(chunk)
+            await e.release(h)
+            assert b"".join(got) == data
+            with trio.fail_after(30):
+                while e.cache.get(0) is None:  # ... while the copy was made beside it
+                    await trio.sleep(0.01)
+            h = await e.open_file(0)
+            assert h.entry is not None
+            assert await e.read(h, 0, len(data)) == data
+            await e.release(h)
+            assert (e.data.misses, e.data.hits) == (1, 1)
+            n.cancel_scope.cancel()
 
     t.run(main)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import trio
 
-from tierfs.atomic import TEMP_PREFIX
+from sampler.atomic import TEMP_PREFIX
+from tierfs.tree import fingerprint
 
 
 def _progress(e, t, passes: int) -> None:
@@ -58,7 +60,7 @@ def test_killed_restart_resumes_and_cleans_temps(open_engine, tmp_path, t):
     names = set(os.listdir(data))
     assert not any(n.startswith(TEMP_PREFIX) for n in names) and "garbage" not in names
     assert not any(n.startswith(TEMP_PREFIX) for n in os.listdir(e.config.cache))
-    assert e2.cache.used == sum(en.size for en in e2.cache.entries.values())
+    assert e2.cache.used == sum(en.disk for en in e2.cache.entries.values())
 
 
 def test_restart_drops_copies_whose_backing_changed(open_engine, t):
@@ -70,8 +72,53 @@ def test_restart_drops_copies_whose_backing_changed(open_engine, t):
     with open(path, "ab") as f:
         f.write(b"more")
     e2 = open_engine(rf=2)
-    assert victim not in e2.cache.entries
+    # mounted at once from the saved tree; the background rescan finds the change and drops the copy
+    assert e2.tree_info["source"] == "saved"
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e2.run)
+            with trio.fail_after(20):
+                while e2.tree_info["rescan"] != "done":
+                    await trio.sleep(0.02)
+            assert e2.tree_info["changed"] == 1
+            await t.settle(e2)
+            copy = e2.cache.get(victim)  # dropped, or staged again from the new file
+            assert copy is None or copy.fp == fingerprint(os.stat(path))
+            n.cancel_scope.cancel()
+        assert await t.read_file(e2, victim) == t.backing_bytes(e2, victim)  # the new bytes, never the copy
+
+    t.run(main)
     assert len(os.listdir(e2.cache.data_path)) == len(e2.cache.entries)
+
+
+def test_a_remount_answers_from_the_saved_tree_and_sees_what_changed(open_engine, t, dataset):
+    backing, files = dataset
+    e = open_engine(rf=2)
+    _progress(e, t, 1)
+    e.close()
+    gone = sorted(files)[0]
+    os.unlink(backing / gone)
+    (backing / "class_000" / "added.bin").write_bytes(b"new")
+    e2 = open_engine(rf=2)
+    assert e2.tree_info["source"] == "saved" and e2.tree.n_files == len(files)
+    fidx = next(f for f in range(e2.tree.n_files) if os.fsdecode(e2.tree.file_path(f)) == gone)
+
+    async def main():
+        with pytest.raises(OSError):
+            await t.read_file(e2, fidx)  # unconfirmed fingerprint: the open asks the backing, which says ENOENT
+        async with trio.open_nursery() as n:
+            await n.start(e2.run)
+            with trio.fail_after(20):
+                while e2.tree_info["rescan"] != "done":
+                    await trio.sleep(0.02)
+            n.cancel_scope.cancel()
+        assert (e2.tree_info["added"], e2.tree_info["removed"]) == (1, 1)
+
+    t.run(main)
+    e2.close()
+    e3 = open_engine(rf=2)  # the next mount has the new tree
+    assert e3.tree.n_files == len(files) and e3.tree_info["source"] == "saved"
 
 
 def test_journal_is_valid_json_after_every_pass(open_engine, t):

@@ -9,7 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs.atomic import TEMP_PREFIX
+from sampler.atomic import TEMP_PREFIX
+from tierfs.cache import path_hash
 from tierfs.engine import Engine
 from tierfs.options import MountConfig, Settings
 
@@ -24,19 +25,19 @@ async def _with_stager(e: Engine, body):
 def test_stages_current_then_next_in_storage_order(open_engine, t):
     e = open_engine()
     order: list[int] = []
-    begin = e.begin_staging
+    begin = e.stager._begin
 
     def spy(fidx):
-        order.append(fidx)  # copies start in this order (they may finish out of order: 4 run at once)
+        order.append(fidx)  # copies start in this order (they may finish out of order: several run at once)
         return begin(fidx)
 
-    e.begin_staging = spy
+    e.stager._begin = spy
 
     async def main():
         await _with_stager(e, lambda: t.settle(e))
 
     t.run(main)
-    cur, nxt = e._cur.tolist(), e.next_files.tolist()
+    cur, nxt = e.schedule.current.tolist(), e.schedule.next_files.tolist()
     assert sorted(order) == sorted(cur + nxt)
     assert order == sorted(cur) + sorted(nxt)  # the current one first (nothing cached at mount), storage order
     assert e.next_ready()
@@ -80,6 +81,7 @@ def test_capacity_cap_holds_at_every_instant(open_engine, t):
 def test_no_partial_file_is_ever_visible(open_engine, t):
     e = open_engine()
     names: set[str] = set()
+    size_of = {path_hash(e.tree.file_path(f)): int(e.tree.sizes[f]) for f in range(e.tree.n_files)}
 
     async def watcher():
         while True:
@@ -87,7 +89,7 @@ def test_no_partial_file_is_ever_visible(open_engine, t):
                 if not name.startswith(TEMP_PREFIX):
                     names.add(name)
                     st = os.stat(os.path.join(e.cache.data_path, name))
-                    assert st.st_size == int(name.split("-")[1])  # complete when it has its name
+                    assert st.st_size == size_of[int(name.split("-")[0], 16)]  # complete when it has its name
             await trio.sleep(0)
 
     async def main():
@@ -108,7 +110,7 @@ def test_evicts_previous_mini_epoch_after_switch_but_not_open_files(open_engine,
         async with trio.open_nursery() as n:
             await n.start(e.run)
             await t.settle(e)
-            first = e._cur.tolist()
+            first = e.schedule.current.tolist()
             keep = first[0]
             h = await e.open_file(keep)  # held open across the switch
             for f in e.view.order.tolist():
@@ -118,9 +120,9 @@ def test_evicts_previous_mini_epoch_after_switch_but_not_open_files(open_engine,
             entry = h.entry
             assert entry is not None and entry.doomed
             assert os.path.exists(os.path.join(e.cache.data_path, entry.name))  # still there while open
-            assert all(e.cache.get(f) is None for f in first if f not in e._wanted.nonzero()[0])
+            assert all(e.cache.get(f) is None for f in first if f not in e.schedule.wanted.nonzero()[0])
             assert await e.read(h, 0, 1 << 20) == t.backing_bytes(e, keep)
-            e.release(h)
+            await e.release(h)
             assert not os.path.exists(os.path.join(e.cache.data_path, entry.name))  # gone on release
             n.cancel_scope.cancel()
 
@@ -147,12 +149,12 @@ def test_bandwidth_cap_paces_backing_reads(open_engine):
     async def main():
         t0 = trio.current_time()
         for _ in range(5):
-            await e.throttle(500)
+            await e.backing.throttle(500)
         # 2500 bytes at 1000 B/s: the fifth chunk may start only after 2 s
         assert trio.current_time() - t0 == pytest.approx(2.0)
         e.settings = Settings(**{**e.settings.__dict__, "bandwidth": 0})
         t1 = trio.current_time()
-        await e.throttle(10**9)
+        await e.backing.throttle(10**9)
         assert trio.current_time() == t1  # 0 = no cap
 
     trio.run(main, clock=clock)

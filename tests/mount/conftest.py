@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import tempfile
+import time
 
 import pytest
 
@@ -51,3 +54,41 @@ def tierfs_mount(dataset, mount_dirs):
         return mounted(backing, mnt, cache, capacity, **options)
 
     return factory
+
+
+@pytest.fixture
+def wait_position():
+    """``wait_position(m, (epoch, mini_epoch))``: poll ``m``'s status until it is there; returns that status."""
+
+    def wait(m, want: tuple[int, int], timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = m.status()
+            if (st["epoch"], st["mini_epoch"]) == want:
+                return st
+            assert time.monotonic() < deadline, f"{m.mountpoint} did not reach {want}: {st}"
+            time.sleep(0.05)
+
+    return wait
+
+
+@pytest.fixture
+def other_user():
+    """``(mountpoint, as_nobody)``: a mountpoint that another user can reach (outside pytest's 0700 tmp dir) and
+    ``as_nobody(code, *args)``, which runs Python ``code`` as user nobody and returns its output's words.
+    Skipped unless root with a system python3 (the venv's interpreter may sit where nobody cannot run it)."""
+    python = "/usr/bin/python3"
+    if os.getuid() != 0 or not os.access(python, os.X_OK):
+        pytest.skip("needs root and a system python3 to read as another user")
+    mnt = tempfile.mkdtemp(prefix="tierfs-other-")
+    os.chmod(mnt, 0o755)
+
+    def as_nobody(code: str, *args: str) -> list[str]:
+        return subprocess.run([python, "-c", code, *args], capture_output=True, text=True, check=True,
+                              user=65534, group=65534, timeout=60).stdout.split()
+
+    try:
+        yield mnt, as_nobody
+    finally:
+        force_unmount(mnt)
+        os.rmdir(mnt)

@@ -97,7 +97,17 @@ def test_daemon_returns_once_ready_and_umount_ends_it(dataset, mount_dirs, clean
     assert res.returncode == 0, res.stderr
     wait_for(lambda: not daemon_pids(mnt), what="the daemon to exit")
     assert not is_mounted(mnt)
-    assert os.path.exists(cache / "tierfs.log")
+    # the daemon's log never sits on the cache filesystem (a full cache disk must not cut it off: issue 11)
+    from tierfs.mount import default_log_path
+
+    log = default_log_path(str(mnt))
+    try:
+        assert not os.path.exists(cache / "tierfs.log") and not log.startswith(str(cache))
+        with open(log) as f:
+            text = f.read()
+        assert "mounted" in text and text.endswith("\n")
+    finally:
+        os.unlink(log)
 
 
 def test_daemon_reports_failure_with_exit_1_and_one_line(dataset, mount_dirs, cleanup_daemons):
@@ -122,7 +132,9 @@ def test_daemon_reports_failure_with_exit_1_and_one_line(dataset, mount_dirs, cl
      (["B", "M", "-o", "cache=/tmp/c,capacity=1G,nm=zero"], "nm: expected an integer"),
      (["frobnicate"], "unknown command"),
      (["set", "M", "rf"], "expected KEY=VALUE"),
-     (["set", "M", "seed=3"], "seed is fixed at mount time")],
+     (["set", "M", "seed=3"], "seed is fixed at mount time"),
+     (["mount", "B", "M", "--cache", "/tmp/c", "--capacity", "-5G"], "capacity: must not be negative, got '-5G'"),
+     (["B", "M", "-o", "cache=/tmp/c,capacity=-5G"], "capacity: must not be negative")],
 )
 def test_usage_errors_exit_2_with_one_line(args, needle):
     res = run_tierfs(*args)
@@ -214,8 +226,12 @@ def test_status_set_and_their_errors(tierfs_mount, mount_dirs):
         res = run_tierfs("status", mnt)
         assert res.returncode == 0 and "epoch" in res.stdout and "cache" in res.stdout
 
-        res = run_tierfs("set", mnt, "rf=7", "arf=score", "arf_wait=2")
+        res = run_tierfs("set", mnt, "rf=7", "arf=score", "arf_wait=3")
         assert res.returncode == 0, res.stderr
+        # it says what changed (and what was already so)
+        assert res.stdout.splitlines() == ["rf: 2 -> 7", "arf: off -> score", "arf_wait: 3 (unchanged)"]
+        res = run_tierfs("set", mnt, "arf_wait=2", "next-pass")
+        assert res.stdout.splitlines() == ["arf_wait: 3 -> 2", "next-pass: sent"], res.stderr
         st = json.loads(run_tierfs("status", mnt, "--json").stdout)
         assert st["rf"] == 7 and st["arf"]["mode"] == "score"
         control = (mnt / ".tierfs" / "control").read_text()
@@ -234,3 +250,87 @@ def test_allow_other_always_comes_with_default_permissions(tierfs_mount, mount_d
         with open("/proc/self/mounts") as f:
             opts = next(ln for ln in f if ln.split()[1] == str(mnt)).split()[3].split(",")
         assert "allow_other" in opts and "default_permissions" in opts
+
+
+def test_cache_dir_parent_must_exist_and_nothing_is_created(dataset, tmp_path):
+    backing, _ = dataset
+    (tmp_path / "m").mkdir()
+    res = run_tierfs("mount", backing, tmp_path / "m", "--cache", tmp_path / "nonexistent" / "x", "--capacity", "1M")
+    assert res.returncode == 1
+    assert res.stderr.strip() == (f"tierfs: error: cannot create cache dir {tmp_path}/nonexistent/x: its parent "
+                                  f"{tmp_path}/nonexistent does not exist (tierfs creates only the last component)")
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_capacity_beyond_the_cache_filesystem_is_refused_with_both_numbers(dataset, tmp_path):
+    backing, _ = dataset
+    (tmp_path / "m").mkdir()
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    res = run_tierfs("mount", backing, tmp_path / "m", "--cache", tmp_path / "c", "--capacity", "1000T")
+    assert res.returncode == 1
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"tierfs: error: capacity 1000T ({1000 << 40} bytes) is more than the cache's filesystem")
+    seen_free = int(line.split(" bytes = ")[1].split()[0])  # the disk is shared: near what we saw
+    assert abs(seen_free - free) < 1 << 30
+    assert not (tmp_path / "c").exists()  # refused before anything was created
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_capacity_counts_what_the_cache_already_holds(tmp_path):
+    """On a 16 MiB tmpfs whose cache dir holds 8 MiB, 20 MiB fits (free + held), 17 MiB over that does not."""
+    from tierfs.mount import MountError, check_paths
+    from tierfs.options import MountConfig
+
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(fs)], check=True)
+    try:
+        (fs / "cache").mkdir()
+        (fs / "cache" / "copy").write_bytes(b"x" * (8 << 20))
+        (tmp_path / "b").mkdir()
+        (tmp_path / "m").mkdir()
+        st = os.statvfs(fs)
+        room = st.f_bavail * st.f_frsize + (8 << 20)
+
+        def config(capacity):
+            return MountConfig(str(tmp_path / "b"), str(tmp_path / "m"), str(fs / "cache"), capacity)
+
+        assert room > 8 << 20  # more than the free space alone
+        check_paths(config(room))
+        with pytest.raises(MountError, match=rf"= {room - (8 << 20)} free on .* \+ {8 << 20} already in the cache"):
+            check_paths(config(room + 1))
+    finally:
+        subprocess.run(["umount", str(fs)], check=True)
+
+
+def test_non_empty_mountpoint_is_refused_unless_nonempty(tierfs_mount, mount_dirs, dataset):
+    mnt, cache = mount_dirs
+    (mnt / "left-over").write_text("hidden by a mount")
+    res = run_tierfs("mount", dataset[0], mnt, "--cache", cache, "--capacity", "1M")
+    assert res.returncode == 1
+    assert f"mountpoint {mnt} is not empty (1 entries would be hidden); give --nonempty" in res.stderr
+    assert not is_mounted(mnt) and not cache.exists()
+    with tierfs_mount(capacity="1M", nonempty=True):
+        assert not (mnt / "left-over").exists()  # hidden, as asked
+        assert is_mounted(mnt)
+    assert (mnt / "left-over").read_text() == "hidden by a mount"
+
+
+def test_control_takes_blanks_around_equals(tierfs_mount, mount_dirs):
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M", rf=2) as m:
+        # what a shell user types; one write through sh's echo
+        subprocess.run(["sh", "-c", f'echo " rf = 5 " > {mnt}/.tierfs/control'], check=True)
+        assert m.status()["rf"] == 5 and m.status()["last_error"] is None
+
+
+def test_lru_does_not_need_twice_the_largest_file(dataset, mount_dirs):
+    from tierfs.testing import mounted
+
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    largest = max(files.values())
+    with mounted(backing, mnt, cache, largest + 4096, policy="lru") as m:
+        rel = max(files, key=files.get)
+        assert len((mnt / rel).read_bytes()) == largest
+        assert m.status()["cache_bytes"] <= largest + 4096

@@ -6,13 +6,11 @@ import errno
 import os
 import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
 
 from tierfs.direct import CACHE_PATH_XATTR, cached_path, open_cached
-from tierfs.testing import force_unmount, mounted
+from tierfs.testing import mounted, wait_until
 
 
 def _read(path: str) -> bytes:
@@ -20,11 +18,6 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _wait(pred, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _listed(mnt: str) -> list[str]:
@@ -37,7 +30,7 @@ def _listed(mnt: str) -> list[str]:
 def test_direct_reads_lend_cached_copies_and_count_as_opens(tierfs_mount, dataset):
     backing, files = dataset
     with tierfs_mount(capacity=sum(files.values()) // 2, nm=4, rf=2) as m:
-        _wait(lambda: m.status()["next_ready"])
+        wait_until(lambda: m.status()["next_ready"])
         st0 = m.status()
         view = _listed(m.mountpoint)
         assert 0 < len(view) == st0["view_files"] < len(files)
@@ -62,7 +55,7 @@ def test_direct_reads_lend_cached_copies_and_count_as_opens(tierfs_mount, datase
 def test_open_cached_falls_back_to_the_mount(tierfs_mount, dataset, tmp_path):
     backing, files = dataset
     with tierfs_mount(capacity=sum(files.values()) // 4, nm=10, rf=2) as m:
-        _wait(lambda: m.status()["next_ready"])
+        wait_until(lambda: m.status()["next_ready"])
         in_view = set(_listed(m.mountpoint))
         # every file reads correctly, lent or not (out of view and not staged: through the mount)
         lent = 0
@@ -94,7 +87,7 @@ def test_open_cached_falls_back_to_the_mount(tierfs_mount, dataset, tmp_path):
 
 def test_a_changed_backing_file_is_never_lent(tierfs_mount, dataset):
     backing, files = dataset
-    with tierfs_mount(capacity=sum(files.values()), policy="lru") as m:
+    with tierfs_mount(capacity=sum(files.values()), policy="lru", revalidate="open") as m:
         rel = sorted(files)[3]
         assert cached_path(m.path(rel)) is None  # not cached yet
         _read(m.path(rel))  # read through: now it is
@@ -107,25 +100,15 @@ def test_a_changed_backing_file_is_never_lent(tierfs_mount, dataset):
             assert f.read() == new  # the mount notices the change on open and serves the new bytes
 
 
-def test_other_users_are_not_lent_copies(dataset, tmp_path):
-    python = "/usr/bin/python3"  # the venv's interpreter may sit where another user cannot run it
-    if os.getuid() != 0 or not os.access(python, os.X_OK):
-        pytest.skip("needs root and a system python3 to read as another user")
+def test_other_users_are_not_lent_copies(dataset, tmp_path, other_user):
     backing, files = dataset
-    mnt = tempfile.mkdtemp(prefix="tierfs-direct-")  # outside pytest's 0700 tmp dir, so another user reaches it
-    os.chmod(mnt, 0o755)
-    try:
-        with mounted(backing, mnt, tmp_path / "cache", sum(files.values()), policy="lru", allow_other=True) as m:
-            rel = sorted(files)[0]
-            _read(m.path(rel))
-            assert cached_path(m.path(rel)) is not None  # root is lent the copy
-            code = ("import errno, os, sys\n"
-                    "try:\n    print(os.getxattr(sys.argv[1], b'user.tierfs.cache_path'))\n"
-                    "except OSError as e:\n    print(errno.errorcode[e.errno])\n"
-                    "print(len(open(sys.argv[1], 'rb').read()))\n")
-            out = subprocess.run([python, "-c", code, m.path(rel)], capture_output=True, text=True, check=True,
-                                 user=65534, group=65534, timeout=60)
-            assert out.stdout.split() == ["ENODATA", str(files[rel])]
-    finally:
-        force_unmount(mnt)
-        os.rmdir(mnt)
+    mnt, as_nobody = other_user
+    with mounted(backing, mnt, tmp_path / "cache", sum(files.values()), policy="lru", allow_other=True) as m:
+        rel = sorted(files)[0]
+        _read(m.path(rel))
+        assert cached_path(m.path(rel)) is not None  # root is lent the copy
+        code = ("import errno, os, sys\n"
+                "try:\n    print(os.getxattr(sys.argv[1], b'user.tierfs.cache_path'))\n"
+                "except OSError as e:\n    print(errno.errorcode[e.errno])\n"
+                "print(len(open(sys.argv[1], 'rb').read()))\n")
+        assert as_nobody(code, m.path(rel)) == ["ENODATA", str(files[rel])]

@@ -185,7 +185,7 @@ def test_symlinks_are_shown_as_symlinks(dataset, mount_dirs, tmp_path):
 
 def test_changed_backing_file_is_served_new_through_the_kernel(tierfs_mount, dataset):
     backing, files = dataset
-    with tierfs_mount(capacity="4M", nm=1, rf=100) as m:
+    with tierfs_mount(capacity="4M", nm=1, rf=100, revalidate="open") as m:
         rel = next(iter(files))
         assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
         time.sleep(0.01)
@@ -251,7 +251,7 @@ def test_staged_mini_epoch_is_pushed_into_the_page_cache_and_never_served_stale(
     # The next mini-epoch's copies are pushed into the kernel page cache (notify_store) once staged, so its first
     # pass sends no READ to the daemon; a backing change still reaches the reader, never the pushed bytes.
     backing, files = dataset
-    with tierfs_mount(capacity="4M", nm=2, rf=100) as m:
+    with tierfs_mount(capacity="4M", nm=2, rf=100, revalidate="open") as m:
         for rel in files:
             os.stat(m.path(rel))  # the kernel learns every inode (a push needs one)
         _wait_next_ready(m)
@@ -280,3 +280,45 @@ def test_staged_mini_epoch_is_pushed_into_the_page_cache_and_never_served_stale(
             assert f.read() == new
         with open(m.path(rel), "rb") as f:
             assert f.read() == new
+
+
+def _unquote_order_line(line: bytes) -> bytes:
+    """The documented rule of ``order``: a line in double quotes is a C-quoted path (\\\\, \\", \\n, \\r)."""
+    if not line.startswith(b'"'):
+        return line
+    out, i, body = bytearray(), 0, line[1:-1]
+    while i < len(body):
+        if body[i : i + 1] == b"\\":
+            out += {b"n": b"\n", b"r": b"\r"}.get(body[i + 1 : i + 2], body[i + 1 : i + 2])
+            i += 2
+        else:
+            out += body[i : i + 1]
+            i += 1
+    return bytes(out)
+
+
+def test_order0_carries_every_name_and_order_quotes_what_a_line_cannot(tmp_path):
+    backing, mnt, cache = tmp_path / "backing", tmp_path / "mnt", tmp_path / "cache"
+    names = [b"plain.bin", b"new\nline.bin", b"carriage\rreturn.bin", b'"starts with a quote.bin', b"back\\slash.bin",
+             b"sp ace.bin", "ünï.bin".encode(), b"-dash.bin", b"d/in a dir\n.bin"]
+    for name in names:
+        path = os.path.join(os.fsencode(backing), name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(name)
+    mnt.mkdir()
+    with mounted(backing, mnt, cache, "1M", view="full"):
+        order0 = (mnt / ".tierfs" / "order0").read_bytes()
+        order = (mnt / ".tierfs" / "order").read_bytes()
+        assert order0.endswith(b"\0")
+        paths = order0[:-1].split(b"\0")
+        assert sorted(paths) == sorted(names)  # every name, as it is, in one serving order
+        lines = order[:-1].split(b"\n")
+        assert len(lines) == len(names)  # one line per file: no name is split
+        assert [_unquote_order_line(ln) for ln in lines] == paths  # the same order, decoded
+        # only what a line cannot carry is quoted: an unquoted line is the path itself and opens as it is
+        assert {ln for ln in lines if ln.startswith(b'"')} == {
+            b'"new\\nline.bin"', b'"carriage\\rreturn.bin"', b'"\\"starts with a quote.bin"', b'"d/in a dir\\n.bin"'}
+        for p in paths + [ln for ln in lines if not ln.startswith(b'"')]:
+            with open(os.path.join(os.fsencode(mnt), p), "rb") as f:
+                assert f.read() == p

@@ -91,22 +91,61 @@ def test_ranks_die_with_their_process_manager(tmp_path):
     assert not survivors, f"ranks {survivors} outlived their proxy"
 
 
-def test_a_killed_rank_ends_a_real_training_job(tmp_path):
+@pytest.fixture(scope="module")
+def xc(tmp_path_factory) -> Path:
     from dslide.gen import write_dataset
 
-    write_dataset(tmp_path / "xc", 2048, 500, 100, shards=2, test_points=64, seed=1)
-    xc = tmp_path / "xc"
-    argv = ["-m", "dslide", "train", "--train", xc / "train", "--test", xc / "test.txt", "--epochs", 10_000,
-            "--hidden", 16, "--batch", 64, "--budget", 16, "--threads", 1, "--eval-points", 16]  # fmt: skip
-    with MpiJob(2, argv) as job:
-        deadline = time.monotonic() + 120
-        while '"pass": 1,' not in job.stdout_so_far():  # training is under way
-            assert job.proc.poll() is None and time.monotonic() < deadline, job.stdout_so_far()
-            time.sleep(0.2)
-        pids = job.rank_pids()
-        assert sorted(pids) == [0, 1]
-        os.kill(pids[1], signal.SIGKILL)
+    out = tmp_path_factory.mktemp("xc")
+    write_dataset(out, 2048, 500, 100, shards=2, test_points=64, seed=1)
+    return out
+
+
+def train_argv(xc: Path, *extra: object) -> list[object]:
+    return ["-m", "dslide", "train", "--train", xc / "train", "--test", xc / "test.txt", "--epochs", 10_000,
+            "--hidden", 16, "--batch", 64, "--budget", 16, "--threads", 1, "--eval-points", 16, *extra]  # fmt: skip
+
+
+def wait_for_training(job: MpiJob, size: int) -> dict[int, int]:
+    """Wait until the job reported its first pass (training is under way); its ranks' pids."""
+    deadline = time.monotonic() + 120
+    while '"pass": 1,' not in job.stdout_so_far():
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.stdout_so_far()
+        time.sleep(0.2)
+    pids = job.rank_pids()
+    assert sorted(pids) == list(range(size))
+    return pids
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_killed_rank_of_four_ends_a_real_training_job(xc, victim):
+    """SIGKILL to one rank of ``mpiexec -n 4 dslide train`` mid-training (rank 0 reads the data and reports):
+    the job exits non-zero within 30 s and no rank is left."""
+    with MpiJob(4, train_argv(xc)) as job:
+        pids = wait_for_training(job, 4)
+        os.kill(pids[victim], signal.SIGKILL)
         result = job.wait(BOUND)
-    assert not result.timed_out, "the job hung after a rank of dslide train was killed"
+    assert not result.timed_out, f"the job hung after rank {victim} of dslide train was killed"
     assert result.returncode != 0
     assert all_gone(pids.values())
+
+
+def test_an_exception_on_one_rank_of_four_ends_a_real_training_job(xc, tmp_path):
+    """Rank 3 alone is given a checkpoint directory that does not exist (as on a node where the shared
+    directory is not mounted): its first save raises while the other ranks wait in the save's barrier.  The job
+    exits 1 within 30 s with the failing rank's reason on stderr, and no rank is left.  No test hook: an MPMD
+    launch gives rank 3 its own arguments."""
+    ck, missing = tmp_path / "ck", tmp_path / "not-mounted"
+    with MpiJob(4, train_argv(xc, "--checkpoint", ck), rank_argv={3: train_argv(xc, "--checkpoint", missing)}) as job:
+        deadline = time.monotonic() + 120
+        pids: dict[int, int] = {}
+        while job.proc.poll() is None and not (3 in pids and gone(pids[3])):  # the bound counts from its end
+            assert time.monotonic() < deadline, "rank 3 never failed"
+            pids.update(job.rank_pids())  # a rank that has ended is no longer listed
+            time.sleep(0.05)
+        result = job.wait(BOUND)
+    assert sorted(pids) == [0, 1, 2, 3]
+    assert not result.timed_out, f"the job hung after rank 3 failed: {result.stderr[-2000:]}"
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"No such file or directory: '{missing}/ck-s" in result.stderr and "Traceback" not in result.stderr
+    assert all_gone(pids.values())
+    assert not list(ck.glob("*.json")), "no checkpoint may be committed without rank 3's shard"

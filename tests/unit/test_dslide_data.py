@@ -40,12 +40,71 @@ def test_crlf_tabs_and_trailing_blank_lines() -> None:
         (b"3 10 5\n0 1:1\n1 2:1\n", "bad.txt:1: header says 3 points but the file has 2"),
         (b"3 10\n0 1:1\n", "bad.txt:1: bad header"),
         (b"", "bad.txt:1: empty file"),
+        # bad labels: negative, not an integer, past int32
+        (b"1 10 5\n-1 1:1\n", "bad.txt:2: bad label list"),
+        (b"1 10 5\n0,-2 1:1\n", "bad.txt:2: bad label list"),
+        (b"1 10 5\n1.5 1:1\n", "bad.txt:2: bad label list"),
+        (b"1 10 5\n0,99999999999 1:1\n", "bad.txt:2: label 99999999999 out of range [0, 5)"),
+        (b"1 10 5\n0 -1:1\n", "bad.txt:2: bad feature"),
+        # values the model (float32) cannot hold: NaN, Inf, and finite text that overflows
+        (b"1 10 5\n0 3:nan\n", "bad.txt:2: feature 3: value nan is not a finite number"),
+        (b"1 10 5\n0 3:-NaN\n", "bad.txt:2: feature 3: value -NaN is not a finite number"),
+        (b"1 10 5\n0 3:inf\n", "bad.txt:2: feature 3: value inf is not a finite number"),
+        (b"1 10 5\n0 3:-Infinity\n", "bad.txt:2: feature 3: value -Infinity is not a finite number"),
+        (b"2 10 5\n0 1:1\n0 3:1e999 4:1\n", "bad.txt:3: feature 3: value 1e999 overflows float32 (|value| must be"),
+        (b"1 10 5\n0 3:-3.4028236e38\n", "bad.txt:2: feature 3: value -3.4028236e38 overflows float32"),
+        (b"1 10 5\n0 3:" + b"9" * 60 + b"\n", "bad.txt:2: feature 3: value " + "9" * 38 + "... overflows float32"),
+        # headers that lie: more or fewer points than N, F or L too small for what follows, absurd sizes
+        (b"1 10 5\n0 1:1\n1 2:1\n", "bad.txt:1: header says 1 points but the file has 2"),
+        (b"2 2 5\n0 1:1\n1 2:1\n", "bad.txt:3: feature 2 out of range [0, 2)"),
+        (b"2 10 1\n0 1:1\n1 2:1\n", "bad.txt:3: label 1 out of range [0, 1)"),
+        (b"-1 10 5\n", "bad.txt:1: bad header"),
+        (b"1 10 3000000000\n0 1:1\n", "bad.txt:1: header says F=10 L=3000000000; at most 2147483647"),
     ],
 )
 def test_malformed_lines_name_file_and_line(text: bytes, message: str) -> None:
     with pytest.raises(DataError) as e:
         parse_xc_bytes(text, "bad.txt")
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_values_at_the_float32_edges_parse() -> None:
+    d = parse_xc_bytes(b"1 10 5\n0 1:3.4028235e38 2:-3.4028235e+38 3:0e999 4:1e-999 5:-0.0\n", "t")
+    assert d.x_values.tolist() == [np.finfo(np.float32).max, -np.finfo(np.float32).max, 0.0, 0.0, 0.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["", "-", "+"]),
+    st.integers(0, 10**25),
+    st.one_of(st.just(""), st.integers(0, 10**12).map(str)),
+    st.one_of(st.just(""), st.integers(-500, 500).map(lambda e: f"e{e}")),
+)
+def test_a_number_is_parsed_to_float32_or_refused(sign: str, whole: int, frac: str, exp: str) -> None:
+    """Whatever digits and exponent a value has, the parser gives float32 of it, or refuses it: never inf or NaN."""
+    text = f"{sign}{whole}{'.' + frac if frac else ''}{exp}"
+    want = float(text)
+    try:
+        got = parse_xc_bytes(f"1 10 5\n0 7:{text}\n".encode(), "v").x_values[0]
+    except DataError as e:
+        head, tail = "v:2: feature 7: value ", " overflows float32 (|value| must be at most 3.4028235e38)"
+        assert str(e).startswith(head) and str(e).endswith(tail), str(e)
+        shown = str(e)[len(head):-len(tail)]
+        assert shown == text or (shown.endswith("...") and text.startswith(shown[:-3])), (shown, text)  # long: cut
+        assert abs(want) > 0.99999 * float(np.finfo(np.float32).max), text
+        return
+    assert np.isfinite(got) and abs(want) < 1.00001 * float(np.finfo(np.float32).max), text
+    np.testing.assert_allclose(got, np.float32(want), rtol=1e-6, atol=0, err_msg=text)
+
+
+def test_read_header_refuses_what_the_parser_refuses(tmp_path) -> None:
+    lying = tmp_path / "h.txt"
+    lying.write_bytes(b"1 10 3000000000\n0 1:1\n")
+    with pytest.raises(DataError, match=r"h\.txt:1: header says F=10 L=3000000000; at most 2147483647"):
+        read_header(lying)
+    lying.write_bytes(b"1 -10 5\n0 1:1\n")
+    with pytest.raises(DataError, match=r"h\.txt:1: bad header '1 -10 5'"):
+        read_header(lying)
 
 
 def test_shards_concatenate_in_order_and_must_agree(tmp_path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from hypothesis import given
@@ -29,7 +30,7 @@ def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "G", "-1", "1Q", "1.2.3", "ten", "1 G B B", "nan"])
+@pytest.mark.parametrize("text", ["", "G", "1Q", "1.2.3", "ten", "1 G B B", "nan", "-", "-x"])
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError, match="not a size"):
         parse_size(text)
@@ -49,6 +50,26 @@ def test_parse_assignments_separators_and_weights():
 
 def test_parse_assignments_dashes_become_underscores():
     assert parse_assignments("arf-wait=3") == [("arf_wait", "3")]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(" rf = 5 ", [("rf", "5")]),  # what `echo " rf = 5 " > .tierfs/control` writes
+     ("rf =8  nm= 4", [("rf", "8"), ("nm", "4")]),
+     ("arf_weights = 1, 0.5,0", [("arf_weights", "1,0.5,0")]),
+     ("mini_epoch_size= nm=4", [("mini_epoch_size", ""), ("nm", "4")]),  # an empty value, then the next item
+     ("mini_epoch_size = nm = 4", [("mini_epoch_size", ""), ("nm", "4")])],
+)
+def test_blanks_around_equals_are_not_separators(text, expected):
+    assert parse_assignments(text) == expected
+
+
+def test_a_negative_size_says_so():
+    for text in ("-5G", "-1", " -0.5K"):
+        with pytest.raises(ValueError, match=re.escape(f"must not be negative, got '{text}'")):
+            parse_size(text)
+    with pytest.raises(ValueError, match=r"^capacity: must not be negative, got '-5G'$"):
+        MountConfig.from_options("b", "m", {"cache": "c", "capacity": "-5G"})
 
 
 def test_non_numbers_do_not_continue_weights():

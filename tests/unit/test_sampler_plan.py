@@ -368,3 +368,78 @@ def test_staging_order_follows_order_values_with_ties_by_index():
     order = np.array([3.5, 1.0, 3.5, 0.0, 2.0])  # storage offsets, say; files 0 and 2 tie
     (plan,) = plan_epoch(np.ones(5, np.int64), seed=0, epoch=0, nm=1, order=order)
     assert plan.tolist() == [3, 1, 4, 0, 2]
+
+
+# ------------------------------------------------------------------------------ balance with a few large files
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    table=file_tables(),
+    composition=st.sampled_from(COMPOSITIONS),
+    world_size=st.integers(1, 3),
+    nm=st.integers(1, 6),
+    budget_slack=st.one_of(st.none(), st.integers(0, 3000)),
+    seed=st.integers(0, 2**32),
+)
+def test_no_empty_mini_epoch_while_there_are_files_for_each(table, composition, world_size, nm, budget_slack, seed):
+    sizes = table["sizes"]
+    budget = None if budget_slack is None else max(1, int(sizes.max(initial=0))) + budget_slack
+    try:
+        plans = _all_ranks(table, world_size, seed=seed, epoch=0, nm=nm, budget=budget, composition=composition)
+    except ValueError as exc:
+        assert "too small" in str(exc)  # a budget that cannot hold nm mini-epochs is refused, not half-met
+        return
+    counts = np.array([[a.size for a in p] for p in plans])  # ranks x mini-epochs
+    assert counts.shape == (world_size, nm)  # numbered 0..nm-1
+    if sizes.size >= nm * world_size:
+        assert counts.min() >= 1
+    else:
+        assert counts.max() <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    small=st.lists(st.integers(1, 1000), min_size=40, max_size=300),
+    large=st.lists(st.integers(1, 1000), min_size=1, max_size=3),
+    nm=st.integers(4, 12),
+    seed=st.integers(0, 2**32),
+)
+def test_random_shares_the_small_files_evenly_around_large_ones(small, large, nm, seed):
+    # files at least as big as all small ones together: none of them can share a byte-balanced mini-epoch
+    sizes = np.array(small + [sum(small) * x for x in large])
+    rng = np.random.default_rng(seed)
+    sizes = sizes[rng.permutation(sizes.size)]
+    is_large = sizes >= sum(small)
+    plan = plan_epoch(sizes, seed=seed, epoch=0, nm=nm)
+    small_bytes = [int(sizes[a][~is_large[a]].sum()) for a in plan]
+    # every mini-epoch gets an even share of the files that can be shared, within two of them ...
+    assert max(small_bytes) - min(small_bytes) <= 2 * max(small)
+    # ... and no two large files land in one mini-epoch while there are mini-epochs without one
+    assert max(int(is_large[a].sum()) for a in plan) == 1
+
+
+@pytest.mark.parametrize("composition", COMPOSITIONS)
+@pytest.mark.parametrize("nm", [4, 8])
+def test_a_64mib_file_among_3000_small_ones(composition, nm):
+    """The issue's case: 64 MiB among 3,000 files of up to 32 KiB used to give mini-epochs of 1 and 1,930 files."""
+    rng = np.random.default_rng(7)
+    sizes = np.insert(rng.integers(1 << 10, 32 << 10, 3000), 1234, 64 << 20)
+    groups = np.arange(sizes.size) % 10
+    for epoch in range(3):
+        plan = plan_epoch(sizes, seed=1, epoch=epoch, nm=nm, composition=composition, groups=groups)
+        counts = [a.size for a in plan]
+        assert len(counts) == nm and sum(counts) == sizes.size
+        small = [int(sizes[a][sizes[a] < (1 << 20)].sum()) for a in plan]
+        if composition == "contiguous":
+            # the storage split keeps its ranges: the big file counts as one range's worth, so its range is short
+            # and the others share the small files about evenly (the big file's neighbours are cut to the nearest
+            # file, which may leave up to half a share beside it)
+            big = next(j for j, a in enumerate(plan) if 1234 in a)
+            rest = [b for j, b in enumerate(small) if j != big]
+            assert min(counts) >= 1
+            assert max(rest) <= 1.3 * min(rest)
+        else:
+            # every mini-epoch holds about n/nm files and an even share of the small files' bytes
+            assert min(counts) >= 0.85 * sizes.size / nm
+            assert max(small) - min(small) <= 0.15 * sum(small) / nm

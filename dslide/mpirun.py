@@ -1,0 +1,220 @@
+"""Run ``mpiexec`` jobs from Python (tests, benchmarks): always with a deadline, never leaving a rank behind.
+
+Hydra puts its proxy and every rank in sessions of their own, so killing ``mpiexec``'s process group does not
+reach them.  :class:`MpiJob` therefore remembers every descendant of ``mpiexec`` it has seen (from ``/proc``)
+and, on a timeout or when the test is done, sends SIGTERM to ``mpiexec`` (Hydra then stops the ranks) and
+SIGKILL, by pid, to whatever is still alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+SRC = Path(__file__).resolve().parents[1]
+# The venv's mpiexec (the ``mpich`` wheel) first: it matches the libmpi mpi4py loads.
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a job: one thread per rank, the source tree importable, no stray MPI variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL"))}
+    env.update(
+        NUMBA_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")])),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields after the last ')' are fixed.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    children = _children_map()
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _mpmd_arguments(n: int, argv: Sequence[str], rank_argv: dict[int, Sequence[str]]) -> list[str]:
+    """``-n N python ARGV``, or runs of ranks with the same arguments joined by ``:`` (ranks are numbered in
+    that order)."""
+    if any(not 0 <= r < n for r in rank_argv):
+        raise ValueError(f"rank_argv names ranks {sorted(rank_argv)}, the job has {n}")
+    runs: list[tuple[int, list[str]]] = []
+    for r in range(n):
+        command = [sys.executable, *map(str, rank_argv.get(r, argv))]
+        if runs and runs[-1][1] == command:
+            runs[-1] = (runs[-1][0] + 1, command)
+        else:
+            runs.append((1, command))
+    out: list[str] = []
+    for count, command in runs:
+        out += [*([":"] if out else []), "-n", str(count), *command]
+    return out
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool
+
+
+class MpiJob:
+    """``mpiexec -n N python ARGS`` started in the background; use as a context manager.
+
+    Hydra runs more ranks than cores without a flag (oversubscription), so ``-n 4`` works on 2 cores.
+    ``rank_argv`` gives some ranks arguments of their own (an MPMD launch, ``-n 3 python A : -n 1 python B``):
+    how a test gives one rank a fault the others do not have, as one node of a real job may.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        rank_argv: dict[int, Sequence[str]] | None = None,
+    ) -> None:
+        if MPIEXEC is None:
+            raise FileNotFoundError("mpiexec not found next to the interpreter or on PATH")
+        self.argv = [MPIEXEC, *_mpmd_arguments(n, argv, rank_argv or {})]
+        # Files, not pipes: a chatty job must never block on a full pipe while the test polls it.
+        self._stdout = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=job_env(env),
+            cwd=cwd,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            text=True,
+            start_new_session=True,
+        )
+        self.seen: set[int] = set()
+
+    def track(self) -> None:
+        """Remember the job's current processes (call while it runs; the harness also does on cleanup)."""
+        if self.proc.poll() is None:
+            self.seen |= descendants(self.proc.pid)
+
+    def stdout_so_far(self) -> str:
+        """What the job has printed on stdout until now (it keeps running)."""
+        with open(self._stdout.fileno(), closefd=False) as f:
+            f.seek(0)
+            return f.read()
+
+    def rank_pids(self) -> dict[int, int]:
+        """The job's rank processes by rank (from ``PMI_RANK`` in their environment), as far as seen yet."""
+        self.track()
+        ranks = {}
+        for pid in self.seen:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(b"PMI_RANK="):
+                    ranks[int(item[9:])] = pid
+        return ranks
+
+    def wait(self, timeout: float) -> Result:
+        """Wait up to ``timeout`` s; on expiry stop the whole job and report ``timed_out``."""
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.track()
+            time.sleep(0.2)
+        if self.proc.poll() is None:
+            timed_out = True
+            self.stop()
+        self.proc.wait()
+        return Result(
+            self.proc.returncode,
+            self._read(self._stdout),
+            self._read(self._stderr),
+            time.monotonic() - self.started,
+            timed_out,
+        )
+
+    @staticmethod
+    def _read(stream: IO[str]) -> str:
+        stream.flush()
+        stream.seek(0)
+        return stream.read()
+
+    def stop(self) -> None:
+        """SIGTERM to mpiexec (Hydra stops the ranks), then SIGKILL to every process of the job still alive."""
+        self.track()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for pid in sorted(self.seen):
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        self.seen.clear()
+
+    def __enter__(self) -> MpiJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self._stdout.close()
+        self._stderr.close()
+
+
+def run_mpi(
+    n: int, argv: Sequence[str], timeout: float = 60, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Result:
+    """Run a job to completion (or to ``timeout``, then stop it) and return what it printed."""
+    with MpiJob(n, argv, env=env, cwd=cwd) as job:
+        return job.wait(timeout)

@@ -1,0 +1,88 @@
+"""The loader recipes in examples/, run as a user would run them, against real mounts (and one without FUSE)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tierfs.testing import mounted
+
+pytest.importorskip("torch")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run_example(name: str, *args) -> list[dict]:
+    res = subprocess.run([sys.executable, str(EXAMPLES / name), *map(str, args)], capture_output=True, text=True,
+                         timeout=240, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def check_samples(passes: list[dict], backing: Path, files: dict[str, int]) -> None:
+    """Every sample is a real file with its bytes and the label of its sorted class folder; none twice a pass."""
+    classes = sorted(p.name for p in backing.iterdir() if p.is_dir())
+    for p in passes:
+        paths = [s[0] for s in p["samples"]]
+        assert len(paths) == len(set(paths)) >= 1
+        for path, label, crc in p["samples"]:
+            assert path in files
+            assert label == classes.index(path.split("/")[0])
+            assert crc == zlib.crc32((backing / path).read_bytes())
+
+
+def check_mini_epoch_passes(passes: list[dict], files: dict[str, int], nm: int, rf: int) -> None:
+    """Strict advance: rf passes per mini-epoch, the same files in each, and every file once per epoch."""
+    assert [(p["epoch"], p["mini_epoch"]) for p in passes] == [
+        (e, m) for e in range(len(passes) // (nm * rf)) for m in range(nm) for _ in range(rf)]
+    for e in range(len(passes) // (nm * rf)):
+        epoch_files: list[str] = []
+        for m in range(nm):
+            group = [p for p in passes if (p["epoch"], p["mini_epoch"]) == (e, m)]
+            sets = [sorted(s[0] for s in p["samples"]) for p in group]
+            assert all(s == sets[0] for s in sets)  # each pass of a mini-epoch reads all of it
+            epoch_files += sets[0]
+        assert sorted(epoch_files) == sorted(files)
+
+
+@pytest.mark.parametrize("recipe", ["imagefolder_loader.py", "order_file_loader.py"])
+def test_dataloader_recipes_follow_the_mini_epochs(recipe, dataset, mount_dirs):
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    with mounted(backing, mnt, cache, "1M", nm=2, rf=2, advance="strict", seed=3):
+        passes = run_example(recipe, mnt, "--passes", 8, "--batch", 4, "--workers", 2)
+    check_samples(passes, backing, files)
+    check_mini_epoch_passes(passes, files, nm=2, rf=2)
+    # listing order is the serving order, reshuffled every pass
+    assert [s[0] for s in passes[0]["samples"]] != [s[0] for s in passes[1]["samples"]]
+
+
+def test_direct_reads_recipe_reads_cached_copies(dataset, mount_dirs):
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    with mounted(backing, mnt, cache, "1M", nm=2, rf=2, advance="strict", seed=3) as m:
+        deadline = time.monotonic() + 60
+        while not m.status()["next_ready"]:  # the current and the next mini-epoch are staged
+            assert time.monotonic() < deadline, m.status()
+            time.sleep(0.05)
+        view = m.status()["view_files"]
+        passes = run_example("direct_reads.py", mnt, "--passes", 2, "--batch", 4, "--workers", 2)
+        st = m.status()
+    check_samples(passes, backing, files)
+    # every file of the first mini-epoch was cached: each of its opens read the copy directly
+    assert st["reads"]["direct"] >= view == len(passes[0]["samples"])
+
+
+def test_sampler_recipe_needs_no_filesystem(dataset):
+    backing, files = dataset
+    assert not any(os.path.ismount(p) for p in (backing, backing.parent))
+    passes = run_example("sampler_without_fuse.py", backing, "--epochs", 2, "--nm", 4, "--rf", 2, "--workers", 2)
+    check_samples(passes, backing, files)
+    check_mini_epoch_passes(passes, files, nm=4, rf=2)

@@ -1,0 +1,378 @@
+"""``tierfs`` on the command line: ``mount``, the fstab form, ``status``, ``set``, ``umount``.
+
+Exit codes: 0 ok, 2 usage error (a bad flag or value), 1 runtime error; every failure prints one line,
+``tierfs: error: <reason>``, on stderr.  The fstab form (``tierfs SRC MNT -o cache=...,capacity=...``, what
+``mount -t fuse.tierfs`` runs) daemonizes by default, like other FUSE helpers, so ``mount -a`` returns; give
+``-f`` (or ``-o foreground``) to stay in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from tierfs import __version__
+from tierfs.client import Client, NotAMount
+from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, format_size, parse_assignments
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command line or option value: exit status 2."""
+
+
+class RuntimeFailure(Exception):
+    """Something went wrong doing what was asked: exit status 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def _mount_parser(prog: str) -> _Parser:
+    p = _Parser(prog=prog, description="Mount BACKING at MOUNTPOINT, showing the current mini-epoch.")
+    p.add_argument("backing", metavar="BACKING")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--cache", metavar="DIR", help="fast-tier cache dir (created 0700 if missing)")
+    p.add_argument("--capacity", metavar="SIZE", help="cap on the cache's bytes, e.g. 150G")
+    p.add_argument("-o", dest="o", action="append", default=[], metavar="KEY=VALUE,...",
+                   help="options in fstab form; generic mount options (rw, nosuid, x-systemd.*, ...) are ignored")
+    p.add_argument("--daemon", action="store_true", help="return once the mount is ready (0) or failed (1)")
+    p.add_argument("--nonempty", action="store_true",
+                   help="mount over a non-empty mountpoint, hiding what is there (refused otherwise)")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (the default for mount)")
+    # what mount(8) may pass a mount helper besides -o: the type, and -n (no mtab), -s (sloppy), -v (verbose)
+    p.add_argument("-t", dest="fstype", metavar="TYPE", help=argparse.SUPPRESS)
+    for flag in ("-n", "-s", "-v"):
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for opt in OPTIONS.values():
+        flag = "--" + opt.name.replace("_", "-")
+        if opt.flag:
+            p.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=opt.help)
+        else:
+            p.add_argument(flag, dest=f"opt_{opt.name}", metavar="VALUE", help=opt.help)
+    return p
+
+
+#: Mount flags that take a value: ``--cache``, ``--capacity`` and every option that is not a switch.
+_VALUE_FLAGS = frozenset({"--cache", "--capacity", *("--" + o.name.replace("_", "-") for o in OPTIONS.values()
+                                                    if not o.flag)})
+
+
+def _attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--capacity -5G`` as ``--capacity=-5G``, so a negative number reaches our parser and its message.
+
+    argparse takes a value that starts with ``-`` for an option and answers "expected one argument".
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _VALUE_FLAGS and i + 1 < len(argv) and re.match(r"-[0-9.]", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], bool, bool]:
+    """Merge ``-o`` items and ``--key value`` flags (flags win); returns (options, foreground, nonempty)."""
+    raw: dict[str, str] = {}
+    foreground = False
+    nonempty = ns.nonempty
+    for item in ns.o:
+        for key, value in parse_assignments(item):
+            if key in GENERIC_MOUNT_OPTIONS or key.startswith("x_systemd.") or key.startswith("x-systemd."):
+                continue
+            if key == "foreground":
+                foreground = True
+                continue
+            if key == "nonempty":
+                nonempty = True
+                continue
+            raw[key] = value
+    for key in ("cache", "capacity"):
+        if getattr(ns, key):
+            raw[key] = getattr(ns, key)
+    for name in OPTIONS:
+        value = getattr(ns, f"opt_{name}")
+        if value is not None:
+            raw[name] = value
+    return raw, foreground, nonempty
+
+
+def _configure_logging(level: str) -> None:
+    from tierfs.mount import WholeLineHandler
+
+    handler = WholeLineHandler(sys.stderr.fileno())
+    handler.setFormatter(logging.Formatter("tierfs: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
+
+
+def cmd_mount(argv: Sequence[str], *, prog: str, daemon_default: bool) -> int:
+    from tierfs.mount import MountError, check_paths
+
+    ns = _mount_parser(prog).parse_args(_attach_negative_values(argv))
+    raw, foreground, nonempty = _collect_mount_options(ns)
+    try:
+        config = MountConfig.from_options(ns.backing, ns.mountpoint, raw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    made_cache = not os.path.isdir(config.cache)
+    try:
+        config = check_paths(config, nonempty=nonempty)
+    except MountError as exc:
+        raise RuntimeFailure(str(exc)) from None
+    try:
+        return _serve(config, ns, daemon_default and not (ns.foreground or foreground))
+    finally:
+        if made_cache:
+            # a mount refused before it began leaves no empty cache dir behind (rmdir fails on a used one)
+            with contextlib.suppress(OSError):
+                os.rmdir(config.cache)
+
+
+def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) -> int:
+    from tierfs.mount import MountError, daemonize, default_log_path, run_mount
+
+    daemon = ns.daemon or daemon_default
+    report = None
+    if daemon:
+        report = daemonize(default_log_path(config.mountpoint))
+    _configure_logging(config.settings.log_level)
+    try:
+        run_mount(config, on_ready=(lambda: report(None)) if report else (lambda: None))
+    except MountError as exc:
+        if report:
+            report(str(exc))
+        raise RuntimeFailure(str(exc)) from None
+    except BaseException as exc:
+        if report:
+            report(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, KeyboardInterrupt):
+            return EXIT_OK
+        logging.getLogger("tierfs").exception("the mount failed")
+        raise RuntimeFailure(f"{type(exc).__name__}: {exc}") from None
+    return EXIT_OK
+
+
+def _client(mountpoint: str) -> Client:
+    try:
+        return Client(mountpoint)
+    except NotAMount as exc:
+        raise RuntimeFailure(str(exc)) from None
+
+
+def read_status(mountpoint: str) -> dict:
+    """The mount's status object (``MOUNTPOINT/.tierfs/status``)."""
+    return _client(mountpoint).status()
+
+
+def _bar(done: float, total: float, width: int = 24) -> str:
+    frac = 0.0 if total <= 0 else min(1.0, done / total)
+    full = int(frac * width)
+    return "[" + "#" * full + "." * (width - full) + f"] {100 * frac:5.1f}%"
+
+
+def format_status(st: dict) -> str:
+    """A human summary of a status object (``tierfs status`` without ``--json``)."""
+    pf = st.get("prefetch", {})
+    reads = st.get("reads", {})
+    arf = st.get("arf", {})
+    total_reads = reads.get("hits", 0) + reads.get("misses", 0)
+    hit = f"{100 * reads.get('hits', 0) / total_reads:.1f}%" if total_reads else "-"
+    lines = [
+        f"epoch {st.get('epoch')}  mini-epoch {st.get('mini_epoch')}  pass {st.get('pass')}  "
+        f"rf {st.get('rf')} (made: {st.get('rf_effective')})",
+        f"view       {st.get('view_files')} files, {format_size(st.get('view_bytes', 0))}",
+        f"cache      {format_size(st.get('cache_bytes', 0))} of {format_size(st.get('cache_capacity', 0))}  "
+        + _bar(st.get("cache_bytes", 0), st.get("cache_capacity", 0)),
+        f"prefetch   {pf.get('files_done')}/{pf.get('files_total')} files  "
+        + _bar(pf.get("bytes_done", 0), pf.get("bytes_total", 0))
+        + f"  {format_size(pf.get('bytes_per_s', 0))}/s",
+        f"reads      {reads.get('hits')} hits, {reads.get('misses')} misses ({hit} hit), "
+        f"{reads.get('out_of_view')} out of view, {reads.get('direct', 0)} direct, "
+        f"{reads.get('plan', 0)} from plans",
+        f"backing    {format_size(st.get('backing_bytes_read', 0))} read;  opened "
+        f"{format_size(st.get('opened_bytes', 0))} (daemon served {format_size(st.get('served_bytes', 0))}, "
+        f"the rest from the page cache or read direct);  stalled {st.get('stall_seconds', 0):.1f} s",
+        f"arf        {arf.get('mode')}  score {arf.get('score')}",
+    ]
+    if st.get("last_error"):
+        lines.append(f"last error {st['last_error']}")
+    return "\n".join(lines)
+
+
+def cmd_status(argv: Sequence[str]) -> int:
+    p = _Parser(prog="tierfs status", description="Show a mount's status.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--json", action="store_true", help="print the raw JSON object")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+    ns = p.parse_args(argv)
+    try:
+        while True:
+            st = read_status(ns.mountpoint)
+            text = json.dumps(st, indent=2) if ns.json else format_status(st)
+            if ns.watch:
+                sys.stdout.write("\x1b[H\x1b[2J" if sys.stdout.isatty() else "")
+            print(text, flush=True)
+            if not ns.watch:
+                return EXIT_OK
+            time.sleep(ns.watch)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except OSError as exc:
+        raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}") from None
+
+
+def cmd_set(argv: Sequence[str]) -> int:
+    from tierfs.options import Settings, apply_assignments
+
+    p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control); "
+                "prints what changed.  next-pass and advance are sent as commands.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    ns = p.parse_args(argv)
+    items = [kv for a in ns.assignments for kv in parse_assignments(a)]
+    commands = [k.replace("_", "-") for k, v in items if not v and k in ("next_pass", "advance")]
+    items = [(k, v) for k, v in items if v or k not in ("next_pass", "advance")]
+    bad = [k for k, v in items if not v]
+    if bad:
+        raise UsageError(f"expected KEY=VALUE, got {bad[0]!r}")
+    try:
+        apply_assignments(Settings(), items, live_only=True)  # bad input is a usage error, mount or not
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    client = _client(ns.mountpoint)
+    before = client.settings()
+    payload = "".join([f"{k}={v}\n" for k, v in items] + [f"{c}\n" for c in commands])
+    try:
+        client.write(payload)  # checked with the mount's own parser first
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise RuntimeFailure(f"cannot write {client.dir}/control: {exc.strerror}") from None
+    after = client.settings()
+    for key in dict(items):
+        old, new = before.get(key), after.get(key)
+        print(f"{key}: {old} -> {new}" if old != new else f"{key}: {new} (unchanged)")
+    for cmd in commands:
+        print(f"{cmd}: sent")
+    return EXIT_OK
+
+
+def cmd_install(argv: Sequence[str]) -> int:
+    from tierfs.install import Layout, install, uninstall
+
+    defaults = Layout()
+    p = _Parser(prog="tierfs install", description="Install the fstab helper (mount.fuse.tierfs), the commands, "
+                "the systemd units and generator for this tierfs; --uninstall removes them.  Run as root.")
+    p.add_argument("--prefix", default=defaults.prefix, help="commands in PREFIX/bin, docs in PREFIX/share/doc "
+                   f"(default {defaults.prefix})")
+    p.add_argument("--sbin-dir", default=defaults.sbin_dir,
+                   help=f"for mount.fuse.tierfs (default {defaults.sbin_dir}: mount(8) looks nowhere else)")
+    p.add_argument("--unit-dir", default=defaults.unit_dir, help=f"systemd units (default {defaults.unit_dir})")
+    p.add_argument("--generator-dir", default=defaults.generator_dir,
+                   help=f"systemd generators (default {defaults.generator_dir})")
+    p.add_argument("--conf-dir", default=defaults.conf_dir, help=f"NAME.conf files (default {defaults.conf_dir})")
+    p.add_argument("--uninstall", action="store_true", help="remove what an install with these dirs wrote")
+    ns = p.parse_args(argv)
+    try:
+        layout = Layout(prefix=ns.prefix, sbin_dir=ns.sbin_dir, unit_dir=ns.unit_dir,
+                        generator_dir=ns.generator_dir, conf_dir=ns.conf_dir)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        paths = uninstall(layout) if ns.uninstall else install(layout)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        hint = " (run as root, or give other dirs)" if isinstance(exc, PermissionError) else ""
+        raise RuntimeFailure(f"{'uninstall' if ns.uninstall else 'install'}:{where} {exc.strerror or exc}{hint}") \
+            from None
+    verb = "removed" if ns.uninstall else "wrote"
+    for path in paths:
+        print(f"{verb} {path}")
+    if not ns.uninstall:
+        print(f"next: write {layout.conf_dir}/NAME.conf (see example.conf), systemctl daemon-reload, "
+              f"systemctl start tierfs@NAME; or an fstab line of type fuse.tierfs (see operations.md)")
+    elif not paths:
+        print("nothing to remove")
+    return EXIT_OK
+
+
+def cmd_umount(argv: Sequence[str]) -> int:
+    p = _Parser(prog="tierfs umount", description="Unmount a tierfs mount (the daemon then exits 0).")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
+    ns = p.parse_args(argv)
+    mnt = os.path.realpath(ns.mountpoint)
+    _client(mnt)
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool is None:
+        raise RuntimeFailure("fusermount3 not found (install the fuse3 package)")
+    res = subprocess.run([tool, "-u", *(["-z"] if ns.lazy else []), mnt], capture_output=True, text=True)
+    if res.returncode != 0:
+        reason = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"{tool} failed"
+        if "busy" in reason.lower():
+            reason += " (files are open; close them or use --lazy)"
+        raise RuntimeFailure(reason)
+    return EXIT_OK
+
+
+USAGE = """\
+usage: tierfs mount BACKING MOUNTPOINT --cache DIR --capacity SIZE [options]
+       tierfs BACKING MOUNTPOINT -o cache=DIR,capacity=SIZE[,key=value...]   (fstab form)
+       tierfs status MOUNTPOINT [--json] [--watch SECONDS]
+       tierfs set MOUNTPOINT KEY=VALUE ...
+       tierfs umount MOUNTPOINT [--lazy]
+       tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--uninstall]   (as root)
+Run 'tierfs mount --help' for the mount options."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not args or args[0] in ("-h", "--help", "help"):
+            print(USAGE)
+            return EXIT_OK if args else EXIT_USAGE
+        if args[0] == "--version":
+            print(f"tierfs {__version__}")
+            return EXIT_OK
+        cmd, rest = args[0], args[1:]
+        if cmd == "mount":
+            return cmd_mount(rest, prog="tierfs mount", daemon_default=False)
+        if cmd == "status":
+            return cmd_status(rest)
+        if cmd == "set":
+            return cmd_set(rest)
+        if cmd in ("umount", "unmount"):
+            return cmd_umount(rest)
+        if cmd == "install":
+            return cmd_install(rest)
+        if cmd.startswith("-") or len(args) < 2:
+            raise UsageError(f"unknown command {cmd!r} (see 'tierfs --help')")
+        return cmd_mount(args, prog="tierfs", daemon_default=True)
+    except UsageError as exc:
+        print(f"tierfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeFailure as exc:
+        print(f"tierfs: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":
+    sys.exit(main())

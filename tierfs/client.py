@@ -1,0 +1,131 @@
+"""The client side of a mount's control dir: the one way to read ``status`` and write ``control`` lines.
+
+Used by ``tierfs status`` / ``tierfs set``, by the test helper (``tierfs.testing.Mounted``) and by dslide's
+feedback writer.  It imports no FUSE binding.  Writes are checked with the mount's own parser first
+(:func:`tierfs.control.parse_control`, against the settings the mount reports), so a bad line fails here with
+the mount's message and never reaches it; each write is one ``write(2)``, so a line is never split.
+
+A client is made from any path that names the mount: the mountpoint, its ``.tierfs`` dir, a file in it (what
+``dslide train --control MOUNT/.tierfs/control`` passes), or any path below the mountpoint.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tierfs.control import format_indices, parse_control
+from tierfs.options import Settings, apply_assignments, parse_assignments
+
+__all__ = ["CONTROL_DIR", "Client", "NotAMount", "find_mount"]
+
+CONTROL_DIR = ".tierfs"
+_REPORT_CHARS = 16 << 10  # longest ``consumed`` write: far below FUSE's write size, so never split
+
+
+class NotAMount(ValueError):
+    """The path is not on a tierfs mount (no ``.tierfs/status`` above it)."""
+
+
+def find_mount(path: str | os.PathLike[str]) -> Path:
+    """The mountpoint of the tierfs mount that ``path`` names or lies in."""
+    p = Path(os.path.abspath(path))
+    if p.name in ("control", "status", "order", "order0", "metrics", "plan") and p.parent.name == CONTROL_DIR:
+        p = p.parent
+    if p.name == CONTROL_DIR:
+        p = p.parent
+    for candidate in (p, *p.parents):
+        if (candidate / CONTROL_DIR / "status").exists():
+            return candidate
+    raise NotAMount(f"{path} is not a tierfs mount (no {CONTROL_DIR}/status)")
+
+
+class Client:
+    """Reads and writes a mount's control dir (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.mountpoint = find_mount(path)
+        self.dir = self.mountpoint / CONTROL_DIR
+
+    def _read(self, name: str) -> bytes:
+        # 1 MiB reads: the files show size 0 (/proc style), so a plain read() would grow its buffer from 8 KiB,
+        # one FUSE request per step; a plan is hundreds of KiB
+        chunks = []
+        with open(self.dir / name, "rb", buffering=0) as f:
+            while chunk := f.read(1 << 20):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def status(self) -> dict[str, Any]:
+        """The status object (one consistent snapshot)."""
+        status = json.loads(self._read("status"))
+        if not isinstance(status, dict):
+            raise ValueError(f"{self.dir}/status is not a JSON object")
+        return status
+
+    def metrics(self) -> str:
+        return self._read("metrics").decode()
+
+    def settings(self) -> dict[str, str]:
+        """The settings in force, as the control file shows them (``KEY=VALUE``)."""
+        return dict(parse_assignments(self._read("control").decode()))
+
+    def order(self, *, nul: bool = False) -> list[bytes]:
+        """The current pass's paths in serving order (``order0`` with ``nul``: every name, as it is)."""
+        if nul:
+            return self._read("order0").split(b"\0")[:-1]
+        return self._read("order").splitlines()
+
+    def plan(self) -> dict[str, Any]:
+        """A batch plan of the current pass (see docs/tierfs.md, "Batch plans"): its copies stay pinned until the
+        pass ends; report what was read from them with :meth:`consumed`.  ``PermissionError`` for other users."""
+        plan = json.loads(self._read("plan"))
+        if not isinstance(plan, dict) or "files" not in plan:
+            raise ValueError(f"{self.dir}/plan is not a plan object")
+        return plan
+
+    def consumed(self, plan_id: int, indices: list[int]) -> None:
+        """Report direct reads of plan ``plan_id``'s copies (its file positions ``indices``); each counts as one
+        open served from the cache, at most once per plan.  Long reports go in several writes of whole lines."""
+        text = format_indices(indices)
+        while text:
+            # one line per write, well under a FUSE write's size, cut at a comma (never inside a number)
+            cut = len(text) if len(text) <= _REPORT_CHARS else text.rindex(",", 0, _REPORT_CHARS)
+            self.write(f"consumed {plan_id} {text[:cut]}", check=False)
+            text = text[cut + 1:]
+
+    def check(self, text: str) -> None:
+        """``ValueError`` with the mount's own message if the mount would refuse ``text``."""
+        current = apply_assignments(Settings(), self.settings().items(), live_only=False)
+        parse_control(text, current)
+
+    def write(self, text: str, *, check: bool = True) -> None:
+        """Write ``text`` (lines of ``KEY=VALUE`` items or commands) in one ``write(2)``.
+
+        ``ValueError`` if it is refused (checked here first, or EINVAL from the mount, with its ``last_error``);
+        ``OSError`` for anything else."""
+        if check:
+            self.check(text)
+        data = text.encode() if text.endswith("\n") else (text + "\n").encode()
+        # (no O_TRUNC: the kernel would follow it with a GETATTR and a security xattr question, two round trips)
+        fd = os.open(self.dir / "control", os.O_WRONLY)
+        try:
+            written = os.write(fd, data)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise ValueError(self.status().get("last_error") or "refused by the mount") from None
+            raise
+        finally:
+            os.close(fd)
+        if written != len(data):
+            raise OSError(errno.EIO, f"{self.dir}/control: short write ({written} of {len(data)} bytes)")
+
+    def set(self, assignments: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        """Apply ``KEY=VALUE`` assignments in one write; returns (key, old, new) for each."""
+        before = self.settings()
+        self.write(" ".join(f"{k}={v}" for k, v in assignments))
+        after = self.settings()
+        return [(k, before.get(k, ""), after.get(k, "")) for k, _ in assignments]

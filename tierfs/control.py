@@ -1,0 +1,265 @@
+"""The control-file protocol: what a write to ``/.tierfs/control`` may say, and how it is applied.
+
+A write holds lines; each line is a command or ``KEY=VALUE`` items (several per line allowed)::
+
+    rf=8 advance=strict
+    next-pass
+    advance
+    feedback loss=0.71 train_err=0.2 val_err=0.31 [score=0.5]
+    consumed 7 0-63,65,70-99
+
+``consumed PLAN INDICES`` reports direct reads of a batch plan's copies (see plans.py): INDICES are positions
+in plan PLAN's file list, comma-separated numbers and inclusive ranges (:func:`format_indices` writes them).
+
+:func:`parse_control` turns the whole write into one :class:`ControlRequest` or raises ``ValueError`` with a
+message for ``last_error``; :func:`apply_control` validates everything that can fail first and then applies the
+request all at once, so a write with one bad item changes nothing.  Settings go through the one option table
+and parser in :mod:`tierfs.options` (``live_only``: the cache dir, the backing dir, the mountpoint and the other
+mount-time options are refused by name).
+
+**Which pass a ``feedback`` line is about.**  A trainer reports after it has trained on a pass, but tierfs ends
+a pass when the last file of the view is *opened* -- so when that pass was the rf-th, tierfs has already
+switched to the next mini-epoch by the time the feedback arrives.  A feedback line is therefore about the last
+*completed* pass and its mini-epoch (:attr:`Engine.last_pass`; the current mini-epoch if no pass has ended
+yet): the :class:`Arf` controller scores it within that mini-epoch (its best score and wait counter start
+afresh only at the first feedback about a new mini-epoch), and its history records that epoch and mini-epoch.
+An ``advance`` decision applies only while that mini-epoch is still current; about one already left it is
+recorded and has no effect (the switch it asks for has happened).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sampler.arf import Controller, make_controller
+from tierfs.options import Settings, apply_assignments, parse_assignments
+
+__all__ = ["COMMANDS", "Arf", "ControlRequest", "ControlTarget", "apply_control", "apply_feedback", "format_indices",
+           "parse_control", "parse_indices"]
+
+_REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
+_ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
+
+COMMANDS = ("next-pass", "advance", "feedback", "consumed")
+_FEEDBACK_KEYS = ("loss", "train_err", "val_err", "score")
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    settings: Settings
+    changed: frozenset[str] = frozenset()
+    commands: tuple[str, ...] = ()  # "next-pass" / "advance", in the order written
+    feedback: tuple[dict[str, float], ...] = field(default_factory=tuple)
+    consumed: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (plan, indices) reports, in the order written
+
+
+def parse_indices(text: str) -> list[int]:
+    """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]`` (positions in a plan); ``ValueError`` naming the bad part."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ValueError(f"consumed: bad index or range {part!r} (expected N or N-M)") from None
+        if a < 0 or b < a:
+            raise ValueError(f"consumed: bad range {part!r} (expected 0 <= N <= M)")
+        out.extend(range(a, b + 1))
+    return out
+
+
+def format_indices(indices: list[int]) -> str:
+    """The shortest ``parse_indices`` text for ``indices`` (sorted, runs as ranges)."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in sorted(set(indices)):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
+def _parse_consumed(words: list[str]) -> tuple[int, tuple[int, ...]]:
+    if len(words) < 2:
+        raise ValueError("consumed needs a plan number and indices, e.g. 'consumed 7 0-63,65'")
+    try:
+        plan = int(words[0])
+    except ValueError:
+        raise ValueError(f"consumed: the plan must be a number, got {words[0]!r}") from None
+    return plan, tuple(parse_indices(",".join(words[1:])))
+
+
+def _parse_feedback(words: list[str]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for key, text in parse_assignments(" ".join(words)):
+        if key not in _FEEDBACK_KEYS:
+            raise ValueError(f"feedback: unknown metric {key!r} (expected {', '.join(_FEEDBACK_KEYS)})")
+        try:
+            v = float(text)
+        except ValueError:
+            raise ValueError(f"feedback: {key} must be a number, got {text!r}") from None
+        if not math.isfinite(v):
+            raise ValueError(f"feedback: {key} must be finite, got {text!r}")
+        metrics[key] = v
+    if not metrics:
+        raise ValueError("feedback needs at least one of loss=, train_err=, val_err=, score=")
+    return metrics
+
+
+def parse_control(text: str, settings: Settings) -> ControlRequest:
+    """Parse one write against the current ``settings``; ``ValueError`` if any part of it is bad."""
+    assignments: list[tuple[str, str]] = []
+    commands: list[str] = []
+    feedback: list[dict[str, float]] = []
+    consumed: list[tuple[int, tuple[int, ...]]] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        head = words[0].replace("_", "-").lower()
+        if head == "feedback":
+            feedback.append(_parse_feedback(words[1:]))
+        elif head == "consumed":
+            consumed.append(_parse_consumed(words[1:]))
+        elif head in ("next-pass", "advance") and len(words) == 1:
+            commands.append(head)
+        elif head in ("next-pass", "advance") and "=" not in words[0]:
+            raise ValueError(f"{head} takes no arguments, got {line!r}")
+        else:
+            assignments.extend(parse_assignments(line))
+    for key, value in assignments:
+        if value == "" and key in ("next_pass", "advance"):
+            raise ValueError(f"{key.replace('_', '-')} is a command: write it on a line of its own")
+    new = apply_assignments(settings, assignments, live_only=True)
+    if not (assignments or commands or feedback or consumed):
+        raise ValueError("empty control write (expected KEY=VALUE lines or next-pass, advance, feedback, consumed)")
+    return ControlRequest(new, frozenset(k for k, _ in assignments), tuple(commands), tuple(feedback),
+                          tuple(consumed))
+
+
+# ------------------------------------------------------------------------------------------------- applying
+
+
+class ControlTarget(Protocol):
+    """What a control write may touch: the narrow interface the engine offers this module (no import of it)."""
+
+    settings: Settings
+    arf: Arf
+    control_error: str | None
+
+    @property
+    def last_pass(self) -> tuple[int, int] | None: ...
+
+    @property
+    def current_mini_epoch(self) -> tuple[int, int]: ...
+
+    def check_plan(self, settings: Settings) -> None: ...
+
+    def check_consumed(self, plan_id: int, indices: list[int]) -> None: ...
+
+    def consumed(self, plan_id: int, indices: list[int]) -> None: ...
+
+    def apply_settings(self, new: Settings, *, replan: bool) -> None: ...
+
+    def end_pass(self) -> None: ...
+
+    def request_advance(self) -> None: ...
+
+    def rf_changed(self) -> None: ...
+
+    def save_journal(self) -> None: ...
+
+    def notify(self) -> None: ...
+
+
+class Arf:
+    """The ARF controller fed by ``feedback`` lines, and the mini-epoch its per-mini-epoch state is about."""
+
+    def __init__(self, controller: Controller | None = None, history: list[dict[str, Any]] | None = None) -> None:
+        self.controller = controller or make_controller("off")
+        self.controller.history.extend(history or ())
+        self.about: tuple[int, int] | None = None  # (epoch, mini_epoch) of the observations so far
+
+    @staticmethod
+    def controller_for(settings: Settings) -> Controller:
+        """A fresh controller for ``settings`` (``ValueError`` on a bad combination)."""
+        s = settings
+        return make_controller(s.arf, wait=s.arf_wait, window=s.arf_window, k=s.arf_k, weights=s.arf_weights)
+
+    @property
+    def score(self) -> float | None:
+        return self.controller.score
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.controller.history
+
+    def replace(self, controller: Controller) -> None:
+        """New ARF settings: a fresh controller that keeps the history."""
+        controller.history = self.controller.history
+        self.controller = controller
+        self.about = None
+
+    def observe(self, metrics: Mapping[str, float], about: tuple[int, int]) -> str:
+        """Score one feedback about a pass of mini-epoch ``about`` = (epoch, mini_epoch); returns the decision."""
+        if about != self.about:
+            self.controller.new_mini_epoch(about[1])
+            self.about = about
+        decision = self.controller.observe(metrics)
+        self.controller.history[-1]["epoch"] = about[0]
+        return decision
+
+
+def apply_feedback(engine: ControlTarget, metrics: Mapping[str, float]) -> None:
+    """Feed one ``feedback`` line to ARF, attributed to the last completed pass (see the module docstring)."""
+    about = engine.last_pass or engine.current_mini_epoch
+    decision = engine.arf.observe(metrics, about)
+    if decision == "advance" and engine.settings.arf != "off" and about == engine.current_mini_epoch:
+        engine.request_advance()
+
+
+def apply_control(engine: ControlTarget, data: bytes) -> None:
+    """Apply one write to the control file, all of it or (``ValueError``, ``last_error`` set) nothing."""
+    try:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("control writes must be UTF-8 text") from None
+        req = parse_control(text, engine.settings)
+        new = req.settings
+        replan = bool(req.changed & _REPLAN_KEYS) and new.policy == "met"
+        if replan:
+            engine.check_plan(new)
+        controller = Arf.controller_for(new) if req.changed & _ARF_KEYS else None
+        for plan_id, indices in req.consumed:
+            engine.check_consumed(plan_id, list(indices))
+    except ValueError as exc:
+        engine.control_error = str(exc)[:500]  # a 1 MiB line gets a message, not a 1 MiB status
+        raise
+    engine.control_error = None
+    engine.apply_settings(new, replan=replan)
+    if controller is not None:
+        engine.arf.replace(controller)
+    for plan_id, indices in req.consumed:  # (reads reported in the same write as a next-pass came before it)
+        engine.consumed(plan_id, list(indices))
+    for cmd in req.commands:
+        if cmd == "next-pass":
+            engine.end_pass()
+        elif cmd == "advance":
+            engine.request_advance()
+    for metrics in req.feedback:
+        apply_feedback(engine, metrics)
+    if "rf" in req.changed:
+        engine.rf_changed()
+    engine.save_journal()
+    engine.notify()

@@ -1,0 +1,327 @@
+"""The FUSE operations: translate each request into a call on the :class:`~tierfs.engine.Engine`.
+
+No decision is made here.  One error rule: an ``OSError`` from the engine (``BackingError`` included) becomes
+``FUSEError(errno)``; every mutating request is ``EROFS``.
+
+Caveats worth knowing:
+
+* Names that do not exist get negative entries with the same timeout (the tree is fixed for a mount's life).
+* Dataset files get long entry and attribute timeouts and ``keep_cache`` (the kernel page cache stays valid
+  across opens); when the engine finds a backing file changed on open it invalidates the inode, so the next
+  read sees the new size and bytes.
+* ``/.tierfs/status``, ``order``, ``metrics``, ``control`` and ``plan`` are rendered once per open into a buffer
+  (``direct_io``, size 0 like /proc files), so one ``cat`` sees one consistent snapshot.  Opening ``plan``
+  pins the copies it names until the pass ends (see :mod:`tierfs.plans`).
+* ``getxattr(user.tierfs.cache_path)`` on a dataset file answers the path of its cached copy (see
+  :mod:`tierfs.direct`); every other attribute does not exist, and the kernel asks again each time.
+* Writes to ``control`` are applied per ``write()`` call: ``echo rf=8 > control`` is one write; a bad one fails
+  that ``write()`` with ``EINVAL`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from tierfs.direct import CACHE_PATH_XATTR
+from tierfs.engine import Engine, FileHandle
+from tierfs.pusher import KernelCache
+from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, mountinfo
+
+__all__ = ["ATTR_TIMEOUT", "TierOperations"]
+
+log = logging.getLogger("tierfs")
+T = TypeVar("T")
+
+#: Seconds the kernel may cache names and attributes.  Long: the tree only changes by backing-file changes,
+#: which the engine notices on open and invalidates explicitly.
+ATTR_TIMEOUT = 300.0
+
+#: The mount's kernel read-ahead in KiB.  FUSE's default of 128 KiB turns a sequential read into 128 KiB
+#: requests, each a round trip through the daemon; a wider window lets the kernel send the largest requests
+#: FUSE allows (1 MiB) and keep a few in flight.  Only root may set it; otherwise the default stays.
+READ_AHEAD_KB = 4096
+
+_CTL_DIR = CONTROL_INODES[b".tierfs"]
+_CTL_CONTROL = CONTROL_INODES[b"control"]
+_CTL_PLAN = CONTROL_INODES[b"plan"]
+_VIRTUAL = {CONTROL_INODES[n] for n in (b"control", b"status", b"order", b"order0", b"metrics", b"plan")}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+
+@dataclass(eq=False)
+class _Virtual:
+    """An open virtual file: the bytes rendered at open, and whether writes go to the control file."""
+
+    data: bytes
+    writable: bool
+
+
+async def _erofs(*_args: Any, **_kwargs: Any) -> Any:
+    raise pyfuse3.FUSEError(errno.EROFS)
+
+
+def _errors(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """The one error rule: ``OSError`` becomes its errno, a bug becomes ``EIO`` (logged), never a dead mount."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: Any) -> T:
+        try:
+            return await handler(*args)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("tierfs: %s failed", handler.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _set_read_ahead(mountpoint: bytes) -> None:
+    """Raise the read-ahead of the FUSE mount at ``mountpoint`` (root only; a worker thread)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for dev, where, fstype in mountinfo():
+            if where == mountpoint and fstype.startswith("fuse"):
+                with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as ra:
+                    ra.write(f"{READ_AHEAD_KB}\n")
+                log.debug("tierfs: read-ahead of %s set to %d KiB", os.fsdecode(mountpoint), READ_AHEAD_KB)
+
+
+class TierOperations(pyfuse3.Operations):
+    """pyfuse3 operations over an opened :class:`Engine`."""
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+        self._handles: dict[int, FileHandle | _Virtual] = {}
+        self._dirs: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
+        self._fh = itertools.count(1)
+        self._uid = os.getuid()
+        self._gid = os.getgid()
+
+    def init(self) -> None:
+        # Only now is there a kernel to notify (engine tests without a mount keep a KernelCache of no-ops).
+        # Both calls can wait on the kernel's page locks: KernelCache makes them from a thread of its own.
+        self.engine.attach_kernel(KernelCache(pyfuse3.notify_store, pyfuse3.invalidate_inode))
+        # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
+        with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)
+            trio.lowlevel.spawn_system_task(self._widen_read_ahead)
+
+    async def _widen_read_ahead(self) -> None:
+        # abspath, never realpath: a stat of our own mountpoint from the thread that serves it would deadlock
+        # (mount.py already resolved the path).  The /proc and /sys files are read in a worker thread.
+        mountpoint = os.fsencode(os.path.abspath(self.engine.config.mountpoint or "/"))
+        await trio.to_thread.run_sync(_set_read_ahead, mountpoint)
+
+    # ================================================================================ attributes
+
+    def _attr(self, inode: int) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode
+        a.entry_timeout = ATTR_TIMEOUT
+        a.attr_timeout = ATTR_TIMEOUT
+        if inode >= _CTL_DIR:
+            a.st_mode = (stat.S_IFDIR | 0o555) if inode == _CTL_DIR else (
+                stat.S_IFREG | {_CTL_CONTROL: 0o644, _CTL_PLAN: 0o400}.get(inode, 0o444))
+            a.st_nlink = 2 if inode == _CTL_DIR else 1
+            a.st_uid, a.st_gid = self._uid, self._gid
+            a.st_size = 0
+            # (their attributes never change -- size 0, fixed modes, the root's times -- so the kernel may keep
+            # them like any other: an open of ``status`` or a ``consumed`` report costs no GETATTR; what changes
+            # is their content, rendered per open and read with direct_io)
+            root = self.engine.tree.nodes[0].st if self.engine.tree.nodes else None
+            if root is not None:
+                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = root.st_mtime_ns
+            return a
+        node = self.engine.node(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        st = node.st
+        a.st_mode = st.st_mode  # the backing file's own modes: writes are refused with EROFS, as ro mounts do
+        a.st_nlink = st.st_nlink if node.kind == KIND_DIR else 1
+        a.st_uid = st.st_uid
+        a.st_gid = st.st_gid
+        a.st_size = st.st_size
+        a.st_blksize = 1 << 17
+        a.st_blocks = st.st_blocks  # what du and tar see on the backing dir
+        a.st_atime_ns = st.st_atime_ns
+        a.st_mtime_ns = st.st_mtime_ns
+        a.st_ctime_ns = st.st_ctime_ns
+        return a
+
+    @_errors
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        inode = self.engine.lookup(parent_inode, name)
+        if inode is None:
+            # A negative entry the kernel keeps (st_ino 0): the tree is fixed for the mount's life (files added
+            # to the backing show from the next mount), so a name that is not there now stays absent.  Loaders
+            # probe for names that do not exist (``.tierfs`` in a sub-directory, ``__init__.py``, sidecar files).
+            a = pyfuse3.EntryAttributes()
+            a.st_ino = 0
+            a.entry_timeout = ATTR_TIMEOUT
+            return a
+        return self._attr(inode)
+
+    @_errors
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._attr(inode)
+
+    @_errors
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return self.engine.readlink(inode)
+
+    @_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        # The backing filesystem's own figures (a read-only dataset is not "100 % full"); the last good ones
+        # while the backing does not answer, never a wait on it.
+        s = pyfuse3.StatvfsData()
+        v = await self.engine.statvfs()
+        s.f_namemax = 255
+        if v is not None:
+            s.f_bsize, s.f_frsize = v.f_bsize, v.f_frsize
+            s.f_blocks, s.f_bfree, s.f_bavail = v.f_blocks, v.f_bfree, v.f_bavail
+            s.f_files, s.f_ffree, s.f_favail = v.f_files, v.f_ffree, v.f_favail
+            s.f_namemax = v.f_namemax
+        return s
+
+    # =============================================================================== directories
+
+    @_errors
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        listing = self.engine.list_dir(inode)
+        fh = next(self._fh)
+        self._dirs[fh] = (inode, listing)
+        return fh
+
+    @_errors
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        dir_inode, listing = self._dirs[fh]
+        for i in range(start_id, len(listing)):
+            name, inode = listing[i]
+            if not pyfuse3.readdir_reply(token, name, self._attr(inode), i + 1):
+                break
+        if start_id < len(listing):
+            # readdirplus: the kernel now holds these inodes, so their pages can be pushed (after this reply)
+            self.engine.listed(dir_inode)
+
+    @_errors
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    # ===================================================================================== files
+
+    @_errors
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        eng = self.engine
+        if inode in _VIRTUAL:
+            writes = bool(flags & _WRITE_FLAGS)
+            if writes and inode != _CTL_CONTROL:
+                raise pyfuse3.FUSEError(errno.EACCES)
+            if inode == _CTL_CONTROL:
+                data = eng.control_text()
+            elif inode == CONTROL_INODES[b"status"]:
+                data = eng.status().to_json().encode()
+            elif inode == CONTROL_INODES[b"metrics"]:
+                data = eng.status().to_prometheus().encode()
+            elif inode == CONTROL_INODES[b"order0"]:
+                data = eng.order0_text()
+            elif inode == _CTL_PLAN:
+                data = await eng.plan_text(ctx.uid)
+            else:
+                data = eng.order_text()
+            fh = next(self._fh)
+            self._handles[fh] = _Virtual(data, writes)
+            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if inode == _CTL_DIR:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        handle = await eng.open_file(eng.file_index(inode))
+        fh = next(self._fh)
+        self._handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
+
+    @_errors
+    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:
+        h = self._handles[fh]
+        if isinstance(h, _Virtual):
+            return h.data[off:off + size]
+        return await self.engine.read(h, off, size)
+
+    @_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self._handles.get(fh)
+        if not isinstance(h, _Virtual) or not h.writable:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        try:
+            self.engine.control_write(buf)
+        except ValueError:
+            raise pyfuse3.FUSEError(errno.EINVAL) from None
+        return len(buf)
+
+    async def flush(self, fh: int) -> None:
+        # Nothing to flush on a read-only mount.  ENOSYS (once) makes the kernel stop sending FLUSH at all: one
+        # round trip less on every close().
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    @_errors
+    async def release(self, fh: int) -> None:
+        h = self._handles.pop(fh, None)
+        if isinstance(h, FileHandle):
+            await self.engine.release(h)
+
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        # Nothing may change, the control file included: ``echo x > control`` opens with O_TRUNC, which the
+        # kernel passes to open (atomic O_TRUNC, libfuse's default) and never turns into a truncate.
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    # Every other mutating request: the mount is read-only and the backing dir is never written.
+    mknod = mkdir = unlink = rmdir = symlink = rename = link = create = _erofs  # type: ignore[assignment]
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    @_errors
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        # The one attribute: the path of a dataset file's cached copy, for a reader that opens it itself
+        # (tierfs.direct).  Only for readers that may open the cache dir (0700): the daemon's user and root; for
+        # anyone else, and for a file that must go through the mount, there is no such attribute.
+        if name != CACHE_PATH_XATTR or inode >= _CTL_DIR or not self.engine.may_read_directly(ctx.uid):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        node = self.engine.node(inode)
+        if node is None or node.kind != KIND_FILE:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        path = await self.engine.lend(node.fidx)
+        if path is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return path
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        pass
+
+    @_errors
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        # ``test -w`` must say no, like on any read-only mount; the control file is the one writable file.
+        if mode & os.W_OK and inode != _CTL_CONTROL:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return True

@@ -1,0 +1,125 @@
+"""The position journal: where in the plan the mount stands, so a remount resumes there.
+
+Written atomically (``atomic.atomic_write``) at every pass end and mini-epoch switch and on close, so after a
+clean or a killed stop the next mount of the same cache resumes the same epoch, mini-epoch and pass.  Reads
+made within the interrupted pass are not journalled: that pass starts over.  Together with the ``data/``
+directory (see cache.py) this is all the state a restart needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import trio
+
+from sampler.atomic import atomic_write
+
+__all__ = ["JOURNAL_NAME", "JournalWriter", "Position", "encode_position", "load_position", "save_position"]
+
+JOURNAL_NAME = "journal.json"
+_VERSION = 1
+
+
+@dataclass
+class Position:
+    """Epoch, mini-epoch (index into the epoch's plan) and pass (within the mini-epoch), plus their history."""
+
+    epoch: int = 0
+    mini_epoch: int = 0
+    pass_index: int = 0
+    passes_total: int = 0
+    rf_effective: list[int] = field(default_factory=lambda: [0])
+    arf_history: list[dict[str, Any]] = field(default_factory=list)
+    last_pass: list[int] | None = None  # [epoch, mini_epoch] of the last completed pass (what feedback is about)
+
+
+def load_position(cache_dir: str) -> Position | None:
+    """The journalled position, or None if there is none or it is unreadable (then the mount starts afresh)."""
+    try:
+        with open(os.path.join(cache_dir, JOURNAL_NAME), "rb") as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("version") != _VERSION:
+        return None
+    try:
+        pos = Position(
+            epoch=int(raw["epoch"]),
+            mini_epoch=int(raw["mini_epoch"]),
+            pass_index=int(raw["pass"]),
+            passes_total=int(raw.get("passes_total", 0)),
+            rf_effective=[int(x) for x in raw.get("rf_effective", [0])] or [0],
+            arf_history=list(raw.get("arf_history", [])),
+            last_pass=_pair(raw.get("last_pass")),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if min(pos.epoch, pos.mini_epoch, pos.pass_index) < 0:
+        return None
+    return pos
+
+
+def _pair(value: Any) -> list[int] | None:
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value):
+        return [int(v) for v in value]
+    return None
+
+
+def save_position(cache_dir: str, pos: Position) -> None:
+    atomic_write(os.path.join(cache_dir, JOURNAL_NAME), encode_position(pos))
+
+
+def encode_position(pos: Position) -> bytes:
+    raw = asdict(pos)
+    raw["pass"] = raw.pop("pass_index")
+    raw["version"] = _VERSION
+    return json.dumps(raw, sort_keys=True).encode()
+
+
+class JournalWriter:
+    """Writes the journal off the trio thread: a pass end only hands over the newest position; a background
+    task writes it (fsync and all) in a cache thread.  A write that fails (a full cache disk) is kept as
+    ``error`` and tried again; the mount goes on serving.  ``flush()`` writes what is pending, at close."""
+
+    def __init__(self, cache_dir: str) -> None:
+        self.cache_dir = cache_dir
+        self.error: str | None = None
+        self._pending: bytes | None = None
+        self._wake = trio.Event()
+
+    def save(self, pos: Position) -> None:
+        self._pending = encode_position(pos)
+        self._wake.set()
+
+    async def run(self, limiter: trio.CapacityLimiter) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            data = self._pending  # stays pending until written: a cancel before the write loses nothing
+            if data is None:
+                continue
+            try:
+                await trio.to_thread.run_sync(self._write, data, limiter=limiter)
+                self.error = None
+                if self._pending is data:
+                    self._pending = None
+            except OSError as exc:
+                self.error = f"cannot write the journal: {exc.strerror or exc}"
+                await trio.sleep(1.0)
+                self._wake.set()
+
+    def _write(self, data: bytes) -> None:
+        atomic_write(os.path.join(self.cache_dir, JOURNAL_NAME), data)
+
+    def flush(self) -> None:
+        """Write the pending position now (on close, or where no background task runs); errors are kept."""
+        data, self._pending = self._pending, None
+        if data is not None:
+            try:
+                self._write(data)
+                self.error = None
+            except OSError as exc:
+                self.error = f"cannot write the journal: {exc.strerror or exc}"

@@ -1,0 +1,226 @@
+"""Loader integrations on batch plans: one pass of a class-folder dataset, read from the fast tier directly.
+
+A loader that reads a tierfs mount through ``open()`` pays a few FUSE round trips per file; one that reads the
+*batch plan* (``/.tierfs/plan``, see docs/tierfs.md) reads the cached copies itself and pays one request per
+pass.  This module is the part every integration shares, with no torch import:
+
+* :func:`read_pass` -- the files of the current pass under a dataset root (a class-folder tree, as torchvision's
+  ``ImageFolder`` reads it), each with its label, the path of its cached copy when there is one, and the path
+  through the mount (what to read when there is none, or when the copy is gone);
+* :class:`PassFiles` -- that pass, and :meth:`PassFiles.report` to tell the mount what was read from copies
+  (``consumed``), so passes, ``rf``, ARF and ``status`` count these reads exactly as opens;
+* :class:`FileList` -- a ``path label`` file list of the pass (DALI's ``file_list``, tf.data), rewritten every
+  pass, with a context manager that reports the pass when it ends.
+
+``tierfs.torch`` builds the PyTorch datasets on it.
+
+**Labels never shift.**  The classes are the sorted sub-directories of the root, read once (a tierfs mount lists
+every directory in every mini-epoch, so a class with no file in the current view keeps its index).
+
+**No mount, no change.**  On a plain directory (a laptop, a copy of the data) the same calls walk the tree:
+every file every pass, sorted, no copies, nothing reported; code runs unchanged.  On a mount whose plan this
+user may not read (not the mount's user nor root), the pass comes from ``order0`` and every file is read
+through the mount (its open counts it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sampler.atomic import atomic_write
+from tierfs.client import CONTROL_DIR, Client
+
+__all__ = ["FileList", "PassFiles", "Sample", "find_classes", "read_pass", "read_sample", "tierfs_mount"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One file of a pass: ``path`` (through the mount, or the plain path), its ``label``, and ``copy``, the cached
+    copy to read instead (None: read ``path``); ``index`` is its position in the plan (for ``consumed``)."""
+
+    path: str
+    label: int
+    copy: str | None = None
+    index: int = -1
+
+
+def tierfs_mount(root: str | os.PathLike[str]) -> Path | None:
+    """The mountpoint of the tierfs mount that ``root`` lies in, or None (a plain directory)."""
+    p = Path(os.path.abspath(root))
+    for candidate in (p, *p.parents):
+        if (candidate / CONTROL_DIR / "status").exists():
+            return candidate
+    return None
+
+
+def find_classes(root: str | os.PathLike[str]) -> list[str]:
+    """The sorted class folders under ``root`` (label = index in this list), as ``ImageFolder`` finds them."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and e.name != CONTROL_DIR)
+    if not classes:
+        raise FileNotFoundError(errno.ENOENT, f"no class folders under {root}")
+    return classes
+
+
+def _wanted(name: str, extensions: tuple[str, ...] | None) -> bool:
+    return extensions is None or name.lower().endswith(extensions)
+
+
+@dataclass
+class PassFiles:
+    """The files of one pass under ``root`` (serving order on a mount, sorted on a plain directory)."""
+
+    root: str
+    classes: list[str]
+    samples: list[Sample]
+    mount: Path | None = None
+    plan: int | None = None  # the plan's number; None without a plan (nothing to report)
+    position: tuple[int, int, int] | None = None  # (epoch, mini_epoch, pass) the plan was read at
+    _client: Client | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def paths(self) -> list[str]:
+        """What to read, per sample: the copy if there is one, else the path (a file list for tf.data)."""
+        return [s.copy or s.path for s in self.samples]
+
+    def labels(self) -> list[int]:
+        return [s.label for s in self.samples]
+
+    def report(self, indices: Sequence[int]) -> None:
+        """Tell the mount that the samples at ``indices`` (positions in :attr:`samples`) were read from their
+        copies; samples read through the mount are skipped (their open counted them).  Idempotent: a sample
+        reported twice counts once.  Nothing to do without a plan."""
+        if self.plan is None or self.mount is None:
+            return
+        idx = [self.samples[i].index for i in indices if self.samples[i].copy is not None]
+        if idx:
+            if self._client is None:
+                self._client = Client(self.mount)
+            self._client.consumed(self.plan, idx)
+
+    def report_all(self) -> None:
+        """The whole pass was read (a DALI or tf.data epoch): report every copy."""
+        self.report(range(len(self.samples)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}  # (a loader's worker makes its own)
+
+
+def _walk(root: str, classes: list[str], extensions: tuple[str, ...] | None) -> list[Sample]:
+    samples = []
+    for label, cls in enumerate(classes):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls)):
+            dirnames.sort()
+            samples += [Sample(os.path.join(dirpath, n), label) for n in sorted(filenames) if _wanted(n, extensions)]
+    return samples
+
+
+def read_pass(root: str | os.PathLike[str], classes: list[str] | None = None, *,
+              extensions: Sequence[str] | None = None) -> PassFiles:
+    """The current pass's files under ``root`` with their labels (see the module docstring).
+
+    On a tierfs mount this reads a batch plan: the copies it names stay pinned until the pass ends.  Files
+    outside the class folders (directly in ``root``) are left out, as ``ImageFolder`` leaves them out;
+    ``extensions`` (e.g. ``(".jpeg", ".jpg")``, case-insensitive) keeps only those names."""
+    root = os.path.abspath(root)
+    classes = classes if classes is not None else find_classes(root)
+    ext = tuple(e.lower() for e in extensions) if extensions else None
+    mount = tierfs_mount(root)
+    if mount is None:
+        return PassFiles(root, classes, _walk(root, classes, ext))
+    label_of = {c: i for i, c in enumerate(classes)}
+    prefix = os.path.relpath(root, mount)
+    prefix = "" if prefix == "." else prefix + "/"
+    client = Client(mount)
+    samples = []
+
+    def add(rel: str, copy: str | None, index: int) -> None:
+        if not rel.startswith(prefix):
+            return
+        cls, sep, rest = rel[len(prefix):].partition("/")
+        if sep and cls in label_of and _wanted(rest, ext):
+            samples.append(Sample(os.path.join(mount, rel), label_of[cls], copy, index))
+
+    try:
+        plan = client.plan()
+    except PermissionError:  # not the mount's user nor root: the order file, every file through the mount
+        for rel in client.order(nul=True):
+            add(os.fsdecode(rel), None, -1)
+        return PassFiles(root, classes, samples, mount)
+    for i, f in enumerate(plan["files"]):
+        add(f["path"], f["copy"], i)
+    return PassFiles(root, classes, samples, mount, plan["plan"], (plan["epoch"], plan["mini_epoch"], plan["pass"]),
+                     client)
+
+
+def read_sample(sample: Sample, reader: Callable[[str], Any]) -> tuple[Any, bool]:
+    """``reader(copy)`` if the sample has a copy, else (or if the copy is gone: its pass ended early)
+    ``reader(path)`` through the mount; and whether the copy was read (only those are reported)."""
+    if sample.copy is not None:
+        try:
+            return reader(sample.copy), True
+        except FileNotFoundError:
+            pass
+    return reader(sample.path), False
+
+
+class FileList:
+    """A ``path label`` file list of each pass, for DALI's ``file_list`` or tf.data, rewritten every pass::
+
+        files = FileList("/mnt/imagenet/train", "/tmp/train.txt")
+        for epoch in range(epochs):
+            with files.next_pass() as p:            # writes /tmp/train.txt: this pass, copies where cached
+                pipe = make_pipeline(file_list=p.list_path)   # or tf.data.Dataset.from_tensor_slices(...)
+                train_one_epoch(pipe)
+            # a normal exit reports the whole pass as read; an exception reports nothing
+
+    Each line is the file to read (the cached copy, else the path through the mount) and its label.  A
+    reader of the list reads every file once per pass, so on a normal exit every copy is reported consumed
+    (files without a copy are counted by their open).  DALI splits a line at its last space: paths with a
+    newline cannot be listed (they are refused with ``ValueError``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], list_path: str | os.PathLike[str], *,
+                 extensions: Sequence[str] | None = None) -> None:
+        self.root = os.path.abspath(root)
+        self.list_path = os.fspath(list_path)
+        self.extensions = extensions
+        self.classes = find_classes(self.root)
+
+    def write(self) -> PassFiles:
+        """Read the current pass and write its list (atomically); the caller reports it."""
+        p = read_pass(self.root, self.classes, extensions=self.extensions)
+        lines = []
+        for path, label in zip(p.paths(), p.labels(), strict=True):
+            if "\n" in path or "\r" in path:
+                raise ValueError(f"{path!r}: a file list line cannot hold a newline")
+            lines.append(f"{path} {label}\n")
+        atomic_write(self.list_path, os.fsencode("".join(lines)), mode=0o644)
+        return p
+
+    @contextlib.contextmanager
+    def next_pass(self) -> Iterator[PassFilesList]:
+        p = self.write()
+        yield PassFilesList(self.list_path, p)
+        p.report_all()
+
+
+@dataclass(frozen=True)
+class PassFilesList:
+    """What :meth:`FileList.next_pass` yields: the list's path and the pass it holds."""
+
+    list_path: str
+    files: PassFiles
+
+    def paths(self) -> list[str]:
+        return self.files.paths()
+
+    def labels(self) -> list[int]:
+        return self.files.labels()

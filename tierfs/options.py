@@ -1,0 +1,373 @@
+"""The mount options: one table, one parser for sizes, one for ``KEY=VALUE``.
+
+Every option exists in three spellings -- ``--arf-wait 3`` on the command line, ``-o arf_wait=3`` in the
+fstab form, and ``arf_wait=3`` written into ``/.tierfs/control`` -- and all three go through
+:func:`parse_value`, so a value means the same thing wherever it is written and a bad one gets the same
+message.  Options marked ``live`` may be changed through the control file; the others are fixed for the
+life of a mount (the cache dir, the backing dir and the mountpoint most of all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sampler.arf import parse_weights
+
+__all__ = [
+    "GENERIC_MOUNT_OPTIONS",
+    "OPTIONS",
+    "MountConfig",
+    "Option",
+    "Settings",
+    "apply_assignments",
+    "format_size",
+    "parse_assignments",
+    "parse_size",
+    "parse_value",
+]
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"20G"``, ``"512M"``, ``"1.5T"``, ``"4096"`` (binary units; a trailing ``B``/``iB`` is fine)."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m and str(text).strip().startswith("-") and _SIZE_RE.match(str(text).strip()[1:]):
+        raise ValueError(f"must not be negative, got {text!r}")
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use a number with an optional K/M/G/T suffix, e.g. 20G)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def format_size(n: int | float) -> str:
+    """``1536`` -> ``"1.5K"``; the inverse of :func:`parse_size` up to rounding."""
+    n = float(n)
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "" or n == int(n) else f"{n:.1f}{unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _int_between(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if len(text) > 32:
+            raise ValueError(f"expected an integer from {lo} to {hi}, got {text[:32]!r}...")
+        try:
+            v = int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise ValueError(f"must be >= {lo}, got {v}")
+        if v > hi:
+            raise ValueError(f"must be <= {hi}, got {v}")
+        return v
+
+    return parse
+
+
+def _float_between(lo: float, hi: float) -> Callable[[str], float]:
+    """A number in ``(lo, hi]``."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text[:32]!r}") from None
+        if not math.isfinite(v) or not lo < v <= hi:
+            what = "a positive number" if lo == 0 else f"a number above {lo:g}"
+            raise ValueError(f"must be {what} (at most {hi:g}), got {text[:32]!r}")
+        return v
+
+    return parse
+
+
+_float_positive = _float_between(0.0, 1e6)
+_MAX_PASSES = 1_000_000  # rf, arf_wait, arf_window: far above any real use, far below an overflow
+_MAX_NM = 100_000_000
+_MAX_BANDWIDTH = 1 << 50  # 1 PiB/s
+
+
+def _revalidate(text: str) -> float | str:
+    """Seconds a fingerprint may age before an open uses it, or ``open`` / ``never``."""
+    if text in ("open", "never"):
+        return text
+    try:
+        v = float(text.rstrip("s")) if text else float("nan")
+    except ValueError:
+        raise ValueError(f"expected seconds, open or never, got {text[:32]!r}") from None
+    if not math.isfinite(v) or not 0 <= v <= 86400 * 365:
+        raise ValueError(f"expected seconds from 0 to a year, open or never, got {text[:32]!r}")
+    return "open" if v == 0 else v
+
+
+def _backing_timeout(text: str) -> float | str:
+    """Seconds an uncached open waits on a stalled backing before EIO, or ``hard`` (wait as NFS hard does)."""
+    if text == "hard":
+        return text
+    return _float_between(0.0, 86400.0)(text.rstrip("s"))
+
+
+def _streams(text: str) -> int | str:
+    return "auto" if text == "auto" else _int_between(1, 64)(text)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _rf(text: str) -> int | str:
+    return "auto" if text == "auto" else _int_between(1, _MAX_PASSES)(text)
+
+
+def _optional_size(text: str) -> int | None:
+    return None if text in ("", "none", "0") else _size(text)
+
+
+def _weights(text: str) -> tuple[float, float, float]:
+    try:
+        return parse_weights(text)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("weights must be", "expected")) from None
+
+
+def _bool(text: str) -> bool:
+    t = text.lower()
+    if t in ("", "1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _size(text: str) -> int:
+    v = parse_size(text)
+    if v > 1 << 60:
+        raise ValueError(f"{text!r} is more than an exbibyte")
+    return v
+
+
+def _bandwidth(text: str) -> int:
+    v = parse_size(text)
+    if v > _MAX_BANDWIDTH:
+        raise ValueError(f"must be at most 1P (bytes/s), got {text[:32]!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class Option:
+    """One mount option: its parser, whether the control file may change it, and what it is for."""
+
+    name: str
+    parse: Callable[[str], Any]
+    live: bool
+    help: str
+    flag: bool = False  # a switch: ``--allow-other`` / ``-o allow_other`` without a value
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in [
+        Option("rf", _rf, True, "repeating factor: passes per mini-epoch (integer >= 1, or auto)"),
+        Option("nm", _int_between(1, _MAX_NM), True, "number of mini-epochs per epoch"),
+        Option("mini_epoch_size", _optional_size, True, "mini-epoch byte budget (instead of nm), e.g. 50G"),
+        Option("composition", _choice("random", "stratified", "contiguous", "reservoir"), True,
+               "how mini-epochs are composed"),
+        Option("arf", _choice("off", "score", "bollinger"), True, "adaptive repeating factor"),
+        Option("arf_wait", _int_between(1, _MAX_PASSES), True,
+               "score ARF: passes without improvement before advancing"),
+        Option("arf_window", _int_between(2, _MAX_PASSES), True, "Bollinger ARF: moving window N"),
+        Option("arf_k", _float_positive, True, "Bollinger ARF: band width K (standard deviations)"),
+        Option("arf_weights", _weights, True, "score weights for loss,train_err,val_err"),
+        Option("advance", _choice("ready", "strict"), True, "ready: never stall; strict: exactly rf passes"),
+        Option("bandwidth", _bandwidth, True, "cap on backing reads in bytes/s (0 = none), e.g. 100M"),
+        Option("revalidate", _revalidate, True,
+               "seconds a backing fingerprint may age before an open uses it, or open (every open) or never"),
+        Option("backing_timeout", _backing_timeout, True,
+               "seconds an uncached open waits on a stalled backing before EIO, or hard (wait)"),
+        Option("staging_streams", _streams, True, "copies staged at once: auto (adapt to the tier) or 1-64"),
+        Option("policy", _choice("met", "lru"), False, "met (mini-epochs) or lru (read-through baseline)"),
+        Option("seed", _int_between(0, 2**63 - 1), False, "seed of every shuffle"),
+        Option("rank", _int_between(0, 1_000_000), False, "this node's rank for node-level sharding"),
+        Option("world_size", _int_between(1, 1_000_000), False, "number of nodes sharing the plan"),
+        Option("view", _choice("mini-epoch", "full"), False, "what the root shows"),
+        Option("verify", _choice("size-mtime", "xxhash"), False, "how cached copies are checked"),
+        Option("allow_other", _bool, False, "let other users read the mount (implies default_permissions)",
+               flag=True),
+        Option("ro", _bool, False, "read-only at the kernel (statfs says ST_RDONLY, findmnt ro); the control "
+               "file then refuses writes too", flag=True),
+        Option("log_level", _choice("debug", "info", "warning", "error"), False, "daemon log level"),
+    ]
+}
+
+#: Options that mount(8) and systemd pass to every helper; the fstab form accepts and ignores them.
+GENERIC_MOUNT_OPTIONS = frozenset(
+    {"rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "_netdev", "nofail", "auto", "noauto",
+     "user", "users", "nouser", "defaults", "async", "sync", "atime", "noatime", "relatime"}
+)
+
+
+def parse_value(key: str, text: str) -> Any:
+    """Parse ``text`` as the value of option ``key``; ``ValueError`` names both when either is bad."""
+    opt = OPTIONS.get(key)
+    if opt is None:
+        raise ValueError(f"unknown key {key!r}")
+    try:
+        return opt.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The values of every option in :data:`OPTIONS`; immutable, replaced whole on every change."""
+
+    rf: int | str = 4
+    nm: int = 8
+    mini_epoch_size: int | None = None
+    composition: str = "random"
+    arf: str = "off"
+    arf_wait: int = 3
+    arf_window: int = 5
+    arf_k: float = 2.0
+    arf_weights: tuple[float, float, float] = (1.0, 0.0, 0.0)
+    advance: str = "ready"
+    bandwidth: int = 0
+    revalidate: float | str = 30.0
+    backing_timeout: float | str = 30.0
+    staging_streams: int | str = "auto"
+    policy: str = "met"
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    view: str = "mini-epoch"
+    verify: str = "size-mtime"
+    allow_other: bool = False
+    ro: bool = False
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank must be < world_size ({self.world_size}), got {self.rank}")
+        if self.policy == "lru" and self.view != "full":
+            # The LRU baseline has no mini-epochs to show; it always serves the whole tree.
+            object.__setattr__(self, "view", "full")
+
+    def as_lines(self) -> str:
+        """``KEY=VALUE`` lines, the format written to and read from the control file."""
+        out = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "arf_weights":
+                v = ",".join(f"{w:g}" for w in v)
+            elif isinstance(v, bool):
+                v = "true" if v else "false"
+            elif v is None:
+                v = "none"
+            out.append(f"{f.name}={v}")
+        return "\n".join(out) + "\n"
+
+
+_BLANKS_BEFORE_EQUALS = re.compile(r"\s+=")
+_BLANKS_AFTER_EQUALS = re.compile(r"=\s+(?!\S*=)")
+
+
+def _join_equals(line: str) -> str:
+    """Blanks around ``=`` are not separators (``echo " rf = 5 "`` means rf=5), except after an empty value
+    followed by the next item (``mini_epoch_size= nm=4``)."""
+    return _BLANKS_AFTER_EQUALS.sub("=", _BLANKS_BEFORE_EQUALS.sub("=", line))
+
+
+def parse_assignments(text: str) -> list[tuple[str, str]]:
+    """Split ``KEY=VALUE`` items separated by newlines, commas or whitespace (the one KEY=VALUE parser).
+
+    Commas inside ``arf_weights=1,0,0`` are kept with their key: an item without ``=`` directly after a
+    comma continues the previous value.  A bare word (``allow_other``) is ``("allow_other", "")``.  Blanks
+    around ``=`` belong to neither side (``rf = 5`` is ``rf=5``).
+    """
+    items: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        line = _join_equals(line.split("#", 1)[0].strip())
+        if not line:
+            continue
+        for token in line.split():
+            for piece in token.split(","):
+                if "=" in piece or not items or not piece:
+                    if not piece:
+                        continue
+                    key, _, value = piece.partition("=")
+                    items.append((key.strip().replace("-", "_"), value.strip()))
+                elif _continues_value(items[-1][0], piece):
+                    key, value = items[-1]
+                    items[-1] = (key, f"{value},{piece}")
+                else:
+                    items.append((piece.strip().replace("-", "_"), ""))
+    return items
+
+
+def _continues_value(key: str, piece: str) -> bool:
+    # Only arf_weights takes a comma-separated value, and only numbers continue it.
+    return key == "arf_weights" and re.fullmatch(r"[0-9.eE+-]+", piece) is not None
+
+
+def apply_assignments(settings: Settings, assignments: Iterable[tuple[str, str]], *, live_only: bool) -> Settings:
+    """A new :class:`Settings` with the assignments applied, or ``ValueError`` and nothing changed.
+
+    ``live_only`` is set for control-file writes: options fixed at mount time are refused by name.
+    """
+    changes: dict[str, Any] = {}
+    for key, text in assignments:
+        opt = OPTIONS.get(key)
+        if opt is None:
+            if key in ("cache", "backing", "mountpoint", "capacity"):
+                raise ValueError(f"{key} cannot be changed while mounted")
+            raise ValueError(f"unknown key {key!r}")
+        if live_only and not opt.live:
+            raise ValueError(f"{key} is fixed at mount time and cannot be changed through the control file")
+        changes[key] = parse_value(key, text)
+    return dataclasses.replace(settings, **changes)
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    """Everything a mount needs: the three paths, the capacity, and the initial :class:`Settings`."""
+
+    backing: str
+    mountpoint: str
+    cache: str
+    capacity: int
+    settings: Settings = field(default_factory=Settings)
+
+    def __post_init__(self) -> None:
+        if self.capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {self.capacity}")
+
+    @classmethod
+    def from_options(cls, backing: str, mountpoint: str, options: Mapping[str, str]) -> MountConfig:
+        """Build from raw ``key -> text`` options (CLI or ``-o``); ``cache`` and ``capacity`` are required."""
+        opts = dict(options)
+        missing = [k for k in ("cache", "capacity") if not opts.get(k)]
+        if missing:
+            raise ValueError(f"missing required option{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
+        cache = opts.pop("cache")
+        try:
+            capacity = parse_size(opts.pop("capacity"))
+        except ValueError as exc:
+            raise ValueError(f"capacity: {exc}") from None
+        settings = apply_assignments(Settings(), opts.items(), live_only=False)
+        return cls(backing=backing, mountpoint=mountpoint, cache=cache, capacity=capacity, settings=settings)

@@ -1,0 +1,273 @@
+"""The kernel's caches of the mount: page-cache pushes of staged copies, and invalidations, off the trio thread.
+
+**Never from the trio thread.**  ``notify_store`` and ``invalidate_inode`` lock the kernel's pages of an inode;
+a page may be locked by a READ of that file that waits for this daemon, and only the trio thread can answer
+it.  Called on the trio thread, either call deadlocks the whole mount (issue 11, A).  So :class:`KernelCache`
+makes every such call in one worker thread of its own: one at a time and in the order asked, so the bytes of
+an old push always land before the invalidation that follows them.
+
+:class:`Pusher` (a background task, started in the engine's nursery) pushes the staged copies of the current
+and next mini-epochs into the page cache, so a first pass over a mini-epoch is served like a repeated one (no
+READ requests): current mini-epoch first (what a switch left unpushed), then the next as its copies land, at
+most ``budget`` bytes of the two.  The kernel must know the inode (from a lookup or a listing); a file it does
+not know waits for its next lookup (:meth:`Pusher.looked_up`) or its directory's next listing
+(:meth:`Pusher.listed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from tierfs.cache import CacheEntry, CacheStore
+from tierfs.tree import Tree, fingerprint
+
+__all__ = ["KernelCache", "Pusher", "PusherStatistics", "push_budget"]
+
+log = logging.getLogger("tierfs")
+
+_PUSH_CHUNK = 1 << 20  # bytes per notify_store message
+_PUSH_BUDGET_MAX = 1 << 30
+_PUSH_BATCH_FILES = 32  # files per worker-thread hop
+
+
+def push_budget() -> int:
+    """Bytes of the current and next mini-epochs that may be pushed into the kernel page cache: 10 % of RAM,
+    at most 1 GiB.  (A first pass would put the same pages there; pushing only moves that ahead of the reader.)"""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 0
+    return min(_PUSH_BUDGET_MAX, ram // 10)
+
+
+class KernelCache:
+    """The kernel side of the mount, reached from one worker thread only (see the module docstring).
+
+    ``store(inode, offset, data)`` and ``invalidate(inode, attr_only)`` are pyfuse3's ``notify_store`` and
+    ``invalidate_inode``; None (engine tests without a mount): nothing to notify."""
+
+    def __init__(self, store: Callable[[int, int, bytes], None] | None = None,
+                 invalidate: Callable[[int, bool], None] | None = None) -> None:
+        self.store = store
+        self._invalidate = invalidate
+        self.limiter = trio.CapacityLimiter(1)
+        self.invalidations = 0
+
+    @property
+    def live(self) -> bool:
+        return self._invalidate is not None
+
+    async def invalidate(self, inode: int, *, attr_only: bool = False) -> None:
+        """Make the kernel forget the inode's attributes (and pages, unless ``attr_only``); waits until it did.
+
+        Abandoned on cancel: at shutdown an invalidation may wait on a page lock until the unmount aborts the
+        connection."""
+        if self._invalidate is None:
+            return
+        self.invalidations += 1
+        await trio.to_thread.run_sync(_quietly, self._invalidate, inode, attr_only, limiter=self.limiter,
+                                      abandon_on_cancel=True)
+
+    async def store_files(self, jobs: list[tuple[int, int, int]]) -> list[int]:
+        """Push copies' bytes into the page cache; ``jobs``: (fd, inode, size); per job the bytes pushed or
+        ``-errno`` (``-ENOENT``: the kernel has no inode for it)."""
+        assert self.store is not None
+        return await trio.to_thread.run_sync(_store_files, self.store, jobs, limiter=self.limiter,
+                                             abandon_on_cancel=True)
+
+
+def _quietly(invalidate: Callable[[int, bool], None], inode: int, attr_only: bool) -> None:
+    with contextlib.suppress(OSError):  # ENOENT: the kernel never saw this inode, so it has nothing to drop
+        invalidate(inode, attr_only)
+
+
+def _store_files(store: Callable[[int, int, bytes], None], jobs: list[tuple[int, int, int]]) -> list[int]:
+    out = []
+    for fd, inode, size in jobs:
+        try:
+            store(inode, 0, b"")  # a probe: fails at once, before any read, when the kernel lacks the inode
+            off = 0
+            while off < size:
+                data = os.pread(fd, min(_PUSH_CHUNK, size - off), off)
+                if not data:
+                    break
+                store(inode, off, data)
+                off += len(data)
+            out.append(off)
+        except OSError as exc:
+            out.append(-(exc.errno or errno.EIO))
+    return out
+
+
+@dataclass(frozen=True)
+class PusherStatistics:
+    pushed_bytes: int
+    window_bytes: int
+    budget: int
+    queued: int
+    waiting_for_inode: int  # staged copies the kernel has no inode for yet (pushed on lookup or listing)
+
+
+class Pusher:
+    """See the module docstring.  ``wanted(fidx)``: still in the current or next mini-epoch; ``open_copy``
+    opens (and pins) a cached copy for reading, ``release_copy`` closes and unpins it; ``inode(fidx)``."""
+
+    def __init__(self, tree: Tree, cache: CacheStore, kernel: KernelCache, *, budget: int, verify: bool,
+                 wanted: Callable[[int], bool], inode: Callable[[int], int],
+                 open_copy: Callable[[CacheEntry], object], release_copy: Callable[[CacheEntry, int], None]) -> None:
+        self.tree = tree
+        self.cache = cache
+        self.kernel = kernel
+        self.budget = budget
+        self.verify = verify
+        self._wanted = wanted
+        self._inode = inode
+        self._open_copy = open_copy
+        self._release_copy = release_copy
+        self.pushed_bytes = 0
+        self.pushed: set[int] = set()  # files of the current/next mini-epoch whose bytes were pushed
+        self.window = 0  # their bytes, held under budget
+        self.queue: deque[int] = deque()
+        self.unknown: dict[int, set[int]] = {}  # dir node -> files whose inode the kernel lacked
+        self.inflight: dict[int, trio.Event] = {}
+        self._known_meanwhile: set[int] = set()  # looked up or listed while their push was in flight
+        self._wake = trio.Event()
+
+    @property
+    def enabled(self) -> bool:
+        return self.kernel.store is not None
+
+    def reset(self, files: list[int], wanted_now: set[int] | None) -> None:
+        """A new current mini-epoch: push what ``files`` (current, then next) still lack."""
+        if wanted_now is not None:
+            self.pushed &= wanted_now
+        self.window = sum(int(self.tree.sizes[f]) for f in self.pushed)
+        self.unknown = {}
+        self.queue = deque(f for f in files if f not in self.pushed and self.cache.get(f) is not None)
+        self.wake()
+
+    def want(self, fidx: int) -> None:
+        """A copy of a wanted file landed."""
+        if self.enabled and fidx not in self.pushed:
+            self.queue.append(fidx)
+            self.wake()
+
+    def forget(self, fidx: int) -> None:
+        """``fidx``'s backing file changed: its pushed bytes are stale (the engine invalidates them)."""
+        if fidx in self.pushed:
+            self.pushed.discard(fidx)
+            self.window -= int(self.tree.sizes[fidx])
+
+    def wake(self) -> None:
+        self._wake.set()
+        self._wake = trio.Event()
+
+    async def wait_landed(self, fidx: int) -> None:
+        """Wait until a push of ``fidx`` in flight has landed (its old bytes must land before an invalidation)."""
+        ev = self.inflight.get(fidx)
+        if ev is not None:
+            await ev.wait()
+
+    def looked_up(self, dir_node: int, fidx: int) -> None:
+        """The kernel now has an inode for this file: push it if an earlier push found none."""
+        if self.unknown or self.inflight:
+            self._kernel_learnt(dir_node, {fidx})
+
+    def listed(self, dir_node: int, shown: Callable[[int], bool]) -> None:
+        """The kernel got the entries (and so the inodes) of this directory: push what it lacked an inode for;
+        ``shown(fidx)``: the listing showed it (the others' inodes are still unknown to the kernel)."""
+        if not (self.unknown or self.inflight):
+            return
+        candidates = self.unknown.get(dir_node, set()) | self.inflight.keys()
+        files = {f for f in candidates if shown(f) and int(self.tree.groups[f]) == dir_node}
+        if files:
+            self._kernel_learnt(dir_node, files)
+
+    def _kernel_learnt(self, dir_node: int, files: set[int]) -> None:
+        # A push still travelling may come back -ENOENT although the kernel knows the inode by now: remember.
+        self._known_meanwhile |= files & self.inflight.keys()
+        waiting = self.unknown.get(dir_node)
+        if waiting and files & waiting:
+            found = files & waiting
+            waiting -= found
+            self.queue.extendleft(found)
+            self.wake()
+
+    def _take_batch(self) -> list[tuple[int, CacheEntry]]:
+        batch: list[tuple[int, CacheEntry]] = []
+        taken: set[int] = set()
+        size = 0
+        while self.queue and self.enabled and len(batch) < _PUSH_BATCH_FILES and size < _PUSH_CHUNK * 8:
+            fidx = self.queue.popleft()
+            entry = self.cache.get(fidx)
+            if (entry is None or fidx in self.pushed or fidx in self.inflight or fidx in taken
+                    or not self._wanted(fidx)
+                    or entry.doomed or self.window + size + entry.size > self.budget
+                    or (self.verify and not entry.verified)):  # only checked bytes
+                continue
+            batch.append((fidx, entry))
+            taken.add(fidx)
+            size += entry.size
+        return batch
+
+    async def run(self) -> None:
+        while True:
+            wake = self._wake
+            batch = self._take_batch()
+            if not batch:
+                await wake.wait()
+                continue
+            for fidx, _ in batch:
+                self.inflight[fidx] = trio.Event()
+            opened: list[tuple[int, CacheEntry, int]] = []
+            try:
+                for fidx, entry in batch:
+                    try:
+                        fd = await self._open_copy(entry)  # type: ignore[misc]  # pinned while pushed
+                    except OSError as exc:  # EMFILE, a damaged copy (already repaired): skip it
+                        log.debug("tierfs: push of %s skipped: %s", os.fsdecode(self.tree.file_path(fidx)), exc)
+                        continue
+                    if fd is not None:
+                        opened.append((fidx, entry, fd))
+                jobs = [(fd, self._inode(fidx), entry.size) for fidx, entry, fd in opened]
+                results = await self.kernel.store_files(jobs) if jobs else []
+            finally:
+                for f, _ in batch:
+                    self.inflight.pop(f).set()
+            for _, entry, fd in opened:
+                self._release_copy(entry, fd)
+            for (fidx, entry, _fd), n in zip(opened, results, strict=True):
+                self._landed(fidx, entry, n)
+
+    def _landed(self, fidx: int, entry: CacheEntry, n: int) -> None:
+        known_meanwhile = fidx in self._known_meanwhile
+        self._known_meanwhile.discard(fidx)
+        if self.cache.get(fidx) is not entry or entry.fp != fingerprint(self.tree.file_node(fidx).st):
+            return  # the backing changed (or the copy went) while its bytes travelled: the engine invalidated
+        if n == -errno.ENOENT:
+            if known_meanwhile:  # the kernel learnt the inode while the push travelled: try again
+                self.queue.append(fidx)
+                self.wake()
+            else:
+                self.unknown.setdefault(int(self.tree.groups[fidx]), set()).add(fidx)
+        elif n == -errno.ENOSYS:
+            self.kernel.store = None  # the kernel cannot: stop trying
+        elif n < 0:
+            log.debug("tierfs: notify_store of %s: %s", os.fsdecode(self.tree.file_path(fidx)), os.strerror(-n))
+        else:
+            self.pushed_bytes += n
+            if self._wanted(fidx):
+                self.pushed.add(fidx)
+                self.window += entry.size
+
+    def statistics(self) -> PusherStatistics:
+        return PusherStatistics(self.pushed_bytes, self.window, self.budget, len(self.queue),
+                                sum(len(v) for v in self.unknown.values()))

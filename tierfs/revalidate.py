@@ -1,0 +1,141 @@
+"""Revalidation: how old a backing file's fingerprint may be when an open uses it, and keeping it young.
+
+An open of a cached file must not wait on the slow tier.  So the fingerprint an open compares against is the
+one the tree holds, and this object keeps, per file, when that fingerprint was last confirmed by the backing
+(a ``stat`` that agreed, or a staging copy that read the file).  ``revalidate`` bounds its age:
+
+* seconds (the default, see ``docs/tierfs.md``): an open uses a fingerprint confirmed within that many seconds
+  without asking the backing; an older one is checked first (a backing round trip, once);
+* ``open``: every open checks (close-to-open consistency, NFS's default);
+* ``never``: the scan's fingerprints are trusted until a remount.
+
+Because tierfs knows the serving order, :meth:`Revalidator.run` re-stats ahead of the readers, in bulk and in
+backing threads: the files of the view not yet opened this pass (in serving order) and the copies of the next
+mini-epoch, every one whose confirmation is older than half of ``revalidate``.  So an open finds a fingerprint
+checked moments ago and makes no backing call at all, and a change in the backing is still seen within
+``revalidate`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+
+from tierfs.backing import Backing
+
+__all__ = ["BATCH", "Revalidator", "RevalidatorStatistics"]
+
+BATCH = 256  # paths per thread hop
+PARALLEL = 8  # batches in flight at once
+
+
+@dataclass(frozen=True)
+class RevalidatorStatistics:
+    setting: float | str
+    checked: int  # backing stats made to confirm fingerprints
+    changed: int  # files found changed by them
+    open_checks: int  # opens that had to ask the backing first (fingerprint too old)
+    unconfirmed: int  # of those, opens served from the copy because a stalled backing did not answer in time
+
+
+class Revalidator:
+    """Per-file confirmation times and the background task that renews them (see the module docstring).
+
+    ``candidates()`` gives the files worth renewing, most urgent first; ``result(fidx, stat_or_error)`` gets
+    every answer on the trio thread (the engine compares it with the tree) and says ``"same"``, ``"changed"``
+    or ``"unknown"`` (the backing could not say: not confirmed)."""
+
+    def __init__(self, n_files: int, backing: Backing, relpath: Callable[[int], bytes], *, setting: float | str,
+                 candidates: Callable[[], np.ndarray], result: Callable[[int, object], str]) -> None:
+        self.confirmed = np.full(n_files, -math.inf)  # monotonic time of the last agreeing backing answer
+        self.backing = backing
+        self.setting: float | str = setting
+        self._relpath = relpath
+        self._candidates = candidates
+        self._result = result
+        self._wake = trio.Event()
+        self.checked = 0
+        self.changed = 0
+        self.open_checks = 0
+        self.unconfirmed = 0
+
+    def set(self, setting: float | str) -> None:
+        self.setting = setting
+        self._wake.set()
+        self._wake = trio.Event()
+
+    def fresh(self, fidx: int, now: float | None = None) -> bool:
+        """Whether an open may use ``fidx``'s fingerprint without asking the backing."""
+        s = self.setting
+        if s == "never":
+            return True
+        if s == "open":
+            return False
+        now = time.monotonic() if now is None else now
+        return now - self.confirmed[fidx] <= float(s)
+
+    def fresh_mask(self, files: np.ndarray) -> np.ndarray:
+        """:meth:`fresh` for many files at once (a batch plan asks for a whole pass)."""
+        s = self.setting
+        if s in ("never", "open"):
+            return np.full(files.shape, s == "never", bool)
+        return time.monotonic() - self.confirmed[files] <= float(s)
+
+    def confirm(self, fidx: int, now: float | None = None) -> None:
+        self.confirmed[fidx] = time.monotonic() if now is None else now
+
+    def forget(self, fidx: int) -> None:
+        """The fingerprint changed: nothing confirms the new one yet."""
+        self.confirmed[fidx] = -math.inf
+
+    async def run(self) -> None:
+        slots = trio.Semaphore(PARALLEL)
+        async with trio.open_nursery() as nursery:
+            while True:
+                wake = self._wake
+                s = self.setting
+                if s in ("open", "never"):
+                    await wake.wait()
+                    continue
+                horizon = float(s) / 2
+                now = time.monotonic()
+                cand = self._candidates()
+                due = cand[now - self.confirmed[cand] > horizon] if cand.size else cand
+                if not due.size:
+                    with trio.move_on_after(max(0.05, min(horizon / 2, 1.0))):
+                        await wake.wait()
+                    continue
+                for start in range(0, int(due.size), BATCH):
+                    batch = due[start:start + BATCH].tolist()
+                    # mark them as in hand so the next round does not ask again while these travel
+                    self.confirmed[batch] = now - horizon
+                    await slots.acquire()
+                    nursery.start_soon(self._check, batch, slots)
+                await trio.sleep(0)
+
+    async def _check(self, batch: list[int], slots: trio.Semaphore) -> None:
+        try:
+            answers = await self.backing.stat_many([self._relpath(f) for f in batch], timeout=None)
+        except OSError:
+            for f in batch:
+                self.forget(f)  # unanswered: not confirmed
+            return
+        finally:
+            slots.release()
+        now = time.monotonic()
+        for fidx, answer in zip(batch, answers, strict=True):
+            self.checked += 1
+            verdict = self._result(fidx, answer)
+            if verdict == "unknown":
+                self.forget(fidx)
+            else:
+                self.confirmed[fidx] = now
+                self.changed += verdict == "changed"
+
+    def statistics(self) -> RevalidatorStatistics:
+        return RevalidatorStatistics(self.setting, self.checked, self.changed, self.open_checks, self.unconfirmed)

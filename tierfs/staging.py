@@ -1,0 +1,511 @@
+"""Copying backing files into the cache: the worker-thread copy and the :class:`Stager` that schedules copies.
+
+*What* to stage is the schedule's decision (the engine hands the stager files, in order, and answers
+``wanted``); the stager owns everything about *doing* it: its queue, the copies in flight, the files that
+failed and when to retry them, the staging rate, and how many copies run at once.  It reserves each copy's
+disk bytes before it starts (evicting what the engine says is unwanted if it must: one "reserve, else make
+room" path, also for a reader fetching a file on demand), and never goes faster than the ``bandwidth`` cap.
+
+A copy reads through :func:`~tierfs.tree.open_beneath` (no symlink followed, no filesystem crossed), writes a
+``.tmp-`` file in the cache and renames it into place only once complete and only if the backing file did not
+change while it was read, so a partial or torn copy is never visible.  Holes of a sparse backing file stay
+holes.  One backing open, one ``fstat`` before and one after, and the reads: nothing more per file.
+
+**Streams.**  A latency-bound tier (NFS, a parallel filesystem, object storage) delivers its bandwidth only
+to many requests at once; a disk that reads best sequentially wants few.  With ``staging_streams=auto`` the
+stager climbs: it doubles the number of copies in flight while the measured rate rises by at least 10 %,
+steps back when it falls, and probes again later (:class:`StreamTuner`); ``staging_streams=N`` fixes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import stat
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+import xxhash
+
+from sampler.atomic import TEMP_PREFIX
+from tierfs.backing import Backing
+from tierfs.cache import COPY_MTIME_NS, CacheEntry, CacheStore, allocated, entry_name
+from tierfs.tree import Fingerprint, Tree, fingerprint, open_beneath
+
+__all__ = ["BackingChanged", "Copied", "Stager", "StagerStatistics", "StreamTuner", "copy_into_cache"]
+
+CHUNK = 1 << 20
+MAX_STREAMS = 64
+AUTO_START = 4
+RETRY_AFTER = 5.0
+SMALL_FILE = 256 << 10  # files below this are copied several to a thread hop
+BATCH_FILES = 16  # seconds before a file that failed to stage (ENOSPC, EMFILE, EIO) is tried again
+
+
+class BackingChanged(Exception):
+    """The backing file is not what the scan (or the reservation) assumed; ``st`` is what it is now."""
+
+    def __init__(self, st: os.stat_result | None) -> None:
+        super().__init__("backing file changed while staging")
+        self.st = st
+
+
+@dataclass(frozen=True)
+class Copied:
+    name: str
+    fp: Fingerprint
+    digest: int | None
+    disk: int
+    copy_id: tuple[int, int]
+
+
+def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprint, data_fd: int, serial: int, *,
+                    hash_content: bool, throttle: Callable[[int], None] | None, block: int,
+                    progress: Callable[[], None] = lambda: None) -> Copied:
+    """Copy one backing file into ``data_fd`` (a worker thread).
+
+    Raises :class:`BackingChanged` when the file's fingerprint differs from ``expected`` or changes during
+    the copy, ``OSError`` when it cannot be read or written.
+    """
+    src = open_beneath(root_fd, relpath, dev)
+    tmp = None
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.ENOENT, "no longer a regular file", os.fsdecode(relpath))
+        if fingerprint(st) != expected:
+            raise BackingChanged(st)
+        sparse = st.st_blocks * 512 < st.st_size
+        tmp = f"{TEMP_PREFIX}{os.getpid()}-{serial}"
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=data_fd)
+        hasher = xxhash.xxh3_64() if hash_content else None
+        total = 0
+        try:
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            seg_end = 0  # a sparse file: where the data segment being copied ends (SEEK_HOLE)
+            while True:
+                if sparse and total >= seg_end:
+                    # the next data segment of a sparse file: holes stay holes (a filesystem without
+                    # SEEK_DATA answers "all data" and the copy is dense)
+                    try:
+                        data_at = os.lseek(src, total, os.SEEK_DATA)
+                    except OSError as exc:
+                        if exc.errno != errno.ENXIO:  # ENXIO: nothing but a hole up to the end
+                            raise
+                        data_at = st.st_size
+                    if data_at > total:
+                        if hasher is not None:
+                            _hash_zeros(hasher, data_at - total)
+                        total = data_at
+                        os.lseek(dst, total, os.SEEK_SET)
+                    # at EOF: one byte more, to see whether it grew
+                    seg_end = os.lseek(src, total, os.SEEK_HOLE) if total < st.st_size else total + 1
+                    os.lseek(src, total, os.SEEK_SET)
+                want = min(CHUNK, st.st_size - total)
+                if throttle is not None and want > 0:
+                    throttle(want)  # pay for the bytes expected, not the buffer size
+                n = os.readv(src, [view[:min(CHUNK, seg_end - total)] if sparse else buf])
+                progress()
+                if n == 0:
+                    break
+                total += n
+                if total > st.st_size:
+                    raise BackingChanged(None)
+                chunk = view[:n]
+                if hasher is not None:
+                    hasher.update(chunk)
+                while chunk:
+                    w = os.write(dst, chunk)
+                    chunk = chunk[w:]
+            if sparse:
+                os.ftruncate(dst, total)
+        finally:
+            os.close(dst)
+        after = os.fstat(src)
+        if total != st.st_size or fingerprint(after) != expected:
+            raise BackingChanged(after)
+        digest = hasher.intdigest() if hasher is not None else None
+        name = entry_name(relpath, expected, serial, digest)
+        os.utime(tmp, ns=(COPY_MTIME_NS, COPY_MTIME_NS), dir_fd=data_fd, follow_symlinks=False)
+        os.rename(tmp, name, src_dir_fd=data_fd, dst_dir_fd=data_fd)
+        tmp = None
+        cst = os.stat(name, dir_fd=data_fd, follow_symlinks=False)
+        return Copied(name, expected, digest, allocated(cst, block), (cst.st_ino, cst.st_ctime_ns))
+    finally:
+        os.close(src)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=data_fd)
+
+
+def _hash_zeros(hasher: xxhash.xxh3_64, n: int) -> None:
+    zeros = bytes(min(n, CHUNK))
+    while n > 0:
+        k = min(n, CHUNK)
+        hasher.update(zeros[:k])
+        n -= k
+
+
+def _run_copies(jobs: list[Callable[[], Copied] | None]) -> list[Copied | BaseException | None]:
+    """Run copies one after the other (a worker thread): per job its result or the exception it raised."""
+    out: list[Copied | BaseException | None] = []
+    for job in jobs:
+        if job is None:
+            out.append(None)
+            continue
+        try:
+            out.append(job())
+        except (BackingChanged, OSError) as exc:
+            out.append(exc)
+    return out
+
+
+class StreamTuner:
+    """How many copies may run at once: fixed, or (``auto``) a hill climb on the measured staging rate.
+
+    The rate of a window counts files as well as bytes (a file's fixed cost is what a latency-bound tier
+    charges); a window closes after at least ``window_s`` seconds and as many copies as streams, and only
+    windows with more work queued than streams count (otherwise the rate says nothing about the tier)."""
+
+    def __init__(self, setting: int | str, *, window_s: float = 0.5) -> None:
+        self.auto = setting == "auto"
+        self.limit = MAX_STREAMS if self.auto else int(setting)
+        self.streams = AUTO_START if self.auto else int(setting)
+        self.window_s = window_s
+        self._rates: dict[int, float] = {}  # streams -> last rate measured with that many
+        self._t0 = time.monotonic()
+        self._work = 0.0
+        self._files = 0
+        self._saturated = True
+        self._settled_windows = 0
+
+    def set(self, setting: int | str) -> None:
+        self.__init__(setting, window_s=self.window_s)  # type: ignore[misc]
+
+    def done(self, nbytes: int, queued: int) -> None:
+        """One copy finished; ``queued``: copies waiting for a stream now."""
+        self._work += nbytes + (64 << 10)
+        self._files += 1
+        self._saturated &= queued > 0
+        now = time.monotonic()
+        if now - self._t0 < self.window_s or self._files < self.streams:
+            return
+        rate = self._work / (now - self._t0)
+        saturated = self._saturated
+        self._t0, self._work, self._files, self._saturated = now, 0.0, 0, True
+        if self.auto and saturated:
+            self.observe(rate)
+
+    def observe(self, rate: float) -> None:
+        """One window's rate with ``streams`` copies in flight and more queued: climb, hold or step back."""
+        n = self.streams
+        self._rates[n] = rate
+        lower = self._rates.get(n // 2) if n > 1 else None
+        upper = self._rates.get(n * 2) if n * 2 <= self.limit else None
+        if lower is not None and rate < lower * 1.1:
+            self.streams = n // 2  # more streams did not help: back to fewer
+            self._settled_windows = 0
+        elif n * 2 <= self.limit and (upper is None or self._settled_windows >= 8):
+            self._rates.pop(n * 2, None)  # probe upward (again now and then: the tier may have changed)
+            self.streams = n * 2
+            self._settled_windows = 0
+        elif n > 1 and lower is None and upper is not None and upper < rate * 1.1:
+            self.streams = n // 2  # more did not pay and fewer was never tried: probe downward
+            self._settled_windows = 0
+        else:
+            self._settled_windows += 1
+
+    def back_off(self) -> None:
+        """The backing pushed back (EAGAIN, EMFILE, a timeout): fewer streams for now."""
+        if self.auto and self.streams > 1:
+            self.streams //= 2
+            self._settled_windows = 0
+
+
+@dataclass(frozen=True)
+class StagerStatistics:
+    streams: int
+    streams_limit: int | str
+    inflight: int
+    queued: int
+    failed: int
+    bytes_staged: int
+    files_staged: int
+    bytes_per_s: float
+    files_per_s: float
+    error: str | None  # the last staging error, kept until a copy succeeds again
+
+
+class Stager:
+    """The background task that copies what the schedule wants (see the module docstring).
+
+    ``wanted(fidx)`` says whether a file is still worth copying; ``make_room(n)`` evicts what the schedule no
+    longer wants (and, under ``lru``, the least recently used) and says whether ``n`` disk bytes fit now;
+    ``landed(fidx, entry)`` hears of a committed copy, ``changed(fidx, st)`` of a backing file found changed,
+    ``blocked()`` that nothing fits until a switch frees space, ``data_dir_lost()`` that the cache's ``data/``
+    is gone, ``gave_up(fidx)`` that a file could not be staged now (it is served from the backing meanwhile,
+    and a mini-epoch never waits for it)."""
+
+    def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, streams: int | str, hash_content: bool,
+                 throttle: Callable[[int], None] | None, wanted: Callable[[int], bool],
+                 make_room: Callable[[int], bool], landed: Callable[[int, CacheEntry], None],
+                 changed: Callable[[int, os.stat_result], None], blocked: Callable[[], None],
+                 data_dir_lost: Callable[[], Awaitable[None]], gave_up: Callable[[int], None]) -> None:
+        self.tree = tree
+        self.cache = cache
+        self.backing = backing
+        self.hash_content = hash_content
+        self.tuner = StreamTuner(streams)
+        self.limiter = trio.CapacityLimiter(MAX_STREAMS)
+        self._throttle = throttle
+        self._wanted = wanted
+        self._make_room = make_room
+        self._landed = landed
+        self._changed = changed
+        self._blocked_cb = blocked
+        self._data_dir_lost = data_dir_lost
+        self._gave_up = gave_up
+        self.queue: deque[int] = deque()
+        self.inflight: dict[int, trio.Event] = {}
+        self.failed: dict[int, float] = {}  # fidx -> monotonic time it may be tried again
+        self.blocked = False
+        self.error: str | None = None
+        self._jobs = 0  # copy jobs (threads) running: what ``streams`` bounds
+        self._wake = trio.Event()
+        self._bytes = 0
+        self._files = 0
+        self._busy = 0.0
+        self._since: float | None = None
+
+    # ------------------------------------------------------------------------------------- the queue
+
+    def reset(self, files: list[int]) -> None:
+        """Stage these files, in this order, instead of whatever was queued (copies in flight go on)."""
+        self.queue = deque(f for f in files if self.cache.get(f) is None)
+        self.failed.clear()
+        self.blocked = False
+        self.notify()
+
+    def push_front(self, fidx: int) -> None:
+        """Stage ``fidx`` next (found changed, or its copy damaged)."""
+        self.failed.pop(fidx, None)
+        self.queue.appendleft(fidx)
+        self.notify()
+
+    def notify(self) -> None:
+        """Something changed that may let staging go on (space freed, files queued, a switch)."""
+        self._wake.set()
+        self._wake = trio.Event()
+
+    def next_job(self) -> int | None:
+        """The next file to copy; None when everything queued is cached, copying, failed or unwanted."""
+        while self.queue:
+            fidx = self.queue[0]
+            if self.cache.get(fidx) is not None or fidx in self.inflight or fidx in self.failed \
+                    or not self._wanted(fidx):
+                self.queue.popleft()  # (a failed file comes back through _retry_timer)
+                continue
+            return fidx
+        return None
+
+    def settled(self) -> bool:
+        """Nothing queued and nothing in flight (tests and benchmarks wait for this)."""
+        return self.next_job() is None and not self.inflight
+
+    # ------------------------------------------------------------------------------------------- running
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._retry_timer)
+            task_status.started()
+            while True:
+                wake = self._wake
+                if self._jobs >= self.tuner.streams:
+                    await wake.wait()
+                    continue
+                fidx = self.next_job()
+                if fidx is None:
+                    await wake.wait()
+                    continue
+                reserved = self._reserve(fidx)
+                if reserved is None:
+                    self.blocked = True
+                    self._blocked_cb()
+                    await wake.wait()  # space frees on an eviction, a release or a switch
+                    continue
+                self._begin(fidx)
+                batch = [(fidx, reserved)]
+                # Small files go several to a thread hop: per file the trio thread then does a few dict
+                # operations, not a task and a hop, so serving does not slow down while a mini-epoch stages.
+                size = int(self.tree.sizes[fidx])
+                while size < SMALL_FILE and len(batch) < BATCH_FILES:
+                    nxt = self.next_job()
+                    if nxt is None or int(self.tree.sizes[nxt]) >= SMALL_FILE:
+                        break
+                    more = self._reserve(nxt)
+                    if more is None:
+                        break
+                    self._begin(nxt)
+                    batch.append((nxt, more))
+                    size += int(self.tree.sizes[nxt])
+                self._jobs += 1
+                nursery.start_soon(self._stage, batch)
+
+    async def _retry_timer(self) -> None:
+        """Queue the files whose staging failed again once their time is up (a full disk may have room now)."""
+        while True:
+            await trio.sleep(RETRY_AFTER / 2)
+            now = time.monotonic()
+            due = [f for f, t in self.failed.items() if t <= now]
+            for fidx in due:
+                del self.failed[fidx]
+                if self._wanted(fidx) and self.cache.get(fidx) is None:
+                    self.queue.append(fidx)
+            if due:
+                self.notify()
+
+    def _reserve(self, fidx: int) -> int | None:
+        """Disk bytes reserved for a copy of ``fidx``: the one "reserve, else make room" path."""
+        st = self.tree.file_node(fidx).st
+        need = self.cache.estimate(st.st_size, st.st_blocks)
+        if self.cache.reserve(need):
+            return need
+        if self._make_room(need) and self.cache.reserve(need):
+            return need
+        return None
+
+    def _begin(self, fidx: int) -> None:
+        self.blocked = False
+        if self.queue and self.queue[0] == fidx:
+            self.queue.popleft()
+        self.inflight[fidx] = trio.Event()
+        if self._since is None:
+            self._since = time.monotonic()
+
+    async def fetch_now(self, fidx: int) -> CacheEntry | None:
+        """Copy ``fidx`` for a reader waiting on it (or wait for the copy in flight); None if it cannot be
+        cached right now (no room, or the copy failed): the reader is then served from the backing."""
+        ev = self.inflight.get(fidx)
+        if ev is not None:
+            await ev.wait()
+            return self.cache.get(fidx)
+        if self.failed.get(fidx, 0.0) > time.monotonic():
+            return None  # it failed moments ago (a full cache disk, say): not again for every reader
+        reserved = self._reserve(fidx)
+        if reserved is None:
+            return None
+        self._begin(fidx)
+        self._jobs += 1
+        await self._stage([(fidx, reserved)])
+        return self.cache.get(fidx)
+
+    async def _stage(self, batch: list[tuple[int, int]]) -> None:
+        """Copy the files of ``batch`` (file index, reserved disk bytes) in one worker thread, one after the
+        other, and take each result."""
+        done = 0
+        try:
+            jobs = []
+            for fidx, _ in batch:
+                node = self.tree.file_node(fidx)
+                jobs.append(None if not self._wanted(fidx) else functools.partial(
+                    copy_into_cache, self.backing.root_fd, self.backing.dev, node.path, fingerprint(node.st),
+                    self.cache.data_fd, self.cache.next_serial(), hash_content=self.hash_content,
+                    throttle=self._throttle, block=self.cache.block, progress=self.backing.progress))
+            outcomes = await trio.to_thread.run_sync(self.backing.run_in_thread(_run_copies), jobs,
+                                                     limiter=self.limiter, abandon_on_cancel=True)
+            for (fidx, reserved), outcome in zip(batch, outcomes, strict=True):
+                done += 1
+                await self._take(fidx, reserved, outcome)
+        finally:
+            for fidx, reserved in batch[done:]:  # cancelled: give back what was never taken
+                self._finished(fidx, reserved)
+            self._jobs -= 1
+            self.notify()
+
+    async def _take(self, fidx: int, reserved: int, outcome: Copied | BaseException | None) -> None:
+        """One copy's result: commit it, or find out why not."""
+        try:
+            if outcome is None:
+                return  # no longer wanted when its turn came
+            if isinstance(outcome, BackingChanged):
+                if outcome.st is not None and stat.S_ISREG(outcome.st.st_mode):
+                    self._changed(fidx, outcome.st)
+                else:
+                    self._fail(fidx, "changed while staged")
+                return
+            if isinstance(outcome, OSError):
+                await self._copy_failed(fidx, self.tree.file_path(fidx), outcome)
+                return
+            assert isinstance(outcome, Copied)
+            if fingerprint(self.tree.file_node(fidx).st) != outcome.fp:
+                # Found changed by an open while we copied: this copy is of the old file; stage it again.
+                self.cache.discard(outcome.name)
+                self.push_front(fidx)
+                return
+            entry = self.cache.commit(fidx, outcome.name, outcome.fp, outcome.digest, reserved, outcome.disk,
+                                      outcome.copy_id)
+            reserved = 0
+            if entry is None:
+                self._fail(fidx, "the copy took more disk than reserved and the cache is full")
+                return
+            self.error = None
+            self._bytes += outcome.fp[0]
+            self._files += 1
+            self.tuner.done(outcome.fp[0], len(self.queue))
+            self._landed(fidx, entry)
+        finally:
+            self._finished(fidx, reserved)
+
+    def _finished(self, fidx: int, reserved: int) -> None:
+        if reserved:
+            self.cache.unreserve(reserved)
+        ev = self.inflight.pop(fidx, None)
+        if ev is not None:
+            ev.set()
+        if not self.inflight and self._since is not None:
+            self._busy += time.monotonic() - self._since
+            self._since = None
+
+    async def _copy_failed(self, fidx: int, relpath: bytes, exc: OSError) -> None:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and await trio.to_thread.run_sync(self.cache.data_dir_lost):
+            self.error = "the cache dir's data/ was removed: recreated"
+            await self._data_dir_lost()  # the engine recreates it and queues everything again
+            return
+        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ETIMEDOUT):
+            self.tuner.back_off()
+        self._fail(fidx, f"staging {os.fsdecode(relpath)}: {exc.strerror or exc}")
+
+    def _fail(self, fidx: int, reason: str) -> None:
+        """This file cannot be staged now (unreadable, ENOSPC, EMFILE, ...): it is served from the backing dir
+        and tried again after RETRY_AFTER seconds; the error stays in status until a copy succeeds."""
+        self.failed[fidx] = time.monotonic() + RETRY_AFTER
+        self.error = reason
+        self._gave_up(fidx)
+
+    # ------------------------------------------------------------------------------------------- figures
+
+    def bytes_per_s(self) -> float:
+        busy = self._busy + (time.monotonic() - self._since if self._since is not None else 0.0)
+        return self._bytes / busy if busy > 0 else 0.0
+
+    def statistics(self) -> StagerStatistics:
+        busy = self._busy + (time.monotonic() - self._since if self._since is not None else 0.0)
+        return StagerStatistics(
+            streams=self.tuner.streams,
+            streams_limit="auto" if self.tuner.auto else self.tuner.limit,
+            inflight=len(self.inflight),
+            queued=len(self.queue),
+            failed=len(self.failed),
+            bytes_staged=self._bytes,
+            files_staged=self._files,
+            bytes_per_s=self._bytes / busy if busy > 0 else 0.0,
+            files_per_s=self._files / busy if busy > 0 else 0.0,
+            error=self.error,
+        )

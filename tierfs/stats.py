@@ -1,0 +1,248 @@
+"""The state you can see: one immutable snapshot, rendered as the ``status`` JSON and as Prometheus text.
+
+The engine builds a :class:`Status` in one go on the trio thread (nothing changes while it is built) from the
+frozen ``statistics()`` of its parts -- the cache, the stager, the pusher, the backing, the revalidator --
+and its own counters; this module reads nothing private, it only renders.  ``/.tierfs/status`` and
+``/.tierfs/metrics`` render that object once per open, so a reader always gets one complete, consistent object.
+
+Prometheus names follow the conventions: base units in the name's suffix (``_bytes``, ``_seconds``), counters
+end in ``_total``, no rates (use ``rate()`` on the counters).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tierfs.backing import BackingStatistics
+    from tierfs.cache import CacheStatistics
+    from tierfs.control import Arf
+    from tierfs.options import Settings
+    from tierfs.plans import PlanStatistics
+    from tierfs.pusher import PusherStatistics
+    from tierfs.revalidate import RevalidatorStatistics
+    from tierfs.schedule import ScheduleStatistics
+    from tierfs.staging import StagerStatistics
+
+__all__ = ["ArfStatus", "DataPathStatistics", "Prefetch", "Reads", "Status", "build_status"]
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Staging of the next mini-epoch (the current one too while it is incomplete, e.g. right after mount)."""
+
+    files_done: int = 0
+    files_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Opens of dataset files: served from the cache (hits) or the backing dir (misses); outside the view;
+    hits answered with the cached copy's path for the reader to open itself (``direct``, see lend)."""
+
+    hits: int = 0
+    misses: int = 0
+    out_of_view: int = 0
+    direct: int = 0
+    plan: int = 0  # hits read from a batch plan's copies, as reported (see plans.py)
+
+
+@dataclass(frozen=True)
+class DataPathStatistics:
+    """What the data path reports (``DataPath.statistics()``)."""
+
+    reads: Reads
+    backing_bytes_read: int  # by readers (staging counts its own)
+    served_bytes: int
+    opened_bytes: int
+    stall_seconds: float
+    handles: int
+    plans: PlanStatistics
+
+
+@dataclass(frozen=True)
+class ArfStatus:
+    mode: str = "off"
+    score: float | None = None
+    history: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Status:
+    epoch: int = 0
+    mini_epoch: int = 0
+    pass_: int = 0
+    passes_total: int = 0
+    nm: int = 0
+    rf: int = 1
+    rf_setting: int | str = 1
+    rf_effective: tuple[int, ...] = ()
+    advance: str = "ready"
+    policy: str = "met"
+    composition: str = "random"
+    view: str = "mini-epoch"
+    view_files: int = 0
+    view_bytes: int = 0
+    dataset_files: int = 0
+    dataset_bytes: int = 0
+    cache_bytes: int = 0  # on disk, what the cap counts: allocated blocks of the copies + reservations
+    cache_logical_bytes: int = 0  # file sizes of the copies
+    cache_files: int = 0
+    cache_capacity: int = 0
+    cache_repairs: int = 0
+    next_ready: bool = False
+    prefetch: Prefetch = field(default_factory=Prefetch)
+    staging: dict[str, Any] = field(default_factory=dict)
+    reads: Reads = field(default_factory=Reads)
+    backing: dict[str, Any] = field(default_factory=dict)
+    revalidate: dict[str, Any] = field(default_factory=dict)
+    backing_bytes_read: int = 0
+    served_bytes: int = 0
+    opened_bytes: int = 0
+    pushed_bytes: int = 0
+    push: dict[str, Any] = field(default_factory=dict)
+    stall_seconds: float = 0.0
+    consumption_bytes_per_s: float = 0.0
+    handles: int = 0
+    plans: dict[str, Any] = field(default_factory=dict)  # batch plans: issued, pinned (plans.py)
+    fds: int = 0
+    fd_limit: int = 0
+    tree: dict[str, Any] = field(default_factory=dict)  # where the tree came from (scan/saved), its rescan
+    arf: ArfStatus = field(default_factory=ArfStatus)
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        raw = asdict(self)
+        d = {"epoch": raw.pop("epoch"), "mini_epoch": raw.pop("mini_epoch"), "pass": raw.pop("pass_"), **raw}
+        d["rf_effective"] = list(self.rf_effective)
+        d["arf"]["history"] = list(self.arf.history)
+        return d
+
+    def to_json(self) -> str:
+        # allow_nan=False: a NaN would make the object invalid JSON; _clean keeps floats clean.
+        return json.dumps(_clean(self.as_dict()), allow_nan=False, sort_keys=False) + "\n"
+
+    def to_prometheus(self) -> str:
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, value: float | int | None, labels: str = "") -> None:
+            if help_:  # the second sample of a labelled metric shares the first one's header
+                out.append(f"# HELP tierfs_{name} {help_}\n# TYPE tierfs_{name} {kind}\n")
+            v = "NaN" if value is None else repr(float(value)) if isinstance(value, float) else str(int(value))
+            out.append(f"tierfs_{name}{labels} {v}\n")
+
+        p, r, st, b, rv = self.prefetch, self.reads, self.staging, self.backing, self.revalidate
+        metric("epoch", "gauge", "Current epoch.", self.epoch)
+        metric("mini_epoch", "gauge", "Current mini-epoch within the epoch.", self.mini_epoch)
+        metric("pass", "gauge", "Current pass within the mini-epoch.", self.pass_)
+        metric("passes_total", "counter", "Passes completed since the first mount of this cache.",
+               self.passes_total)
+        metric("nm", "gauge", "Mini-epochs in the current epoch.", self.nm)
+        metric("rf", "gauge", "Repeating factor in force.", self.rf)
+        metric("rf_effective", "gauge", "Passes made in the current mini-epoch so far.",
+               self.rf_effective[-1] if self.rf_effective else 0)
+        metric("view_files", "gauge", "Files in the current view.", self.view_files)
+        metric("view_bytes", "gauge", "Bytes in the current view.", self.view_bytes)
+        metric("dataset_files", "gauge", "Files in the backing dir.", self.dataset_files)
+        metric("dataset_bytes", "gauge", "Bytes in the backing dir.", self.dataset_bytes)
+        metric("cache_bytes", "gauge", "Disk bytes the cache occupies (allocated blocks, copies in flight included).",
+               self.cache_bytes)
+        metric("cache_logical_bytes", "gauge", "File sizes of the cached copies.", self.cache_logical_bytes)
+        metric("cache_files", "gauge", "Cached copies.", self.cache_files)
+        metric("cache_capacity_bytes", "gauge", "Cache capacity.", self.cache_capacity)
+        metric("cache_repairs_total", "counter", "Cached copies found damaged or missing (cache misses).",
+               self.cache_repairs)
+        metric("next_ready", "gauge", "1 if the next mini-epoch is staged.", int(self.next_ready))
+        metric("prefetch_files", "gauge", "Files of the mini-epoch being staged.", p.files_total)
+        metric("prefetch_done_files", "gauge", "Files of the mini-epoch being staged that are cached.", p.files_done)
+        metric("prefetch_bytes", "gauge", "Bytes of the mini-epoch being staged.", p.bytes_total)
+        metric("prefetch_done_bytes", "gauge", "Bytes of the mini-epoch being staged that are cached.", p.bytes_done)
+        metric("staged_bytes_total", "counter", "Bytes copied into the cache.", st.get("bytes_staged", 0))
+        metric("staged_files_total", "counter", "Files copied into the cache.", st.get("files_staged", 0))
+        metric("staging_streams", "gauge", "Copies allowed in flight now.", st.get("streams", 0))
+        metric("staging_failed_files", "gauge", "Files waiting to retry staging.", st.get("failed", 0))
+        metric("reads_total", "counter", "Opens of dataset files by where they were served from.", r.hits,
+               '{result="hit"}')
+        metric("reads_total", "counter", "", r.misses, '{result="miss"}')
+        metric("reads_out_of_view_total", "counter", "Opens of files outside the current view.", r.out_of_view)
+        metric("reads_direct_total", "counter", "Hits answered with the cached copy's path (user.tierfs.cache_path).",
+               r.direct)
+        metric("reads_plan_total", "counter", "Hits read from batch-plan copies (reported with consumed).", r.plan)
+        metric("reads_unconfirmed_total", "counter",
+               "Hits served while a stalled backing could not confirm the fingerprint.", rv.get("unconfirmed", 0))
+        metric("backing_read_bytes_total", "counter", "Bytes read from the backing dir.", self.backing_bytes_read)
+        metric("backing_stalled", "gauge", "1 while a backing request is outstanding for over a second.",
+               int(b.get("state") == "stalled"))
+        metric("backing_waiting_requests", "gauge", "Backing requests outstanding now.", b.get("waiting", 0))
+        metric("backing_requests_total", "counter", "Requests made to the backing dir.", b.get("requests", 0))
+        metric("backing_timeouts_total", "counter", "Backing requests abandoned after backing_timeout.",
+               b.get("timeouts", 0))
+        metric("revalidations_total", "counter", "Backing stats made to confirm fingerprints.", rv.get("checked", 0))
+        metric("revalidation_changes_total", "counter", "Files found changed by them.", rv.get("changed", 0))
+        metric("open_revalidations_total", "counter", "Opens that asked the backing first.", rv.get("open_checks", 0))
+        metric("served_bytes_total", "counter",
+               "Bytes the daemon returned to readers (reads from the kernel page cache are not seen).",
+               self.served_bytes)
+        metric("pushed_bytes_total", "counter", "Staged bytes pushed into the kernel page cache ahead of readers.",
+               self.pushed_bytes)
+        metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
+               self.opened_bytes)
+        metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", self.stall_seconds)
+        metric("consumption_bytes_per_second", "gauge", "Measured consumption rate of the readers.",
+               self.consumption_bytes_per_s)
+        metric("open_handles", "gauge", "Dataset files open now.", self.handles)
+        metric("open_fds", "gauge", "File descriptors the daemon holds.", self.fds)
+        metric("fd_limit", "gauge", "The daemon's descriptor limit.", self.fd_limit)
+        metric("arf_score", "gauge", "Last ARF score reported through feedback.", self.arf.score)
+        metric("last_error", "gauge", "1 if a control write or staging error is on record.",
+               0 if self.last_error is None else 1)
+        return "".join(out)
+
+
+def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
+                 data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
+                 pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
+                 arf: Arf, last_error: str | None, tree: dict[str, Any]) -> Status:
+    """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
+    s, sch = settings, schedule
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        fds = -1
+    return Status(
+        epoch=sch.epoch, mini_epoch=sch.mini_epoch, pass_=sch.pass_index, passes_total=sch.passes_total,
+        nm=sch.nm, rf=rf, rf_setting=s.rf, rf_effective=sch.rf_effective, advance=s.advance, policy=s.policy,
+        composition=s.composition, view=s.view, view_files=sch.view_files, view_bytes=sch.view_bytes,
+        dataset_files=sch.dataset_files, dataset_bytes=sch.dataset_bytes,
+        cache_bytes=cache.disk_bytes, cache_logical_bytes=cache.logical_bytes, cache_files=cache.files,
+        cache_capacity=cache.capacity, cache_repairs=cache.repairs, next_ready=next_ready,
+        prefetch=Prefetch(files_done=sch.next_files - sch.next_pending, files_total=sch.next_files,
+                          bytes_done=sch.next_bytes - sch.next_pending_bytes, bytes_total=sch.next_bytes,
+                          bytes_per_s=stager.bytes_per_s),
+        staging=asdict(stager), reads=data.reads, backing=asdict(backing), revalidate=asdict(revalidation),
+        backing_bytes_read=data.backing_bytes_read + stager.bytes_staged, served_bytes=data.served_bytes,
+        opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
+        stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s,
+        handles=data.handles, plans=asdict(data.plans), fds=fds,
+        fd_limit=soft if soft != resource.RLIM_INFINITY else hard, tree=tree,
+        arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
+    )
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v

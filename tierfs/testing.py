@@ -1,0 +1,182 @@
+"""Mount tierfs in a subprocess and always clean up: for tests, benchmarks and the demo.
+
+``mounted()`` starts ``python -m tierfs mount ...`` in the foreground, waits until ``/.tierfs/status`` answers
+(or the process dies, which raises with its stderr), yields, and on the way out sends SIGTERM, waits, kills if
+it must, and lazily unmounts (``fusermount3 -uz``) whatever is left -- a failing test never leaves a mount or
+a process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from tierfs.client import Client
+
+__all__ = ["Mounted", "abort_connection", "force_unmount", "is_mounted", "mounted", "wait_until"]
+
+
+def is_mounted(path: str | os.PathLike[str]) -> bool:
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 30.0, what: str = "the condition") -> None:
+    """Poll ``pred`` every 20 ms until it is true; ``AssertionError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _connection(path: str | os.PathLike[str]) -> str | None:
+    """The fusectl connection of the FUSE mount at ``path`` (its device number), without touching the mount."""
+    from tierfs.tree import mountinfo
+
+    where = os.fsencode(os.path.realpath(path))
+    for dev, mnt, fstype in mountinfo():
+        if mnt == where and fstype.startswith("fuse"):
+            major, minor = (int(x) for x in dev.split(":"))
+            return str(os.makedev(major, minor))
+    return None
+
+
+def abort_connection(path: str | os.PathLike[str]) -> bool:
+    """Abort the FUSE connection of the mount at ``path`` (/sys/fs/fuse/connections/N/abort): every request
+    waiting on its daemon fails with ECONNABORTED, so a hung mount lets go of its readers.  True if aborted."""
+    conn = _connection(path)
+    if conn is None:
+        return False
+    try:
+        with open(f"/sys/fs/fuse/connections/{conn}/abort", "w") as f:
+            f.write("1")
+    except OSError:
+        return False
+    return True
+
+
+def force_unmount(path: str | os.PathLike[str]) -> None:
+    """Lazy unmount if still mounted; never raises."""
+    if is_mounted(path):
+        subprocess.run(["fusermount3", "-uz", os.fspath(path)], capture_output=True, check=False)
+
+
+@dataclass
+class Mounted:
+    """A live mount: its paths and the daemon process."""
+
+    mountpoint: str
+    backing: str
+    cache: str
+    process: subprocess.Popen[bytes]
+    stderr_path: str
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.mountpoint, *parts)
+
+    def status(self) -> dict:
+        return Client(self.mountpoint).status()
+
+    def control(self, text: str) -> None:
+        """Write ``text`` to the control file in one write, unchecked, so a test sees what the mount does with
+        it (``OSError`` EINVAL on bad input)."""
+        fd = os.open(self.path(".tierfs", "control"), os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def stderr(self) -> str:
+        with open(self.stderr_path, errors="replace") as f:
+            return f.read()
+
+
+def _args(options: Mapping[str, object]) -> list[str]:
+    out: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is not None and value is not False:
+            out += [flag, str(value)]
+    return out
+
+
+@contextlib.contextmanager
+def mounted(backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str], cache: str | os.PathLike[str],
+            capacity: int | str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
+            wrapper: Sequence[str] = (), **options: object) -> Iterator[Mounted]:
+    """Mount tierfs (foreground subprocess); ``options`` are mount options, e.g. ``rf=4, nm=8``; ``wrapper``
+    runs the daemon under a command, e.g. ``("prlimit", "--nofile=256:4096")``."""
+    mountpoint, backing, cache = os.fspath(mountpoint), os.fspath(backing), os.fspath(cache)
+    cmd = [*wrapper, sys.executable, "-m", "tierfs", "mount", backing, mountpoint, "--cache", cache,
+           "--capacity", str(capacity), *_args(options)]
+    errfile = tempfile.NamedTemporaryFile(prefix="tierfs-stderr-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=errfile, stderr=errfile,
+                            env={**os.environ, **(env or {})})
+    m = Mounted(mountpoint, backing, cache, proc, errfile.name)
+    try:
+        deadline = time.monotonic() + timeout
+        status = os.path.join(mountpoint, ".tierfs", "status")
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"tierfs exited with {proc.returncode} before mounting: {m.stderr().strip()}")
+            if is_mounted(mountpoint) and os.path.exists(status):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tierfs did not mount within {timeout} s: {m.stderr().strip()}")
+            time.sleep(0.05)
+        yield m
+    finally:
+        if proc.poll() is not None and proc.returncode != 0:
+            # the daemon died under the test: show why (pytest prints captured stderr of a failing test)
+            print(f"tierfs daemon exited with {proc.returncode}:\n{m.stderr()[-5000:]}", file=sys.stderr)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                # a daemon that does not stop may be stuck in the kernel: abort its connection to free it
+                abort_connection(mountpoint)
+                proc.kill()
+                proc.wait(timeout=10)
+        if is_mounted(mountpoint):
+            abort_connection(mountpoint)
+        force_unmount(mountpoint)
+        log = m.stderr()
+        if "Traceback" in log:  # a bug in the daemon, even one it survived: show it with the test's output
+            print(f"tierfs daemon log:\n{log[-8000:]}", file=sys.stderr)
+        errfile.close()
+        with contextlib.suppress(OSError):
+            os.unlink(errfile.name)
+
+
+def make_dataset(root: str | os.PathLike[str], *, dirs: int = 4, files_per_dir: int = 8, min_size: int = 1,
+                 max_size: int = 64 << 10, seed: int = 0) -> dict[str, int]:
+    """Write a small class-folder dataset of random bytes under ``root``; returns ``{relpath: size}``.
+
+    Names are ``class_DDD/file_FFFFF.bin``; sizes are uniform in ``[min_size, max_size]``; same seed, same bytes.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, int] = {}
+    for d in range(dirs):
+        cls = os.path.join(os.fspath(root), f"class_{d:03d}")
+        os.makedirs(cls, exist_ok=True)
+        for i in range(files_per_dir):
+            size = int(rng.integers(min_size, max_size + 1))
+            rel = f"class_{d:03d}/file_{i:05d}.bin"
+            with open(os.path.join(cls, f"file_{i:05d}.bin"), "wb") as f:
+                f.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+            out[rel] = size
+    return out

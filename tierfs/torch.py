@@ -1,0 +1,168 @@
+"""PyTorch datasets that follow a tierfs mount's mini-epochs and read the cached copies directly.
+
+Importing this module imports torch (``import tierfs`` never does)::
+
+    from torch.utils.data import DataLoader
+    from tierfs.torch import MiniEpochDataset
+
+    ds = MiniEpochDataset("/mnt/imagenet/train", transform=decode_and_augment)
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)                     # this pass's files: the plan of the current mini-epoch
+        for x, y in DataLoader(ds, batch_size=256, shuffle=True, num_workers=8):
+            ...
+    ds.close()                                  # reports what the last pass read
+
+* **Follows the mini-epoch.**  :meth:`MiniEpochDataset.set_epoch` (call it before each epoch, as with a
+  ``DistributedSampler``) reports what the previous pass read and reads the batch plan of the current pass;
+  ``len(ds)`` is that pass's size.
+* **Labels never shift**: the index of the sample's class folder among the sorted class folders, read once.
+* **Reads the fast tier directly**: a cached file is read from its copy (no FUSE request); a file without a
+  copy, or whose copy is gone (its pass ended early), through the mount.
+* **Counts exactly.**  Workers report what they read from copies every ``report_every`` samples (one control
+  write), and mark each sample in a shared array; ``set_epoch`` and ``close`` report what is left.  tierfs
+  counts each file of a plan once, so passes, ``rf``, ARF and ``status`` see these reads as opens.
+* **Works with ``DataLoader(num_workers>0)``** (fork or spawn: the marks live in shared memory).  With
+  ``persistent_workers=True`` workers keep the dataset of the epoch they started with: use
+  ``persistent_workers=False`` (the default) so each epoch's workers get the new pass.
+* **No mount**: on a plain directory it is an ``ImageFolder`` of raw bytes (every file every epoch).
+
+The sample is ``(transform(reader(path)), target_transform(label))``; ``reader`` defaults to the file's bytes as
+a ``uint8`` tensor (what ``torchvision.io.read_file`` returns), so ``transform`` can be
+``torchvision.io.decode_image`` and friends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from tierfs.loaders import PassFiles, find_classes, read_pass, read_sample
+
+__all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "read_file"]
+
+_UNREAD, _READ, _REPORTED = 0, 1, 2
+
+
+def read_file(path: str) -> torch.Tensor:
+    """The file's bytes as a 1-D ``uint8`` tensor."""
+    with open(path, "rb") as f:
+        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+
+class _Common:
+    def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None,
+                 target_transform: Callable[[int], Any] | None, reader: Callable[[str], Any] | None,
+                 extensions: Sequence[str] | None, report_every: int) -> None:
+        if report_every < 1:
+            raise ValueError(f"report_every must be >= 1, got {report_every}")
+        self.root = os.path.abspath(root)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.reader = reader or read_file
+        self.extensions = extensions
+        self.report_every = report_every
+        self.classes = find_classes(self.root)
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    def _item(self, p: PassFiles, i: int) -> tuple[Any, Any, bool]:
+        sample = p.samples[i]
+        data, from_copy = read_sample(sample, self.reader)
+        if self.transform is not None:
+            data = self.transform(data)
+        label: Any = sample.label if self.target_transform is None else self.target_transform(sample.label)
+        return data, label, from_copy
+
+
+class MiniEpochDataset(_Common, Dataset):
+    """A map-style dataset of the current pass of a class-folder tree (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, *, reader: Callable[[str], Any] | None = None,
+                 extensions: Sequence[str] | None = None, report_every: int = 64) -> None:
+        super().__init__(root, transform, target_transform, reader, extensions, report_every)
+        self._pass: PassFiles | None = None
+        self._marks = torch.zeros(0, dtype=torch.uint8)
+        self._pending: list[int] = []  # read from copies here (a worker), not reported yet
+
+    @property
+    def files(self) -> PassFiles:
+        if self._pass is None:
+            self._load()
+        assert self._pass is not None
+        return self._pass
+
+    def _load(self) -> None:
+        self._pass = read_pass(self.root, self.classes, extensions=self.extensions)
+        self._marks = torch.zeros(len(self._pass), dtype=torch.uint8).share_memory_()
+        self._pending = []
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start a pass: report what the previous one read, read the current pass's plan.  (``epoch`` is for
+        the familiar call; tierfs's own position decides what the pass holds.)"""
+        if self._pass is not None:
+            self.flush()
+        self._load()
+
+    def flush(self) -> None:
+        """Report every sample read from a copy and not reported yet (workers' included)."""
+        if self._pass is not None:
+            todo = torch.nonzero(self._marks == _READ).flatten().tolist()
+            self._pass.report(todo)
+            self._marks[todo] = _REPORTED
+
+    def close(self) -> None:
+        """Report what is left of the last pass (call after training; ``with`` does it too)."""
+        self.flush()
+
+    def __enter__(self) -> MiniEpochDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        p = self.files
+        data, label, from_copy = self._item(p, i)
+        if from_copy:
+            self._marks[i] = _READ
+            self._pending.append(i)
+            if len(self._pending) >= self.report_every:
+                done, self._pending = self._pending, []
+                p.report(done)
+                self._marks[done] = _REPORTED
+        return data, label
+
+
+class MiniEpochIterableDataset(_Common, IterableDataset):
+    """An iterable dataset: each ``iter()`` (each epoch, in each worker) is one pass of the current view, in
+    the mount's serving order (already a fresh shuffle), split between the ``DataLoader``'s workers; each
+    worker reports what it read as it goes and at the end of its share."""
+
+    def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, *, reader: Callable[[str], Any] | None = None,
+                 extensions: Sequence[str] | None = None, report_every: int = 64) -> None:
+        super().__init__(root, transform, target_transform, reader, extensions, report_every)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        p = read_pass(self.root, self.classes, extensions=self.extensions)
+        info = get_worker_info()
+        share = range(len(p)) if info is None else range(info.id, len(p), info.num_workers)
+        pending: list[int] = []
+        try:
+            for i in share:
+                data, label, from_copy = self._item(p, i)
+                if from_copy:
+                    pending.append(i)
+                    if len(pending) >= self.report_every:
+                        p.report(pending)
+                        pending = []
+                yield data, label
+        finally:
+            p.report(pending)
