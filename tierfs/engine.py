@@ -146,13 +146,14 @@ class Engine:
         self.arf = Arf(Arf.controller_for(s), pos.arf_history)
         self.stager = Stager(self.tree, self.cache, self.backing, streams=s.staging_streams,
                              hash_content=s.verify == "xxhash", throttle=self.backing.throttle_from_thread,
-                             wanted=self._stage_wanted, make_room=self.make_room, landed=self._landed,
+                             disk_size=lambda f: int(self.schedule.disk_sizes[f]), wanted=self._stage_wanted,
+                             make_room=self.make_room, landed=self._landed,
                              changed=self._changed, blocked=self._staging_blocked,
                              data_dir_lost=self._data_dir_lost, gave_up=self._stage_gave_up)
         self.pusher = Pusher(self.tree, self.cache, self.kernel, budget=push_budget(), verify=s.verify == "xxhash",
                              wanted=lambda f: bool(self.schedule.wanted[f]) and f not in self.data.changed_files,
-                             inode=self.tree.inode_of, open_copy=lambda e: self.data.open_copy(e),
-                             release_copy=lambda e, fd: self.data.release_copy(e, fd))
+                             inode=self.tree.inode_of, freed=lambda: self.stager.notify(),
+                             repair=lambda e, why: self.data.repair(e, why))
         self.reval = Revalidator(self.tree.n_files, self.backing, self.tree.file_path, setting=s.revalidate,
                                  candidates=self._revalidation_candidates, result=self._revalidated)
         self.data = DataPath(tree=self.tree, cache=self.cache, cache_limiter=self.cache_limiter, backing=self.backing,
