@@ -46,7 +46,7 @@ RETRY_AFTER = 5.0  # seconds before a file that failed to stage (ENOSPC, EMFILE,
 SMALL_FILE = 256 << 10  # files below this are copied several to a thread hop
 BATCH_FILES = 16  # at most this many to one hop
 READERS_ACTIVE_S = 0.5  # readers count as active this long after an open
-SHARE_WHILE_SERVING = 0.25  # of one core: what the copies may use while readers are active
+SHARE_WHILE_SERVING = 0.15  # of one core: what the copies may use while readers are active
 
 
 class StreamTuner:
