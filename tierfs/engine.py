@@ -146,7 +146,8 @@ class Engine:
         self.arf = Arf(Arf.controller_for(s), pos.arf_history)
         self.stager = Stager(self.tree, self.cache, self.backing, streams=s.staging_streams,
                              hash_content=s.verify == "xxhash", throttle=self.backing.throttle_from_thread,
-                             disk_size=lambda f: int(self.schedule.disk_sizes[f]), wanted=self._stage_wanted,
+                             disk_size=lambda f: int(self.schedule.disk_sizes[f]),
+                             ahead=lambda: self.schedule.staging_ahead(self.rf_now()), wanted=self._stage_wanted,
                              make_room=self.make_room, landed=self._landed,
                              changed=self._changed, blocked=self._staging_blocked,
                              data_dir_lost=self._data_dir_lost, gave_up=self._stage_gave_up)

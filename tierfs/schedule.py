@@ -257,6 +257,18 @@ class Schedule:
             return self._unread == 0
         return False
 
+    def staging_ahead(self, rf: int) -> bool:
+        """Whether staging may yield to readers: the next mini-epoch (as a fraction of its files) is staged
+        further than it must be for it to be complete when three quarters of the current one's ``rf`` passes
+        are read (passes made, and this pass's files opened).  Behind that, staging goes at full speed, so the
+        next one is ready when the passes end."""
+        if self.view is None or not len(self.next_files):
+            return False  # staging what the current view lacks: readers need it now
+        view = len(self.view)
+        read = (self.pos.pass_index + (view - self._unread) / max(1, view)) / max(1, rf)
+        staged = 1.0 - len(self.pending_next) / len(self.next_files)
+        return staged >= min(1.0, read / 0.75 + 0.05)
+
     def end_pass(self, rf: int) -> bool:
         """Count the pass that just ended; True if it reached ``rf`` passes (a switch is due)."""
         self.last_pass = (self.pos.epoch, self.pos.mini_epoch)

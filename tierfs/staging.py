@@ -7,12 +7,14 @@ failed and when to retry them, the staging rate, and how many copies run at once
 disk bytes before it starts (evicting what the engine says is unwanted if it must: one "reserve, else make
 room" path, also for a reader fetching a file on demand), and never goes faster than the ``bandwidth`` cap.
 
-**Readers first.**  While readers are active (an open within the last :data:`READERS_ACTIVE_S`), the copies
+**Readers first.**  While readers are active (an open within the last :data:`READERS_ACTIVE_S`) and staging is
+ahead of them (``ahead()``: the next mini-epoch is staged further than the current one is read), the copies
 get at most :data:`SHARE_WHILE_SERVING` of one core's time (the CPU their threads and the trio thread's
 bookkeeping used, measured per batch):
 a fast tier copied at full speed takes the cores and the interpreter lock that serving needs (a pass of small
 files ran at 0.2-0.6x while the next mini-epoch staged from a local disk).  Over a network tier the copies
-spend their time waiting on the tier, not on the CPU, so this never slows them.
+spend their time waiting on the tier, not on the CPU, so this never slows them; and staging that falls behind
+the readers runs at full speed, so that the next mini-epoch is ready when the current one's passes end.
 
 **Streams.**  A latency-bound tier (NFS, a parallel filesystem, object storage) delivers its bandwidth only
 to many requests at once; a disk that reads best sequentially wants few.  With ``staging_streams=auto`` the
@@ -138,7 +140,7 @@ class Stager:
 
     def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, streams: int | str, hash_content: bool,
                  throttle: Callable[[int], None] | None, disk_size: Callable[[int], int],
-                 wanted: Callable[[int], bool],
+                 ahead: Callable[[], bool], wanted: Callable[[int], bool],
                  make_room: Callable[[int], bool], landed: Callable[[int, CacheEntry], None],
                  changed: Callable[[int, os.stat_result], None], blocked: Callable[[], None],
                  data_dir_lost: Callable[[], Awaitable[None]], gave_up: Callable[[int], None]) -> None:
@@ -150,6 +152,7 @@ class Stager:
         self.limiter = trio.CapacityLimiter(MAX_STREAMS)
         self._throttle = throttle
         self._disk_size = disk_size
+        self._ahead = ahead
         self._wanted = wanted
         self._make_room = make_room
         self._landed = landed
@@ -277,10 +280,10 @@ class Stager:
         now = time.monotonic()
         self._cpu_debt = max(0.0, self._cpu_debt - (now - self._paid_at) * SHARE_WHILE_SERVING)
         self._paid_at = now
-        if now - self._readers_at > READERS_ACTIVE_S:
+        if now - self._readers_at > READERS_ACTIVE_S or not self._ahead():
             self._cpu_debt = 0.0
             return 0.0
-        return min(0.1, self._cpu_debt / SHARE_WHILE_SERVING)
+        return min(0.05, self._cpu_debt / SHARE_WHILE_SERVING)
 
     def _charge(self, cpu_s: float) -> None:
         if time.monotonic() - self._readers_at <= READERS_ACTIVE_S:

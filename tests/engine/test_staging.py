@@ -236,3 +236,24 @@ def test_without_readers_staging_never_waits(open_engine, t):
 
     t.run(main)
     assert e.stager.statistics().yielded_seconds == 0
+
+
+def test_staging_yields_only_while_it_is_ahead_of_the_readers(open_engine, t):
+    """Readers first, but never at the price of a late mini-epoch: staging may yield only while the next one is
+    staged further than it must be to be complete at three quarters of the current one's rf passes."""
+    e = open_engine(rf=4)
+
+    async def main():
+        await _with_stager(e, lambda: t.settle(e))
+
+    t.run(main)
+    sch = e.schedule
+    nxt = sch.next_files.tolist()
+    assert nxt and not sch.pending_next and sch.staging_ahead(4)  # all staged: ahead
+    sch.pending_next = set(nxt)
+    assert not sch.staging_ahead(4)  # nothing staged: behind from the first open on
+    sch.pending_next = set(nxt[: len(nxt) // 2])  # half staged
+    assert sch.staging_ahead(4)  # nothing read yet
+    sch.pos.pass_index = 2  # half of the passes made: it must be all but done by now
+    assert not sch.staging_ahead(4)
+    assert sch.staging_ahead(100)  # with many passes to go it is ahead again
