@@ -130,9 +130,10 @@ class DataPath:
         self._opened_cb(fidx, size)
 
     def statistics(self) -> DataPathStatistics:
-        return DataPathStatistics(Reads(self.hits, self.misses, self.out_of_view, self.lent, self.batch.book.reported),
+        plans = self.batch.statistics()
+        return DataPathStatistics(Reads(self.hits, self.misses, self.out_of_view, self.lent, plans.reported),
                                   self.backing_bytes_read, self.served_bytes, self.opened_bytes, self.stall_seconds,
-                                  self.handles, self.batch.book.statistics())
+                                  self.handles, plans)
 
     def mark_stale(self, fidx: int) -> None:
         """The kernel's attributes and pages of ``fidx`` are another version's: drop them as soon as no handle

@@ -182,6 +182,9 @@ class BatchPlans:
     def settings(self) -> Settings:
         return self._settings()
 
+    def statistics(self) -> PlanStatistics:
+        return self.book.statistics()
+
     async def plan_text(self, uid: int) -> bytes:
         """The ``plan`` file for a reader with ``uid``: a batch plan of the current pass, every copy it names
         pinned until the pass ends; ``EACCES`` for anyone who cannot open the copies.
