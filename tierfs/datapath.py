@@ -123,6 +123,7 @@ class DataPath:
         return self._settings()
 
     def _opened(self, fidx: int, size: int) -> None:
+        self.stager.serving()  # staging yields to readers
         self.opened_bytes += size
         view = self.schedule.view
         if view is None or not view.mask[fidx]:

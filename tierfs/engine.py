@@ -98,14 +98,15 @@ class Engine:
         self.arf = Arf(Arf.controller_for(s), pos.arf_history)
         self.stager = Stager(tree, self.cache, self.backing, streams=s.staging_streams,
                              hash_content=s.verify == "xxhash", throttle=self.backing.throttle_from_thread,
-                             wanted=self.policy.keeps, make_room=self.policy.make_room, landed=self._landed,
-                             changed=self._changed, blocked=self._advance_if_ready,
+                             disk_size=lambda f: int(self.schedule.disk_sizes[f]), wanted=self.policy.keeps,
+                             make_room=self.policy.make_room, landed=self._landed, changed=self._changed,
+                             blocked=self._advance_if_ready,
                              data_dir_lost=self._data_dir_lost, gave_up=self._stage_gave_up)
         # (the kernel's caches are reached once the mount is up: attach_kernel)
         self.pusher = Pusher(tree, self.cache, KernelCache(), budget=push_budget(), verify=s.verify == "xxhash",
                              wanted=lambda f: bool(self.schedule.wanted[f]) and f not in self.data.changed_files,
-                             inode=tree.inode_of, open_copy=lambda e: self.data.open_copy(e),
-                             release_copy=lambda e, fd: self.data.release_copy(e, fd))
+                             inode=tree.inode_of, freed=lambda: self.stager.notify(),
+                             repair=lambda e, why: self.data.repair(e, why))
         self.reval = Revalidator(tree, self.backing, setting=s.revalidate,
                                  candidates=self.policy.revalidation_candidates, changed=self._changed,
                                  gone=self._gone)

@@ -21,12 +21,13 @@ import errno
 import logging
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
 
 from tierfs.cache import CacheEntry, CacheStore
+from tierfs.copies import CopyDamaged, open_copy
 from tierfs.tree import Tree, fingerprint
 
 __all__ = ["KernelCache", "Pusher", "PusherStatistics", "push_budget"]
@@ -76,11 +77,12 @@ class KernelCache:
         await trio.to_thread.run_sync(_quietly, self._invalidate, inode, attr_only, limiter=self.limiter,
                                       abandon_on_cancel=True)
 
-    async def store_files(self, jobs: list[tuple[int, int, int]]) -> list[int]:
-        """Push copies' bytes into the page cache; ``jobs``: (fd, inode, size); per job the bytes pushed or
-        ``-errno`` (``-ENOENT``: the kernel has no inode for it)."""
+    async def store_files(self, data_fd: int, jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
+        """Push cached copies' bytes into the page cache; ``jobs``: (copy name in ``data_fd``, size, copy id,
+        inode).  Per job the bytes pushed, ``-errno`` (``-ENOENT``: the kernel has no inode for it; the copy
+        was not even opened), or the reason the copy is damaged (:class:`~tierfs.cache.CopyDamaged`)."""
         assert self.store is not None
-        return await trio.to_thread.run_sync(_store_files, self.store, jobs, limiter=self.limiter,
+        return await trio.to_thread.run_sync(_store_files, self.store, data_fd, jobs, limiter=self.limiter,
                                              abandon_on_cancel=True)
 
 
@@ -89,11 +91,20 @@ def _quietly(invalidate: Callable[[int, bool], None], inode: int, attr_only: boo
         invalidate(inode, attr_only)
 
 
-def _store_files(store: Callable[[int, int, bytes], None], jobs: list[tuple[int, int, int]]) -> list[int]:
-    out = []
-    for fd, inode, size in jobs:
+def _store_files(store: Callable[[int, int, bytes], None], data_fd: int,
+                 jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
+    out: list[int | str] = []
+    for name, size, copy_id, inode in jobs:
         try:
-            store(inode, 0, b"")  # a probe: fails at once, before any read, when the kernel lacks the inode
+            store(inode, 0, b"")  # a probe: fails at once, before any open or read, when the kernel lacks the inode
+            fd = open_copy(data_fd, name, size, copy_id)
+        except CopyDamaged as exc:
+            out.append(str(exc))
+            continue
+        except OSError as exc:
+            out.append(-(exc.errno or errno.EIO))
+            continue
+        try:
             off = 0
             while off < size:
                 data = os.pread(fd, min(_PUSH_CHUNK, size - off), off)
@@ -104,6 +115,8 @@ def _store_files(store: Callable[[int, int, bytes], None], jobs: list[tuple[int,
             out.append(off)
         except OSError as exc:
             out.append(-(exc.errno or errno.EIO))
+        finally:
+            os.close(fd)
     return out
 
 
@@ -117,12 +130,13 @@ class PusherStatistics:
 
 
 class Pusher:
-    """See the module docstring.  ``wanted(fidx)``: still in the current or next mini-epoch; ``open_copy``
-    opens (and pins) a cached copy for reading, ``release_copy`` closes and unpins it; ``inode(fidx)``."""
+    """See the module docstring.  ``wanted(fidx)``: still in the current or next mini-epoch; ``inode(fidx)``;
+    ``freed()``: an unpin freed space; ``repair(entry, reason)``: a copy was found damaged.  Copies are pinned
+    here (on the trio thread) while the kernel thread opens, checks, pushes and closes them."""
 
     def __init__(self, tree: Tree, cache: CacheStore, kernel: KernelCache, *, budget: int, verify: bool,
-                 wanted: Callable[[int], bool], inode: Callable[[int], int],
-                 open_copy: Callable[[CacheEntry], object], release_copy: Callable[[CacheEntry, int], None]) -> None:
+                 wanted: Callable[[int], bool], inode: Callable[[int], int], freed: Callable[[], None],
+                 repair: Callable[[CacheEntry, str], Awaitable[None]]) -> None:
         self.tree = tree
         self.cache = cache
         self.kernel = kernel
@@ -130,8 +144,8 @@ class Pusher:
         self.verify = verify
         self._wanted = wanted
         self._inode = inode
-        self._open_copy = open_copy
-        self._release_copy = release_copy
+        self._freed = freed
+        self._repair = repair
         self.pushed_bytes = 0
         self.pushed: set[int] = set()  # files of the current/next mini-epoch whose bytes were pushed
         self.window = 0  # their bytes, held under budget
@@ -225,27 +239,22 @@ class Pusher:
             if not batch:
                 await wake.wait()
                 continue
-            for fidx, _ in batch:
+            for fidx, entry in batch:
                 self.inflight[fidx] = trio.Event()
-            opened: list[tuple[int, CacheEntry, int]] = []
+                self.cache.pin(entry)  # on disk until its bytes were pushed
             try:
-                for fidx, entry in batch:
-                    try:
-                        fd = await self._open_copy(entry)  # type: ignore[misc]  # pinned while pushed
-                    except OSError as exc:  # EMFILE, a damaged copy (already repaired): skip it
-                        log.debug("tierfs: push of %s skipped: %s", os.fsdecode(self.tree.file_path(fidx)), exc)
-                        continue
-                    if fd is not None:
-                        opened.append((fidx, entry, fd))
-                jobs = [(fd, self._inode(fidx), entry.size) for fidx, entry, fd in opened]
-                results = await self.kernel.store_files(jobs) if jobs else []
+                jobs = [(entry.name, entry.size, entry.copy_id, self._inode(fidx)) for fidx, entry in batch]
+                results = await self.kernel.store_files(self.cache.data_fd, jobs)
             finally:
-                for f, _ in batch:
-                    self.inflight.pop(f).set()
-            for _, entry, fd in opened:
-                self._release_copy(entry, fd)
-            for (fidx, entry, _fd), n in zip(opened, results, strict=True):
-                self._landed(fidx, entry, n)
+                for fidx, entry in batch:
+                    self.inflight.pop(fidx).set()
+                    if self.cache.unpin(entry):
+                        self._freed()
+            for (fidx, entry), n in zip(batch, results, strict=True):
+                if isinstance(n, str):
+                    await self._repair(entry, n)
+                else:
+                    self._landed(fidx, entry, n)
 
     def _landed(self, fidx: int, entry: CacheEntry, n: int) -> None:
         known_meanwhile = fidx in self._known_meanwhile

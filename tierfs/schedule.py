@@ -225,7 +225,7 @@ class Schedule:
             dataset_files=self.tree.n_files, dataset_bytes=int(sizes.sum()),
             next_files=len(nxt), next_pending=len(self.pending_next),
             next_bytes=int(sizes[nxt].sum()) if len(nxt) else 0,
-            next_pending_bytes=int(sum(int(sizes[f]) for f in self.pending_next)),
+            next_pending_bytes=int(sizes[np.fromiter(self.pending_next, np.int64, len(self.pending_next))].sum()),
             consumption_bytes_per_s=self.consumption_bps,
         )
 

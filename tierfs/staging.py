@@ -1,4 +1,5 @@
-"""Copying backing files into the cache: the worker-thread copy and the :class:`Stager` that schedules copies.
+"""The :class:`Stager`: which copies run, how many at once, and what becomes of each (the copy itself is
+:mod:`tierfs.copier`).
 
 *What* to stage is the schedule's decision (the engine hands the stager files, in order, and answers
 ``wanted``); the stager owns everything about *doing* it: its queue, the copies in flight, the files that
@@ -6,10 +7,12 @@ failed and when to retry them, the staging rate, and how many copies run at once
 disk bytes before it starts (evicting what the engine says is unwanted if it must: one "reserve, else make
 room" path, also for a reader fetching a file on demand), and never goes faster than the ``bandwidth`` cap.
 
-A copy reads through :func:`~tierfs.tree.open_beneath` (no symlink followed, no filesystem crossed), writes a
-``.tmp-`` file in the cache and renames it into place only once complete and only if the backing file did not
-change while it was read, so a partial or torn copy is never visible.  Holes of a sparse backing file stay
-holes.  One backing open, one ``fstat`` before and one after, and the reads: nothing more per file.
+**Readers first.**  While readers are active (an open within the last :data:`READERS_ACTIVE_S`), the copies
+get at most :data:`SHARE_WHILE_SERVING` of one core's time (the CPU their threads and the trio thread's
+bookkeeping used, measured per batch):
+a fast tier copied at full speed takes the cores and the interpreter lock that serving needs (a pass of small
+files ran at 0.2-0.6x while the next mini-epoch staged from a local disk).  Over a network tier the copies
+spend their time waiting on the tier, not on the CPU, so this never slows them.
 
 **Streams.**  A latency-bound tier (NFS, a parallel filesystem, object storage) delivers its bandwidth only
 to many requests at once; a disk that reads best sequentially wants few.  With ``staging_streams=auto`` the
@@ -19,7 +22,6 @@ steps back when it falls, and probes again later (:class:`StreamTuner`); ``stagi
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import os
@@ -30,141 +32,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
-import xxhash
 
-from sampler.atomic import TEMP_PREFIX
 from tierfs.backing import Backing
-from tierfs.cache import COPY_MTIME_NS, CacheEntry, CacheStore, allocated, entry_name
-from tierfs.tree import Fingerprint, Tree, fingerprint, open_beneath
+from tierfs.cache import CacheEntry, CacheStore
+from tierfs.copier import BackingChanged, Copied, copy_into_cache, run_copies
+from tierfs.tree import Tree, fingerprint
 
-__all__ = ["BackingChanged", "Copied", "Stager", "StagerStatistics", "StreamTuner", "copy_into_cache"]
+__all__ = ["Stager", "StagerStatistics", "StreamTuner"]
 
-CHUNK = 1 << 20
 MAX_STREAMS = 64
-AUTO_START = 4
-RETRY_AFTER = 5.0
+AUTO_START = 16  # a latency-bound tier is served well from the start; a disk that wants fewer steps down
+RETRY_AFTER = 5.0  # seconds before a file that failed to stage (ENOSPC, EMFILE, EIO) is tried again
 SMALL_FILE = 256 << 10  # files below this are copied several to a thread hop
-BATCH_FILES = 16  # seconds before a file that failed to stage (ENOSPC, EMFILE, EIO) is tried again
-
-
-class BackingChanged(Exception):
-    """The backing file is not what the scan (or the reservation) assumed; ``st`` is what it is now."""
-
-    def __init__(self, st: os.stat_result | None) -> None:
-        super().__init__("backing file changed while staging")
-        self.st = st
-
-
-@dataclass(frozen=True)
-class Copied:
-    name: str
-    fp: Fingerprint
-    digest: int | None
-    disk: int
-    copy_id: tuple[int, int]
-
-
-def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprint, data_fd: int, serial: int, *,
-                    hash_content: bool, throttle: Callable[[int], None] | None, block: int,
-                    progress: Callable[[], None] = lambda: None) -> Copied:
-    """Copy one backing file into ``data_fd`` (a worker thread).
-
-    Raises :class:`BackingChanged` when the file's fingerprint differs from ``expected`` or changes during
-    the copy, ``OSError`` when it cannot be read or written.
-    """
-    src = open_beneath(root_fd, relpath, dev)
-    tmp = None
-    try:
-        st = os.fstat(src)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.ENOENT, "no longer a regular file", os.fsdecode(relpath))
-        if fingerprint(st) != expected:
-            raise BackingChanged(st)
-        sparse = st.st_blocks * 512 < st.st_size
-        tmp = f"{TEMP_PREFIX}{os.getpid()}-{serial}"
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                      dir_fd=data_fd)
-        hasher = xxhash.xxh3_64() if hash_content else None
-        total = 0
-        try:
-            buf = bytearray(CHUNK)
-            view = memoryview(buf)
-            seg_end = 0  # a sparse file: where the data segment being copied ends (SEEK_HOLE)
-            while True:
-                if sparse and total >= seg_end:
-                    # the next data segment of a sparse file: holes stay holes (a filesystem without
-                    # SEEK_DATA answers "all data" and the copy is dense)
-                    try:
-                        data_at = os.lseek(src, total, os.SEEK_DATA)
-                    except OSError as exc:
-                        if exc.errno != errno.ENXIO:  # ENXIO: nothing but a hole up to the end
-                            raise
-                        data_at = st.st_size
-                    if data_at > total:
-                        if hasher is not None:
-                            _hash_zeros(hasher, data_at - total)
-                        total = data_at
-                        os.lseek(dst, total, os.SEEK_SET)
-                    # at EOF: one byte more, to see whether it grew
-                    seg_end = os.lseek(src, total, os.SEEK_HOLE) if total < st.st_size else total + 1
-                    os.lseek(src, total, os.SEEK_SET)
-                want = min(CHUNK, st.st_size - total)
-                if throttle is not None and want > 0:
-                    throttle(want)  # pay for the bytes expected, not the buffer size
-                n = os.readv(src, [view[:min(CHUNK, seg_end - total)] if sparse else buf])
-                progress()
-                if n == 0:
-                    break
-                total += n
-                if total > st.st_size:
-                    raise BackingChanged(None)
-                chunk = view[:n]
-                if hasher is not None:
-                    hasher.update(chunk)
-                while chunk:
-                    w = os.write(dst, chunk)
-                    chunk = chunk[w:]
-            if sparse:
-                os.ftruncate(dst, total)
-        finally:
-            os.close(dst)
-        after = os.fstat(src)
-        if total != st.st_size or fingerprint(after) != expected:
-            raise BackingChanged(after)
-        digest = hasher.intdigest() if hasher is not None else None
-        name = entry_name(relpath, expected, serial, digest)
-        os.utime(tmp, ns=(COPY_MTIME_NS, COPY_MTIME_NS), dir_fd=data_fd, follow_symlinks=False)
-        os.rename(tmp, name, src_dir_fd=data_fd, dst_dir_fd=data_fd)
-        tmp = None
-        cst = os.stat(name, dir_fd=data_fd, follow_symlinks=False)
-        return Copied(name, expected, digest, allocated(cst, block), (cst.st_ino, cst.st_ctime_ns))
-    finally:
-        os.close(src)
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=data_fd)
-
-
-def _hash_zeros(hasher: xxhash.xxh3_64, n: int) -> None:
-    zeros = bytes(min(n, CHUNK))
-    while n > 0:
-        k = min(n, CHUNK)
-        hasher.update(zeros[:k])
-        n -= k
-
-
-def _run_copies(jobs: list[Callable[[], Copied] | None]) -> list[Copied | BaseException | None]:
-    """Run copies one after the other (a worker thread): per job its result or the exception it raised."""
-    out: list[Copied | BaseException | None] = []
-    for job in jobs:
-        if job is None:
-            out.append(None)
-            continue
-        try:
-            out.append(job())
-        except (BackingChanged, OSError) as exc:
-            out.append(exc)
-    return out
+BATCH_FILES = 16  # at most this many to one hop
+READERS_ACTIVE_S = 0.5  # readers count as active this long after an open
+SHARE_WHILE_SERVING = 0.15  # of one core: what the copies may use while readers are active
 
 
 class StreamTuner:
@@ -240,6 +122,7 @@ class StagerStatistics:
     files_staged: int
     bytes_per_s: float
     files_per_s: float
+    yielded_seconds: float  # waited so that readers kept the CPU (see "Readers first")
     error: str | None  # the last staging error, kept until a copy succeeds again
 
 
@@ -254,7 +137,8 @@ class Stager:
     and a mini-epoch never waits for it)."""
 
     def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, streams: int | str, hash_content: bool,
-                 throttle: Callable[[int], None] | None, wanted: Callable[[int], bool],
+                 throttle: Callable[[int], None] | None, disk_size: Callable[[int], int],
+                 wanted: Callable[[int], bool],
                  make_room: Callable[[int], bool], landed: Callable[[int, CacheEntry], None],
                  changed: Callable[[int, os.stat_result], None], blocked: Callable[[], None],
                  data_dir_lost: Callable[[], Awaitable[None]], gave_up: Callable[[int], None]) -> None:
@@ -265,6 +149,7 @@ class Stager:
         self.tuner = StreamTuner(streams)
         self.limiter = trio.CapacityLimiter(MAX_STREAMS)
         self._throttle = throttle
+        self._disk_size = disk_size
         self._wanted = wanted
         self._make_room = make_room
         self._landed = landed
@@ -283,6 +168,10 @@ class Stager:
         self._files = 0
         self._busy = 0.0
         self._since: float | None = None
+        self._readers_at = -1e9  # monotonic time of the last open a reader made
+        self._cpu_debt = 0.0  # copy CPU seconds not yet paid for while readers are active
+        self._paid_at = time.monotonic()
+        self.yielded_s = 0.0  # seconds staging waited for readers
 
     # ------------------------------------------------------------------------------------- the queue
 
@@ -334,6 +223,11 @@ class Stager:
                 if fidx is None:
                     await wake.wait()
                     continue
+                pause = self._pause()
+                if pause > 0:
+                    self.yielded_s += pause
+                    await trio.sleep(pause)
+                    continue
                 reserved = self._reserve(fidx)
                 if reserved is None:
                     self.blocked = True
@@ -371,10 +265,32 @@ class Stager:
             if due:
                 self.notify()
 
+    # ---------------------------------------------------------------------------------- readers first
+
+    def serving(self) -> None:
+        """A reader opened a file (the data path calls this): staging yields to readers for a while."""
+        self._readers_at = time.monotonic()
+
+    def _pause(self) -> float:
+        """Seconds to wait before the next copy starts, so that while readers are active the copies use at most
+        SHARE_WHILE_SERVING of a core (a token bucket in CPU seconds, refilled at that rate)."""
+        now = time.monotonic()
+        self._cpu_debt = max(0.0, self._cpu_debt - (now - self._paid_at) * SHARE_WHILE_SERVING)
+        self._paid_at = now
+        if now - self._readers_at > READERS_ACTIVE_S:
+            self._cpu_debt = 0.0
+            return 0.0
+        return min(0.1, self._cpu_debt / SHARE_WHILE_SERVING)
+
+    def _charge(self, cpu_s: float) -> None:
+        if time.monotonic() - self._readers_at <= READERS_ACTIVE_S:
+            self._cpu_debt += cpu_s
+
+    # ------------------------------------------------------------------------------------------ copying
+
     def _reserve(self, fidx: int) -> int | None:
         """Disk bytes reserved for a copy of ``fidx``: the one "reserve, else make room" path."""
-        st = self.tree.file_node(fidx).st
-        need = self.cache.estimate(st.st_size, st.st_blocks)
+        need = self._disk_size(fidx)
         if self.cache.reserve(need):
             return need
         if self._make_room(need) and self.cache.reserve(need):
@@ -403,26 +319,32 @@ class Stager:
             return None
         self._begin(fidx)
         self._jobs += 1
-        await self._stage([(fidx, reserved)])
+        await self._stage([(fidx, reserved)], for_reader=True)
         return self.cache.get(fidx)
 
-    async def _stage(self, batch: list[tuple[int, int]]) -> None:
+    async def _stage(self, batch: list[tuple[int, int]], *, for_reader: bool = False) -> None:
         """Copy the files of ``batch`` (file index, reserved disk bytes) in one worker thread, one after the
-        other, and take each result."""
+        other, and take each result.  ``for_reader``: a reader waits for it (not background work to pace)."""
         done = 0
+        cpu0 = time.thread_time()  # the trio thread's own work for this batch counts as staging's too
         try:
             jobs = []
             for fidx, _ in batch:
                 node = self.tree.file_node(fidx)
                 jobs.append(None if not self._wanted(fidx) else functools.partial(
                     copy_into_cache, self.backing.root_fd, self.backing.dev, node.path, fingerprint(node.st),
-                    self.cache.data_fd, self.cache.next_serial(), hash_content=self.hash_content,
+                    self.cache.data_fd, self.cache.next_serial(),
+                    sparse=node.st.st_blocks * 512 < node.st.st_size, hash_content=self.hash_content,
                     throttle=self._throttle, block=self.cache.block, progress=self.backing.progress))
-            outcomes = await trio.to_thread.run_sync(self.backing.run_in_thread(_run_copies), jobs,
-                                                     limiter=self.limiter, abandon_on_cancel=True)
+            cpu_s = time.thread_time() - cpu0
+            outcomes, copy_s = await trio.to_thread.run_sync(self.backing.run_in_thread(run_copies), jobs,
+                                                             limiter=self.limiter, abandon_on_cancel=True)
+            cpu0 = time.thread_time()
             for (fidx, reserved), outcome in zip(batch, outcomes, strict=True):
                 done += 1
-                await self._take(fidx, reserved, outcome)
+                await self._take(fidx, reserved, outcome)  # (no checkpoint unless a copy failed)
+            if not for_reader:
+                self._charge(cpu_s + copy_s + time.thread_time() - cpu0)
         finally:
             for fidx, reserved in batch[done:]:  # cancelled: give back what was never taken
                 self._finished(fidx, reserved)
@@ -507,5 +429,6 @@ class Stager:
             files_staged=self._files,
             bytes_per_s=self._bytes / busy if busy > 0 else 0.0,
             files_per_s=self._files / busy if busy > 0 else 0.0,
+            yielded_seconds=round(self.yielded_s, 3),
             error=self.error,
         )

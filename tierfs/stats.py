@@ -170,6 +170,8 @@ class Status:
         metric("staged_files_total", "counter", "Files copied into the cache.", st.get("files_staged", 0))
         metric("staging_streams", "gauge", "Copies allowed in flight now.", st.get("streams", 0))
         metric("staging_failed_files", "gauge", "Files waiting to retry staging.", st.get("failed", 0))
+        metric("staging_yielded_seconds_total", "counter", "Seconds staging waited so that readers kept the CPU.",
+               st.get("yielded_seconds", 0))
         metric("reads_total", "counter", "Opens of dataset files by where they were served from.", r.hits,
                '{result="hit"}')
         metric("reads_total", "counter", "", r.misses, '{result="miss"}')

@@ -213,10 +213,9 @@ def test_a_staging_error_stays_visible_until_staging_works(open_engine, t, tmp_p
                 assert e.cache.used <= e.cache.capacity
                 for path in fillers:
                     os.unlink(path)
-                with trio.fail_after(60):
-                    # retried, and now it works (settled() counts a file waiting for its retry as settled, and
-                    # one copy that lands clears the error: wait for the retries too)
-                    while e.stager.error is not None or e.stager.failed or not e.stager.settled():
+                with trio.fail_after(60):  # retried (each failed file after RETRY_AFTER), and now it works
+                    while e.stager.error is not None or len(e.cache.entries) < e.tree.n_files \
+                            or not e.stager.settled():
                         await trio.sleep(0.05)
                 assert e.last_error is None and len(e.cache.entries) == e.tree.n_files
                 n.cancel_scope.cancel()
@@ -265,8 +264,9 @@ def test_the_stream_tuner_climbs_while_it_pays_and_settles_where_it_stops_paying
         fixed.done(1 << 20, queued=100)
     assert fixed.streams == 8
     tuner = StreamTuner("auto")
+    start = tuner.streams
     tuner.back_off()
-    assert tuner.streams == 2
+    assert tuner.streams == start // 2 >= 1  # the backing pushed back: half as many
 
 
 def test_log_lines_are_whole_even_on_a_full_disk(tmp_path):

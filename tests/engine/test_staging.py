@@ -13,6 +13,7 @@ from sampler.atomic import TEMP_PREFIX
 from tierfs.cache import path_hash
 from tierfs.engine import Engine
 from tierfs.options import MountConfig, Settings
+from tierfs.testing import make_dataset
 
 
 async def _with_stager(e: Engine, body):
@@ -188,3 +189,50 @@ def test_second_engine_on_same_cache_refused(open_engine, tmp_path, dataset):
     with pytest.raises(ValueError, match="in use"):
         e.open()
     e.close()
+
+
+def test_staging_yields_to_readers_and_still_finishes(open_engine, t, tmp_path):
+    """While a reader keeps opening files, the copies of the next mini-epoch are paced (the stager waits, so
+    that they use at most a share of a core, and says so in status); once reading stops they run at full
+    speed, and every copy is whole."""
+    backing = tmp_path / "many"
+    make_dataset(backing, dirs=4, files_per_dir=400, max_size=2048, seed=5)
+    e = open_engine(backing_dir=backing, nm=4)
+    stop = trio.Event()
+
+    async def reader():
+        view = e.schedule.view.order.tolist()
+        while not stop.is_set():
+            for f in view:
+                assert await t.read_file(e, f) == t.backing_bytes(e, f)
+            await trio.sleep(0)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            n.start_soon(reader)
+            with trio.fail_after(30):
+                while e.stager.statistics().yielded_seconds == 0:
+                    await trio.sleep(0.01)
+            stop.set()
+            await t.settle(e)
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert e.status().staging["yielded_seconds"] > 0
+    assert e.next_ready()
+    for f in e.schedule.next_files.tolist():
+        entry = e.cache.get(f)
+        assert entry is not None
+        with open(os.path.join(e.cache.data_path, entry.name), "rb") as copy:
+            assert copy.read() == t.backing_bytes(e, f)
+
+
+def test_without_readers_staging_never_waits(open_engine, t):
+    e = open_engine()
+
+    async def main():
+        await _with_stager(e, lambda: t.settle(e))
+
+    t.run(main)
+    assert e.stager.statistics().yielded_seconds == 0
