@@ -14,6 +14,7 @@ This object owns the answer to "is the backing answering?": a request outstandin
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
@@ -54,6 +55,9 @@ def backing_error(exc: OSError, root_alive: bool) -> BackingError:
     return BackingError(errno.EIO, f"backing dir unreachable: {exc.strerror or exc}")
 
 
+STATFS_TIMEOUT = 1.0  # statfs answers from the last good figures when the backing takes longer
+
+
 @dataclass(frozen=True)
 class BackingStatistics:
     """What ``status`` shows under ``backing``."""
@@ -74,6 +78,7 @@ class Backing:
                  bandwidth: Callable[[], int] = lambda: 0) -> None:
         self.root_fd = root_fd
         self.dev = dev
+        self._statvfs: os.statvfs_result | None = None  # the last good answer (statfs never waits on a stall)
         self._bandwidth = bandwidth  # the ``bandwidth`` cap in force (bytes/s, 0: none)
         self._bw_next = 0.0
         self.limiter = trio.CapacityLimiter(threads)
@@ -142,8 +147,12 @@ class Backing:
     async def pread(self, fd: int, size: int, offset: int, *, timeout: float | None) -> bytes:
         return await self.call(os.pread, fd, size, offset, timeout=timeout)
 
-    async def statvfs(self, *, timeout: float | None) -> os.statvfs_result:
-        return await self.call(os.fstatvfs, self.root_fd, timeout=timeout)
+    async def statvfs(self, *, timeout: float | None = STATFS_TIMEOUT) -> os.statvfs_result | None:
+        """The backing filesystem's figures; the last good ones when it does not answer within ``timeout``
+        (None before any answer)."""
+        with contextlib.suppress(OSError):
+            self._statvfs = await self.call(os.fstatvfs, self.root_fd, timeout=timeout)
+        return self._statvfs
 
     async def parent_alive(self, relpath: bytes, *, timeout: float | None) -> bool:
         """Whether the backing root and the directory holding ``relpath`` are still there: a file gone from a

@@ -23,11 +23,11 @@ filesystem), not its logical size: ``used`` is every committed copy's allocation
 copy in flight, and a reservation that would pass the capacity is refused, so the cap holds at every instant.
 
 **The directory is not trusted.**  Cleaners and admins can delete, truncate or replace copies, or the whole
-``data/`` dir.  :func:`open_copy` (a worker thread) checks the copy against its entry -- a regular file, the
+``data/`` dir.  :func:`tierfs.copies.open_copy` checks the copy against its entry -- a regular file, the
 right size, the same inode and ctime as when it was committed -- and a copy that fails is dropped from the
 index and the accounting by :meth:`CacheStore.repair` (a cache miss, never an error or a short read).
 
-A copy that is open (or pinned, see ``Engine.lend``) is never deleted: eviction marks it doomed and it goes on
+A copy that is open (or pinned, see ``DataPath.lend``) is never deleted: eviction marks it doomed and it goes on
 the last :meth:`CacheStore.unpin`.  Everything here runs on the trio thread except the module-level functions,
 which only touch the disk and are called from worker threads.
 """
@@ -49,8 +49,8 @@ import xxhash
 from sampler.atomic import TEMP_PREFIX
 from tierfs.tree import Fingerprint, Tree, fingerprint
 
-__all__ = ["CacheEntry", "CacheStatistics", "CacheStore", "CopyDamaged", "allocated", "cache_block", "disk_estimates",
-           "entry_name", "hash_copy", "open_copy", "path_hash"]
+__all__ = ["COPY_MTIME_NS", "CacheEntry", "CacheStatistics", "CacheStore", "allocated", "cache_block", "disk_estimates",
+           "entry_name", "path_hash"]
 
 
 def path_hash(relpath: bytes) -> int:
@@ -83,10 +83,6 @@ def _parse_name(name: str) -> tuple[int, int, int, int | None] | None:
 #: mtime sees even within the filesystem's timestamp granularity (ctime alone could miss a write made in the
 #: same tick as the commit).
 COPY_MTIME_NS = 1_000_000_000
-
-
-class CopyDamaged(Exception):
-    """A cached copy is missing, not a regular file, or not the file that was committed."""
 
 
 def disk_estimates(sizes: np.ndarray, blocks: np.ndarray, block: int) -> np.ndarray:
@@ -149,42 +145,6 @@ class CacheStatistics:
     capacity: int
     repairs: int  # copies found damaged or missing (and the data dir recreated) since mount
     block: int
-
-
-def copy_matches(st: os.stat_result, size: int, copy_id: tuple[int, int]) -> bool:
-    """Whether ``st`` is the copy as committed: a regular file with its size, inode, ctime and landing mtime
-    (a write or truncate by anyone moves the mtime or ctime; a replacement changes the inode)."""
-    return stat.S_ISREG(st.st_mode) and st.st_size == size and (st.st_ino, st.st_ctime_ns) == copy_id \
-        and st.st_mtime_ns == COPY_MTIME_NS
-
-
-def open_copy(data_fd: int, entry_name_: str, size: int, copy_id: tuple[int, int]) -> int:
-    """Open a copy and check it is the one committed (worker thread); :class:`CopyDamaged` if not."""
-    try:
-        fd = os.open(entry_name_, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-            raise CopyDamaged(f"copy {entry_name_} is gone") from None
-        raise
-    try:
-        if not copy_matches(os.fstat(fd), size, copy_id):
-            raise CopyDamaged(f"copy {entry_name_} was changed in the cache dir")
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def hash_copy(data_fd: int, name: str) -> int:
-    """xxh3 of a copy's bytes (worker thread)."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
-    try:
-        h = xxhash.xxh3_64()
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-        return h.intdigest()
-    finally:
-        os.close(fd)
 
 
 class CacheStore:
@@ -371,7 +331,7 @@ class CacheStore:
             self.entries.move_to_end(entry.fidx)
 
     def pin(self, entry: CacheEntry) -> None:
-        """Keep ``entry`` on disk: while open, lent (Engine.lend), hashed or pushed."""
+        """Keep ``entry`` on disk: while open, lent (DataPath.lend), hashed or pushed."""
         entry.opens += 1
 
     def unpin(self, entry: CacheEntry) -> bool:

@@ -37,8 +37,8 @@ from typing import Any, Protocol
 from sampler.arf import Controller, make_controller
 from tierfs.options import Settings, apply_assignments, parse_assignments
 
-__all__ = ["COMMANDS", "Arf", "ControlRequest", "ControlTarget", "apply_control", "apply_feedback", "format_indices",
-           "parse_control", "parse_indices"]
+__all__ = ["COMMANDS", "Arf", "BatchReports", "ControlRequest", "ControlTarget", "apply_control", "apply_feedback",
+           "format_indices", "parse_control", "parse_indices"]
 
 _REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
 _ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
@@ -150,12 +150,29 @@ def parse_control(text: str, settings: Settings) -> ControlRequest:
 # ------------------------------------------------------------------------------------------------- applying
 
 
+class BatchReports(Protocol):
+    """Where ``consumed`` reports go (:class:`tierfs.plans.BatchPlans`)."""
+
+    def check_consumed(self, plan_id: int, indices: list[int]) -> None: ...
+
+    def consumed(self, plan_id: int, indices: list[int]) -> None: ...
+
+
+class WalksPlans(Protocol):
+    """The cache policy's one answer a control write needs: whether the mount has plans to redo."""
+
+    @property
+    def walks_plans(self) -> bool: ...
+
+
 class ControlTarget(Protocol):
     """What a control write may touch: the narrow interface the engine offers this module (no import of it)."""
 
     settings: Settings
     arf: Arf
     control_error: str | None
+    batch: BatchReports
+    policy: WalksPlans
 
     @property
     def last_pass(self) -> tuple[int, int] | None: ...
@@ -164,10 +181,6 @@ class ControlTarget(Protocol):
     def current_mini_epoch(self) -> tuple[int, int]: ...
 
     def check_plan(self, settings: Settings) -> None: ...
-
-    def check_consumed(self, plan_id: int, indices: list[int]) -> None: ...
-
-    def consumed(self, plan_id: int, indices: list[int]) -> None: ...
 
     def apply_settings(self, new: Settings, *, replan: bool) -> None: ...
 
@@ -237,12 +250,12 @@ def apply_control(engine: ControlTarget, data: bytes) -> None:
             raise ValueError("control writes must be UTF-8 text") from None
         req = parse_control(text, engine.settings)
         new = req.settings
-        replan = bool(req.changed & _REPLAN_KEYS) and new.policy == "met"
+        replan = bool(req.changed & _REPLAN_KEYS) and engine.policy.walks_plans
         if replan:
             engine.check_plan(new)
         controller = Arf.controller_for(new) if req.changed & _ARF_KEYS else None
         for plan_id, indices in req.consumed:
-            engine.check_consumed(plan_id, list(indices))
+            engine.batch.check_consumed(plan_id, list(indices))
     except ValueError as exc:
         engine.control_error = str(exc)[:500]  # a 1 MiB line gets a message, not a 1 MiB status
         raise
@@ -251,7 +264,7 @@ def apply_control(engine: ControlTarget, data: bytes) -> None:
     if controller is not None:
         engine.arf.replace(controller)
     for plan_id, indices in req.consumed:  # (reads reported in the same write as a next-pass came before it)
-        engine.consumed(plan_id, list(indices))
+        engine.batch.consumed(plan_id, list(indices))
     for cmd in req.commands:
         if cmd == "next-pass":
             engine.end_pass()

@@ -30,13 +30,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import numpy as np
 import trio
 
 from tierfs.backing import Backing, BackingError
-from tierfs.cache import CacheEntry, CacheStore, CopyDamaged, hash_copy, open_copy
+from tierfs.cache import CacheEntry, CacheStore
+from tierfs.copies import CopyDamaged, hash_copy, open_copy
 from tierfs.options import Settings
-from tierfs.plans import PlanBook, check_copies, render_plan
+from tierfs.plans import BatchPlans
+from tierfs.policy import ADVISE_WHOLE, CachePolicy
 from tierfs.pusher import Pusher
 from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
@@ -48,7 +49,6 @@ __all__ = ["LEND_SECONDS", "DataPath", "FileHandle"]
 
 log = logging.getLogger("tierfs")
 
-_ADVISE_WHOLE = 1 << 20  # cached copies up to this size are read ahead whole on open
 LEND_SECONDS = 2.0  # a lent copy stays pinned this long: the reader opens it right after asking
 
 
@@ -78,7 +78,7 @@ class DataPath:
     """See the module docstring."""
 
     def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
-                 reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule,
+                 reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule, policy: CachePolicy,
                  settings: Callable[[], Settings], opened: Callable[[int, int], None],
                  changed: Callable[[int, os.stat_result], None], restage: Callable[[int], None],
                  data_dir_lost: Callable[[], Awaitable[None]]) -> None:
@@ -90,6 +90,7 @@ class DataPath:
         self.stager = stager
         self.pusher = pusher
         self.schedule = schedule
+        self.policy = policy
         self.kernel = pusher.kernel
         self._settings = settings
         self._opened_cb = opened
@@ -111,7 +112,11 @@ class DataPath:
         self.opened_bytes = 0  # sizes of dataset files opened: what loaders consume
         self.stall_seconds = 0.0
         self.handles = 0  # dataset files open now
-        self.plans = PlanBook(cache)  # batch plans for direct readers (plans.py), pinned until their pass ends
+        #: batch plans for direct readers (plans.py), their copies pinned until their pass ends
+        self.batch = BatchPlans(tree=tree, cache=cache, cache_limiter=cache_limiter, backing=backing, reval=reval,
+                                schedule=schedule, settings=settings, timeout=self._timeout,
+                                return_leases=self._return_leases, served=self.served_from_copy,
+                                freed=stager.notify, repair=self.repair)
 
     @property
     def settings(self) -> Settings:
@@ -126,9 +131,10 @@ class DataPath:
         self._opened_cb(fidx, size)
 
     def statistics(self) -> DataPathStatistics:
-        return DataPathStatistics(Reads(self.hits, self.misses, self.out_of_view, self.lent, self.plans.reported),
+        plans = self.batch.statistics()
+        return DataPathStatistics(Reads(self.hits, self.misses, self.out_of_view, self.lent, plans.reported),
                                   self.backing_bytes_read, self.served_bytes, self.opened_bytes, self.stall_seconds,
-                                  self.handles, self.plans.statistics())
+                                  self.handles, plans)
 
     def mark_stale(self, fidx: int) -> None:
         """The kernel's attributes and pages of ``fidx`` are another version's: drop them as soon as no handle
@@ -221,11 +227,10 @@ class DataPath:
         node = self.tree.file_node(fidx)
         entry = self.cache.get(fidx)
         was_cached = entry is not None
-        if entry is None and self.schedule.lru and node.st.st_size > _ADVISE_WHOLE and self.nursery is not None:
-            # A big LRU miss: served from the backing file at once while the copy is made beside it (the reader
-            # would otherwise wait for the whole copy before its first byte); later opens find the copy.
+        if entry is None and self.policy.copies_beside(node.st.st_size) and self.nursery is not None:
+            # Served from the backing file at once while the copy is made beside it; later opens find the copy.
             self.nursery.start_soon(self._fetch_beside, fidx)
-        elif entry is None and (self.schedule.lru or self.schedule.current_mask[fidx]):
+        elif entry is None and self.policy.fetches_on_open(fidx):
             entry = await self._fetch(fidx)
         fd = None
         if entry is not None and self.settings.verify == "xxhash" and not entry.verified:
@@ -258,7 +263,7 @@ class DataPath:
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
         handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct)
         self.handles += 1
-        if entry is not None and entry.size <= _ADVISE_WHOLE:
+        if entry is not None and entry.size <= ADVISE_WHOLE:
             # Start reading a small copy into the page cache now, while the open's reply travels: the read that
             # follows then mostly finds it there and needs no thread hop (big files get the kernel's read-ahead).
             # WILLNEED on a local copy only queues read-ahead on the fast tier and returns: never the backing.
@@ -291,7 +296,7 @@ class DataPath:
         return entry
 
     async def _fetch_beside(self, fidx: int) -> None:
-        """Copy an LRU miss into the cache while its reader is served from the backing (a background task: a
+        """Copy a miss into the cache while its reader is served from the backing (a background task: a
         failure is the stager's to report, never the mount's end)."""
         try:
             await self.stager.fetch_now(fidx)
@@ -358,113 +363,11 @@ class DataPath:
             self._opened(fidx, entry.size)
         return os.fsencode(os.path.join(self.cache.data_path, entry.name))
 
-    # ----------------------------------------------------------------------------------------- batch plans
-
-    async def plan(self) -> bytes:
-        """Render a batch plan of the current pass (see plans.py): every copy it names pinned until the pass ends.
-
-        A copy is named only where :meth:`open_file` would serve it now: fingerprint within ``revalidate`` (the
-        older ones are confirmed here, in batches, and left out if the backing disagrees or does not answer),
-        the copy as committed (checked in one cache thread), ``verify=xxhash`` done.  Pins are taken before the
-        check and kept only for copies that pass it while the view is still the one the plan is about."""
-        self._return_leases()
-        verify = self.settings.verify == "xxhash"
-        while True:
-            view = self.schedule.view
-            assert view is not None
-            order = view.order.tolist()
-            get = self.cache.get
-            cands = [(f, e) for f, e in zip(order, map(get, order), strict=True)
-                     if e is not None and (e.verified or not verify)]
-            fresh = self.reval.fresh_mask(np.fromiter((f for f, _ in cands), np.int64, len(cands))).tolist()
-            confirmed = await self._confirm_many([f for (f, _), ok in zip(cands, fresh, strict=True) if not ok])
-            pinned: list[CacheEntry] = []
-            for (f, e), ok in zip(cands, fresh, strict=True):
-                # (after the awaits: still the indexed copy, and still the backing file's fingerprint)
-                if get(f) is e and (ok or f in confirmed) and e.fp == fingerprint(self.tree.file_node(f).st):
-                    self.cache.pin(e)
-                    pinned.append(e)
-            try:
-                ok = await trio.to_thread.run_sync(
-                    check_copies, self.cache.data_fd, [(e.name, e.size, e.copy_id) for e in pinned],
-                    limiter=self.cache_limiter)
-            except BaseException:
-                self._unpin_all(pinned)
-                raise
-            if self.schedule.view is not view:  # the pass ended meanwhile: plan the new one
-                self._unpin_all(pinned)
-                continue
-            by_fidx: dict[int, CacheEntry] = {}
-            damaged: list[CacheEntry] = []
-            for e, good in zip(pinned, ok, strict=True):
-                if good and self.cache.get(e.fidx) is e:  # (still indexed: not evicted or changed meanwhile)
-                    by_fidx[e.fidx] = e
-                else:
-                    self._unpin_all([e])
-                    if not good:
-                        damaged.append(e)
-            pos = self.schedule.pos
-            plan = self.plans.issue(epoch=view.epoch, mini_epoch=view.mini_epoch, pass_index=pos.pass_index,
-                                    passes_total=pos.passes_total, files=view.order,
-                                    copies=[by_fidx.get(f) for f in order])
-            text = render_plan(plan, [self.tree.file_path(f) for f in order], self.tree.sizes[view.order].tolist(),
-                               self.cache.data_path)
-            for e in damaged:
-                await self.repair(e, f"copy {e.name} was changed in the cache dir")
-            return text
-
-    def _unpin_all(self, entries: list[CacheEntry]) -> None:
-        if any([self.cache.unpin(e) for e in entries]):
-            self.stager.notify()
-
-    async def _confirm_many(self, stale: list[int]) -> set[int]:
-        """Of ``stale``, the files whose backing fingerprint is still the tree's (asked in batches now).
-
-        A file that changed, vanished or did not answer within ``backing_timeout`` is left out: the reader opens
-        it through the mount, whose open handles the change (or the stall) as it always does."""
-        ok: set[int] = set()
-        for start in range(0, len(stale), 256):
-            batch = stale[start:start + 256]
-            self.reval.open_checks += len(batch)
-            try:
-                answers = await self.backing.stat_many([self.tree.file_path(f) for f in batch],
-                                                       timeout=self._timeout())
-            except OSError:
-                return ok
-            for f, st in zip(batch, answers, strict=True):
-                if isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode) \
-                        and fingerprint(st) == fingerprint(self.tree.file_node(f).st):
-                    self.reval.confirm(f)
-                    ok.add(f)
-        return ok
-
-    def check_consumed(self, plan_id: int, indices: list[int]) -> None:
-        """``ValueError`` unless every index names a copy of plan ``plan_id`` (a report is all or nothing)."""
-        plan = self.plans.get(plan_id)
-        for i in indices:
-            if not 0 <= i < len(plan.copies):
-                raise ValueError(f"consumed: plan {plan_id} has {len(plan.copies)} files, no index {i}")
-            if plan.copies[i] is None:
-                raise ValueError(f"consumed: file {i} of plan {plan_id} has no copy in it: its open through the "
-                                 "mount counts it")
-
-    def consumed(self, plan_id: int, indices: list[int]) -> None:
-        """Count reported direct reads of a plan's copies as opens served from the cache, each index once."""
-        plan = self.plans.get(plan_id)
-        for i in indices:
-            entry = plan.copies[i]
-            if plan.reported[i] or entry is None:
-                continue
-            plan.reported[i] = True
-            self.plans.reported += 1
-            self.hits += 1
-            self.cache.touch(entry)
-            self._opened(int(plan.files[i]), entry.size)
-
-    def pass_over(self) -> None:
-        """The pass ended: the copies its plans named are no longer pinned for them."""
-        if self.plans.pass_over():
-            self.stager.notify()
+    def served_from_copy(self, fidx: int, entry: CacheEntry) -> None:
+        """A direct read of a copy was reported (a batch plan's): count it as an open served from the cache."""
+        self.hits += 1
+        self.cache.touch(entry)
+        self._opened(fidx, entry.size)
 
     def _return_leases(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -1,7 +1,9 @@
-"""The FUSE operations: translate each request into a call on the :class:`~tierfs.engine.Engine`.
+"""The FUSE operations: translate each request into one call on the engine or the part that answers it.
 
-No decision is made here.  One error rule: an ``OSError`` from the engine (``BackingError`` included) becomes
-``FUSEError(errno)``; every mutating request is ``EROFS``.
+The names come from the :class:`~tierfs.namespace.Namespace` (``engine.names``), file data from the
+:class:`~tierfs.datapath.DataPath` (``engine.data``), batch plans from ``engine.batch``, everything else from the
+:class:`~tierfs.engine.Engine`.  No decision is made here.  One error rule: an ``OSError`` from any of them
+(``BackingError`` included) becomes ``FUSEError(errno)``; every mutating request is ``EROFS``.
 
 Caveats worth knowing:
 
@@ -34,8 +36,10 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
+from tierfs.datapath import FileHandle
 from tierfs.direct import CACHE_PATH_XATTR
-from tierfs.engine import Engine, FileHandle
+from tierfs.engine import Engine
+from tierfs.plans import may_read_directly
 from tierfs.pusher import KernelCache
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, mountinfo
 
@@ -149,7 +153,7 @@ class TierOperations(pyfuse3.Operations):
             if root is not None:
                 a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = root.st_mtime_ns
             return a
-        node = self.engine.node(inode)
+        node = self.engine.names.node(inode)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         st = node.st
@@ -167,7 +171,7 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        inode = self.engine.lookup(parent_inode, name)
+        inode = self.engine.names.lookup(parent_inode, name)
         if inode is None:
             # A negative entry the kernel keeps (st_ino 0): the tree is fixed for the mount's life (files added
             # to the backing show from the next mount), so a name that is not there now stays absent.  Loaders
@@ -184,14 +188,14 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
-        return self.engine.readlink(inode)
+        return self.engine.names.readlink(inode)
 
     @_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         # The backing filesystem's own figures (a read-only dataset is not "100 % full"); the last good ones
         # while the backing does not answer, never a wait on it.
         s = pyfuse3.StatvfsData()
-        v = await self.engine.statvfs()
+        v = await self.engine.backing.statvfs()
         s.f_namemax = 255
         if v is not None:
             s.f_bsize, s.f_frsize = v.f_bsize, v.f_frsize
@@ -204,7 +208,7 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        listing = self.engine.list_dir(inode)
+        listing = self.engine.names.list_dir(inode)
         fh = next(self._fh)
         self._dirs[fh] = (inode, listing)
         return fh
@@ -218,7 +222,7 @@ class TierOperations(pyfuse3.Operations):
                 break
         if start_id < len(listing):
             # readdirplus: the kernel now holds these inodes, so their pages can be pushed (after this reply)
-            self.engine.listed(dir_inode)
+            self.engine.names.listed(dir_inode)
 
     @_errors
     async def releasedir(self, fh: int) -> None:
@@ -240,11 +244,11 @@ class TierOperations(pyfuse3.Operations):
             elif inode == CONTROL_INODES[b"metrics"]:
                 data = eng.status().to_prometheus().encode()
             elif inode == CONTROL_INODES[b"order0"]:
-                data = eng.order0_text()
+                data = eng.names.order0_text()
             elif inode == _CTL_PLAN:
-                data = await eng.plan_text(ctx.uid)
+                data = await eng.batch.plan_text(ctx.uid)
             else:
-                data = eng.order_text()
+                data = eng.names.order_text()
             fh = next(self._fh)
             self._handles[fh] = _Virtual(data, writes)
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
@@ -252,7 +256,7 @@ class TierOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         if inode == _CTL_DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        handle = await eng.open_file(eng.file_index(inode))
+        handle = await eng.data.open_file(eng.names.file_index(inode))
         fh = next(self._fh)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
@@ -262,7 +266,7 @@ class TierOperations(pyfuse3.Operations):
         h = self._handles[fh]
         if isinstance(h, _Virtual):
             return h.data[off:off + size]
-        return await self.engine.read(h, off, size)
+        return await self.engine.data.read(h, off, size)
 
     @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -284,7 +288,7 @@ class TierOperations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)
         if isinstance(h, FileHandle):
-            await self.engine.release(h)
+            await self.engine.data.release(h)
 
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -306,12 +310,12 @@ class TierOperations(pyfuse3.Operations):
         # The one attribute: the path of a dataset file's cached copy, for a reader that opens it itself
         # (tierfs.direct).  Only for readers that may open the cache dir (0700): the daemon's user and root; for
         # anyone else, and for a file that must go through the mount, there is no such attribute.
-        if name != CACHE_PATH_XATTR or inode >= _CTL_DIR or not self.engine.may_read_directly(ctx.uid):
+        if name != CACHE_PATH_XATTR or inode >= _CTL_DIR or not may_read_directly(ctx.uid):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        node = self.engine.node(inode)
+        node = self.engine.names.node(inode)
         if node is None or node.kind != KIND_FILE:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        path = await self.engine.lend(node.fidx)
+        path = await self.engine.data.lend(node.fidx)
         if path is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return path

@@ -143,7 +143,7 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
 
 
-def fuse_options(config: MountConfig, extra: frozenset[str] = frozenset()) -> set[str]:
+def fuse_options(config: MountConfig) -> set[str]:
     """The FUSE mount options: name the backing dir as the source, type ``fuse.tierfs``.
 
     ``allow_other`` always comes with ``default_permissions`` so the kernel checks the backing files' modes
@@ -151,7 +151,7 @@ def fuse_options(config: MountConfig, extra: frozenset[str] = frozenset()) -> se
     kernel's eyes (``statfs`` ``ST_RDONLY``, ``findmnt`` ``ro``); without it the mount is ``rw`` to the kernel
     only so that the control file can be written, and every other write is refused with EROFS by tierfs.
     """
-    opts = {f"fsname={config.backing}", "subtype=tierfs", *extra}
+    opts = {f"fsname={config.backing}", "subtype=tierfs"}
     if config.settings.allow_other:
         opts |= {"allow_other", "default_permissions"}
     if config.settings.ro:
@@ -321,7 +321,7 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
 
     ops = TierOperations(engine)
     try:
-        pyfuse3.init(ops, config.mountpoint, fuse_options(config, frozenset(getattr(engine, "fuse_options", ()))))
+        pyfuse3.init(ops, config.mountpoint, fuse_options(config))
     except RuntimeError as exc:
         engine.close()
         raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None

@@ -22,21 +22,33 @@ Three promises keep that as safe as ``open()``:
   most once, so a report sent twice (a loader's worker and its main process) changes nothing the second time.
   Files read through the mount are counted by their ``open`` and must not be reported.
 
-A :class:`PlanBook` owns the plans issued and their pins; ``DataPath`` builds plans and counts reports.
+A :class:`PlanBook` owns the plans issued and their pins; :class:`BatchPlans` (the data path's) builds plans and
+counts reports.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 
 import numpy as np
+import trio
 
-from tierfs.cache import CacheEntry, CacheStore, copy_matches
+from tierfs.backing import Backing
+from tierfs.cache import CacheEntry, CacheStore
+from tierfs.copies import copy_matches
+from tierfs.options import Settings
+from tierfs.revalidate import Revalidator
+from tierfs.schedule import Schedule
+from tierfs.tree import Tree, fingerprint
 
-__all__ = ["KEEP_PLANS", "Plan", "PlanBook", "PlanStatistics", "check_copies", "render_plan"]
+__all__ = ["KEEP_PLANS", "BatchPlans", "Plan", "PlanBook", "PlanStatistics", "check_copies", "may_read_directly",
+           "render_plan"]
 
 #: Plans kept for late reports once their pass is over (a report about an older one fails with EINVAL); the
 #: plans of the pass that runs are all kept.
@@ -132,6 +144,153 @@ class PlanBook:
         pinned = [p for p in self._plans.values() if p.pinned]
         return PlanStatistics(self.issued, len(pinned), sum(sum(c is not None for c in p.copies) for p in pinned),
                               self.reported)
+
+
+
+def may_read_directly(uid: int) -> bool:
+    """Whether a reader with ``uid`` may be given cached copies (the cache dir is 0700: ours, or root)."""
+    return uid in (0, os.getuid())
+
+
+class BatchPlans:
+    """Renders the ``plan`` file of the current pass and counts the reports about it; owns the :class:`PlanBook`.
+
+    The parts it reads (tree, cache, revalidator, backing, schedule) are the data path's; ``served(fidx, copy)``
+    counts a reported read as an open served from the cache, ``freed()`` says an unpin freed space,
+    ``repair(copy, reason)`` handles a damaged copy, ``return_leases()`` unpins expired leases first."""
+
+    def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
+                 reval: Revalidator, schedule: Schedule, settings: Callable[[], Settings],
+                 timeout: Callable[[], float | None], return_leases: Callable[[], None],
+                 served: Callable[[int, CacheEntry], None], freed: Callable[[], None],
+                 repair: Callable[[CacheEntry, str], Awaitable[None]]) -> None:
+        self.tree = tree
+        self.cache = cache
+        self.cache_limiter = cache_limiter
+        self.backing = backing
+        self.reval = reval
+        self.schedule = schedule
+        self._settings = settings
+        self._timeout = timeout
+        self._return_leases = return_leases
+        self._served = served
+        self._freed = freed
+        self._repair = repair
+        self.book = PlanBook(cache)
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings()
+
+    def statistics(self) -> PlanStatistics:
+        return self.book.statistics()
+
+    async def plan_text(self, uid: int) -> bytes:
+        """The ``plan`` file for a reader with ``uid``: a batch plan of the current pass, every copy it names
+        pinned until the pass ends; ``EACCES`` for anyone who cannot open the copies.
+
+        A copy is named only where :meth:`open_file` would serve it now: fingerprint within ``revalidate`` (the
+        older ones are confirmed here, in batches, and left out if the backing disagrees or does not answer),
+        the copy as committed (checked in one cache thread), ``verify=xxhash`` done.  Pins are taken before the
+        check and kept only for copies that pass it while the view is still the one the plan is about."""
+        if not may_read_directly(uid):
+            raise PermissionError(errno.EACCES, "the batch plan is for the mount's user and root")
+        self._return_leases()
+        verify = self.settings.verify == "xxhash"
+        while True:
+            view = self.schedule.view
+            assert view is not None
+            order = view.order.tolist()
+            get = self.cache.get
+            cands = [(f, e) for f, e in zip(order, map(get, order), strict=True)
+                     if e is not None and (e.verified or not verify)]
+            fresh = self.reval.fresh_mask(np.fromiter((f for f, _ in cands), np.int64, len(cands))).tolist()
+            confirmed = await self._confirm_many([f for (f, _), ok in zip(cands, fresh, strict=True) if not ok])
+            pinned: list[CacheEntry] = []
+            for (f, e), ok in zip(cands, fresh, strict=True):
+                # (after the awaits: still the indexed copy, and still the backing file's fingerprint)
+                if get(f) is e and (ok or f in confirmed) and e.fp == fingerprint(self.tree.file_node(f).st):
+                    self.cache.pin(e)
+                    pinned.append(e)
+            try:
+                ok = await trio.to_thread.run_sync(
+                    check_copies, self.cache.data_fd, [(e.name, e.size, e.copy_id) for e in pinned],
+                    limiter=self.cache_limiter)
+            except BaseException:
+                self._unpin_all(pinned)
+                raise
+            if self.schedule.view is not view:  # the pass ended meanwhile: plan the new one
+                self._unpin_all(pinned)
+                continue
+            by_fidx: dict[int, CacheEntry] = {}
+            damaged: list[CacheEntry] = []
+            for e, good in zip(pinned, ok, strict=True):
+                if good and self.cache.get(e.fidx) is e:  # (still indexed: not evicted or changed meanwhile)
+                    by_fidx[e.fidx] = e
+                else:
+                    self._unpin_all([e])
+                    if not good:
+                        damaged.append(e)
+            pos = self.schedule.pos
+            plan = self.book.issue(epoch=view.epoch, mini_epoch=view.mini_epoch, pass_index=pos.pass_index,
+                                    passes_total=pos.passes_total, files=view.order,
+                                    copies=[by_fidx.get(f) for f in order])
+            text = render_plan(plan, [self.tree.file_path(f) for f in order], self.tree.sizes[view.order].tolist(),
+                               self.cache.data_path)
+            for e in damaged:
+                await self._repair(e, f"copy {e.name} was changed in the cache dir")
+            return text
+
+    def _unpin_all(self, entries: list[CacheEntry]) -> None:
+        if any([self.cache.unpin(e) for e in entries]):
+            self._freed()
+
+    async def _confirm_many(self, stale: list[int]) -> set[int]:
+        """Of ``stale``, the files whose backing fingerprint is still the tree's (asked in batches now).
+
+        A file that changed, vanished or did not answer within ``backing_timeout`` is left out: the reader opens
+        it through the mount, whose open handles the change (or the stall) as it always does."""
+        ok: set[int] = set()
+        for start in range(0, len(stale), 256):
+            batch = stale[start:start + 256]
+            self.reval.open_checks += len(batch)
+            try:
+                answers = await self.backing.stat_many([self.tree.file_path(f) for f in batch],
+                                                       timeout=self._timeout())
+            except OSError:
+                return ok
+            for f, st in zip(batch, answers, strict=True):
+                if isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode) \
+                        and fingerprint(st) == fingerprint(self.tree.file_node(f).st):
+                    self.reval.confirm(f)
+                    ok.add(f)
+        return ok
+
+    def check_consumed(self, plan_id: int, indices: list[int]) -> None:
+        """``ValueError`` unless every index names a copy of plan ``plan_id`` (a report is all or nothing)."""
+        plan = self.book.get(plan_id)
+        for i in indices:
+            if not 0 <= i < len(plan.copies):
+                raise ValueError(f"consumed: plan {plan_id} has {len(plan.copies)} files, no index {i}")
+            if plan.copies[i] is None:
+                raise ValueError(f"consumed: file {i} of plan {plan_id} has no copy in it: its open through the "
+                                 "mount counts it")
+
+    def consumed(self, plan_id: int, indices: list[int]) -> None:
+        """Count reported direct reads of a plan's copies as opens served from the cache, each index once."""
+        plan = self.book.get(plan_id)
+        for i in indices:
+            entry = plan.copies[i]
+            if plan.reported[i] or entry is None:
+                continue
+            plan.reported[i] = True
+            self.book.reported += 1
+            self._served(int(plan.files[i]), entry)
+
+    def pass_over(self) -> None:
+        """The pass ended: the copies its plans named are no longer pinned for them."""
+        if self.book.pass_over():
+            self._freed()
 
 
 def render_plan(plan: Plan, paths: list[bytes], sizes: list[int], data_path: str) -> bytes:

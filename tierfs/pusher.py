@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import trio
 
-from tierfs.cache import CacheEntry, CacheStore, CopyDamaged, open_copy
+from tierfs.cache import CacheEntry, CacheStore
+from tierfs.copies import CopyDamaged, open_copy
 from tierfs.tree import Tree, fingerprint
 
 __all__ = ["KernelCache", "Pusher", "PusherStatistics", "push_budget"]

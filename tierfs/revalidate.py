@@ -18,7 +18,10 @@ checked moments ago and makes no backing call at all, and a change in the backin
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ import numpy as np
 import trio
 
 from tierfs.backing import Backing
+from tierfs.tree import Tree, fingerprint
 
 __all__ = ["BATCH", "Revalidator", "RevalidatorStatistics"]
 
@@ -46,18 +50,20 @@ class RevalidatorStatistics:
 class Revalidator:
     """Per-file confirmation times and the background task that renews them (see the module docstring).
 
-    ``candidates()`` gives the files worth renewing, most urgent first; ``result(fidx, stat_or_error)`` gets
-    every answer on the trio thread (the engine compares it with the tree) and says ``"same"``, ``"changed"``
-    or ``"unknown"`` (the backing could not say: not confirmed)."""
+    ``candidates()`` gives the files worth renewing, most urgent first (the cache policy's).  Every answer is
+    compared with the tree on the trio thread: a file gone or no longer regular goes to ``gone(fidx)``, one
+    whose fingerprint differs to ``changed(fidx, stat)`` (the engine re-stages it and the tree takes the new
+    stat); an error other than "gone" confirms nothing."""
 
-    def __init__(self, n_files: int, backing: Backing, relpath: Callable[[int], bytes], *, setting: float | str,
-                 candidates: Callable[[], np.ndarray], result: Callable[[int, object], str]) -> None:
-        self.confirmed = np.full(n_files, -math.inf)  # monotonic time of the last agreeing backing answer
+    def __init__(self, tree: Tree, backing: Backing, *, setting: float | str, candidates: Callable[[], np.ndarray],
+                 changed: Callable[[int, os.stat_result], None], gone: Callable[[int], None]) -> None:
+        self.confirmed = np.full(tree.n_files, -math.inf)  # monotonic time of the last agreeing backing answer
+        self.tree = tree
         self.backing = backing
         self.setting: float | str = setting
-        self._relpath = relpath
         self._candidates = candidates
-        self._result = result
+        self._changed = changed
+        self._gone = gone
         self._wake = trio.Event()
         self.checked = 0
         self.changed = 0
@@ -88,6 +94,10 @@ class Revalidator:
 
     def confirm(self, fidx: int, now: float | None = None) -> None:
         self.confirmed[fidx] = time.monotonic() if now is None else now
+
+    def confirm_all(self) -> None:
+        """A scan just read every fingerprint."""
+        self.confirmed[:] = time.monotonic()
 
     def forget(self, fidx: int) -> None:
         """The fingerprint changed: nothing confirms the new one yet."""
@@ -120,7 +130,7 @@ class Revalidator:
 
     async def _check(self, batch: list[int], slots: trio.Semaphore) -> None:
         try:
-            answers = await self.backing.stat_many([self._relpath(f) for f in batch], timeout=None)
+            answers = await self.backing.stat_many([self.tree.file_path(f) for f in batch], timeout=None)
         except OSError:
             for f in batch:
                 self.forget(f)  # unanswered: not confirmed
@@ -130,12 +140,28 @@ class Revalidator:
         now = time.monotonic()
         for fidx, answer in zip(batch, answers, strict=True):
             self.checked += 1
-            verdict = self._result(fidx, answer)
+            verdict = self._verdict(fidx, answer)
             if verdict == "unknown":
                 self.forget(fidx)
             else:
                 self.confirmed[fidx] = now
                 self.changed += verdict == "changed"
+
+    def _verdict(self, fidx: int, answer: object) -> str:
+        """``"same"``, ``"changed"`` (handed on) or ``"unknown"`` (the backing could not say: not confirmed)."""
+        if isinstance(answer, OSError):
+            if answer.errno in (errno.ENOENT, errno.ENOTDIR):
+                self._gone(fidx)  # the next open finds that out from the backing (ENOENT)
+                return "changed"
+            return "unknown"
+        assert isinstance(answer, os.stat_result)
+        if not stat.S_ISREG(answer.st_mode):
+            self._gone(fidx)
+            return "changed"
+        if fingerprint(answer) != fingerprint(self.tree.file_node(fidx).st):
+            self._changed(fidx, answer)
+            return "changed"
+        return "same"
 
     def statistics(self) -> RevalidatorStatistics:
         return RevalidatorStatistics(self.setting, self.checked, self.changed, self.open_checks, self.unconfirmed)

@@ -5,8 +5,9 @@ wanted (the current and the next mini-epoch), which of the next one are still to
 was opened and staged.  The decision *when* to switch needs the cache's state too, so :meth:`end_pass` only
 says whether the pass limit is reached and the engine decides (see ``Engine.end_pass``).
 
-Policy ``met`` walks the mini-epochs of the sampler's plans.  Policy ``lru`` has no plan: the view is the
-whole tree and nothing is wanted ahead (copies are made on open); its passes are counted all the same.
+With ``walks_plans`` (policy ``met``) it walks the mini-epochs of the sampler's plans.  Without (``lru``) there
+is no plan: the view is the whole tree and nothing is wanted ahead (copies are made on open); its passes are
+counted all the same.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ class ScheduleStatistics:
 class Schedule:
     """See the module docstring.  ``pos`` is the journalled position (owned here from now on)."""
 
-    def __init__(self, tree: Tree, settings: Settings, capacity: int, pos: Position, disk_sizes: np.ndarray) -> None:
+    def __init__(self, tree: Tree, settings: Settings, capacity: int, pos: Position, disk_sizes: np.ndarray, *,
+                 walks_plans: bool) -> None:
         self.tree = tree
+        #: the cache policy's (see policy.py): mini-epochs of plans, or (lru) the whole tree and no plan
+        self.walks_plans = walks_plans
         #: what each file's copy will occupy on the cache disk: plans cut by this (the cap is kept on disk)
         self.disk_sizes = disk_sizes
         self.settings = settings
@@ -76,10 +80,6 @@ class Schedule:
         self._prev_pass: tuple[float, int] | None = None  # (first open, bytes opened) of the pass just ended
         self._consumption_measured = False
         self.consumption_bps = 0.0
-
-    @property
-    def lru(self) -> bool:
-        return self.settings.policy == "lru"
 
     # ============================================================================================= plans
 
@@ -145,13 +145,13 @@ class Schedule:
         return epoch, me
 
     def nm_in_force(self) -> int:
-        return 1 if self.lru else len(self.plans.get(self.pos.epoch, ()))
+        return len(self.plans.get(self.pos.epoch, ())) if self.walks_plans else 1
 
     # ========================================================================================= position
 
     def start(self, is_cached: Callable[[int], bool]) -> None:
         """Enter the journalled position (or the next valid one, if the plan changed under the journal)."""
-        if self.lru:
+        if not self.walks_plans:
             n = self.tree.n_files
             self.current = np.arange(n, dtype=np.int64)
             self.current_mask[:] = True
@@ -197,8 +197,9 @@ class Schedule:
 
     def new_view(self) -> None:
         s = self.settings
-        files = np.arange(self.tree.n_files, dtype=np.int64) if s.view == "full" or self.lru else self.current
-        if self.lru:
+        whole = s.view == "full" or not self.walks_plans
+        files = np.arange(self.tree.n_files, dtype=np.int64) if whole else self.current
+        if not self.walks_plans:
             self.view = View(self.tree, files, seed=s.seed, epoch=0, mini_epoch=0, pass_index=self.pos.passes_total)
         else:
             self.view = View(self.tree, files, seed=s.seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
@@ -211,7 +212,7 @@ class Schedule:
 
     def staging_order(self) -> list[int]:
         """What the stager should copy, in order: what the current mini-epoch lacks, then the next one."""
-        if self.lru:
+        if not self.walks_plans:
             return []
         return [*self.current.tolist(), *self.next_files.tolist()]
 
@@ -281,4 +282,4 @@ class Schedule:
         self.pos.pass_index += 1
         self.pos.passes_total += 1
         self.pos.rf_effective[-1] += 1
-        return not self.lru and self.pos.pass_index >= rf
+        return self.walks_plans and self.pos.pass_index >= rf

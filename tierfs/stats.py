@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tierfs.backing import BackingStatistics
     from tierfs.cache import CacheStatistics
     from tierfs.control import Arf
+    from tierfs.opening import TreeStatistics
     from tierfs.options import Settings
     from tierfs.plans import PlanStatistics
     from tierfs.pusher import PusherStatistics
@@ -212,7 +213,7 @@ class Status:
 def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
-                 arf: Arf, last_error: str | None, tree: dict[str, Any]) -> Status:
+                 arf: Arf, last_error: str | None, tree: TreeStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -235,7 +236,7 @@ def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: Sch
         opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
         stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s,
         handles=data.handles, plans=asdict(data.plans), fds=fds,
-        fd_limit=soft if soft != resource.RLIM_INFINITY else hard, tree=tree,
+        fd_limit=soft if soft != resource.RLIM_INFINITY else hard, tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
     )
 

@@ -63,16 +63,16 @@ def open_engine(tmp_path, dataset):
 
 async def read_file(engine: Engine, fidx: int, chunk: int = 1 << 16) -> bytes:
     """Open, read to EOF and release one file through the engine (what a reader of the mount does)."""
-    h = await engine.open_file(fidx)
+    h = await engine.data.open_file(fidx)
     try:
         out = []
         off = 0
-        while data := await engine.read(h, off, chunk):
+        while data := await engine.data.read(h, off, chunk):
             out.append(data)
             off += len(data)
         return b"".join(out)
     finally:
-        await engine.release(h)
+        await engine.data.release(h)
 
 
 def backing_bytes(engine: Engine, fidx: int) -> bytes:
@@ -82,8 +82,8 @@ def backing_bytes(engine: Engine, fidx: int) -> bytes:
 
 async def read_view(engine: Engine) -> int:
     """Read every file of the current view in serving order, checking bytes; returns how many were read."""
-    assert engine.view is not None
-    order = engine.view.order.tolist()
+    assert engine.schedule.view is not None
+    order = engine.schedule.view.order.tolist()
     for fidx in order:
         assert await read_file(engine, fidx) == backing_bytes(engine, fidx)
     return len(order)

@@ -145,6 +145,6 @@ def test_status_always_complete_valid_json_and_metrics_from_same_snapshot(open_e
 
 def test_order_file_lists_view_in_serving_order(open_engine):
     e = open_engine()
-    lines = e.order_text().decode().splitlines()
-    assert lines == [os.fsdecode(e.tree.file_path(f)) for f in e.view.order.tolist()]
+    lines = e.names.order_text().decode().splitlines()
+    assert lines == [os.fsdecode(e.tree.file_path(f)) for f in e.schedule.view.order.tolist()]
     assert all(os.path.exists(os.path.join(e.config.backing, p)) for p in lines)

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import trio
 
-from tierfs.engine import BackingError
+from tierfs.backing import BackingError
 from tierfs.mount import WholeLineHandler
 from tierfs.options import OPTIONS
 from tierfs.staging import StreamTuner
@@ -37,7 +37,7 @@ def test_a_failed_verification_during_an_eviction_leaks_no_capacity(open_engine,
 
     async def main():
         await _staged(e, t)
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         entry = e.cache.get(f)
         with open(os.path.join(e.cache.data_path, entry.name), "r+b") as fh:
             b = fh.read(1)
@@ -64,12 +64,12 @@ def test_a_vanished_subdirectory_is_eio_a_vanished_file_enoent(open_engine, t):
         b = next(f for f in outside if os.path.dirname(_path(e, f)) != os.path.dirname(_path(e, a)))
         os.unlink(_path(e, a))
         with pytest.raises(BackingError) as exc:
-            await e.open_file(a)
+            await e.data.open_file(a)
         assert exc.value.errno == errno.ENOENT  # the file is gone from a directory that is there
         moved = os.path.dirname(_path(e, b)) + ".away"
         os.rename(os.path.dirname(_path(e, b)), moved)
         with pytest.raises(BackingError) as exc:
-            await e.open_file(b)
+            await e.data.open_file(b)
         assert exc.value.errno == errno.EIO  # its directory is unreachable: not "no such file"
         os.rename(moved, os.path.dirname(_path(e, b)))
         assert await t.read_file(e, b) == t.backing_bytes(e, b)  # recovers
@@ -82,7 +82,7 @@ def test_a_rewrite_that_puts_size_and_mtime_back_is_seen_by_ctime(open_engine, t
 
     async def main():
         await _staged(e, t)
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         path = _path(e, f)
         st = os.stat(path)
         old = t.backing_bytes(e, f)
@@ -99,7 +99,7 @@ def test_revalidate_seconds_bounds_how_stale_an_open_may_be(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         old = t.backing_bytes(e, f)
         with open(_path(e, f) + ".new", "wb") as fh:
             fh.write(b"the new version")
@@ -121,7 +121,7 @@ def test_the_revalidator_renews_fingerprints_ahead_of_the_readers(open_engine, t
         async with trio.open_nursery() as n:
             await n.start(e.run)
             await t.settle(e)
-            f = e.view.order.tolist()[-1]
+            f = e.schedule.view.order.tolist()[-1]
             with open(_path(e, f) + ".new", "wb") as fh:
                 fh.write(b"changed behind our back")
             os.replace(_path(e, f) + ".new", _path(e, f))
@@ -240,7 +240,7 @@ def test_dir_symlink_swaps_never_lead_outside(open_engine, t, tmp_path):
         shutil.move(d, d + ".real")
         os.symlink(secret, d)  # the directory is now a symlink to elsewhere
         with pytest.raises(BackingError) as exc:
-            await e.open_file(f)
+            await e.data.open_file(f)
         assert exc.value.errno in (errno.ENOENT, errno.EIO)
         os.unlink(d)
         shutil.move(d + ".real", d)

@@ -21,7 +21,7 @@ def test_metrics_parse_follow_the_naming_conventions_and_carry_every_status_figu
     t.run(lambda: _staged(e, t))
 
     async def read_some():
-        for f in e.view.order.tolist()[:3]:
+        for f in e.schedule.view.order.tolist()[:3]:
             await t.read_file(e, f)
 
     t.run(read_some)

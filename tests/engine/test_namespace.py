@@ -71,7 +71,7 @@ def test_every_backing_path_resolves_and_reads(open_engine, dataset, t):
             assert neg.st_ino == 0 and neg.entry_timeout >= 60
 
     t.run(main)
-    assert e.data.out_of_view == len(files) - len(e.view.files) or e.data.out_of_view > 0
+    assert e.data.out_of_view == len(files) - len(e.schedule.view.files) or e.data.out_of_view > 0
 
 
 def test_root_lists_view_and_every_data_dir(open_engine, dataset, t):
@@ -84,10 +84,10 @@ def test_root_lists_view_and_every_data_dir(open_engine, dataset, t):
         dirs = sorted({rel.split("/")[0] for rel in files})
         assert [p for p in listed if "/" not in p] == dirs  # dirs by name, .tierfs never listed
         shown = [p for p in listed if "/" in p]
-        view = {os.fsdecode(e.tree.file_path(f)) for f in e.view.files.tolist()}
+        view = {os.fsdecode(e.tree.file_path(f)) for f in e.schedule.view.files.tolist()}
         assert set(shown) == view and len(shown) == len(view)
         # each directory lists its files in serving order
-        order = [os.fsdecode(p) for p in e.order_text().splitlines()]
+        order = [os.fsdecode(p) for p in e.names.order_text().splitlines()]
         for d in dirs:
             assert [p for p in shown if p.startswith(d + "/")] == [p for p in order if p.startswith(d + "/")]
 
@@ -101,10 +101,10 @@ def test_listing_is_a_frozen_snapshot_and_order_reshuffles_each_pass(open_engine
     async def main():
         fh = await ops.opendir(pyfuse3.ROOT_INODE, CTX)
         before = list(ops._dirs[fh][1])
-        orders = [e.order_text()]
+        orders = [e.names.order_text()]
         for _ in range(3):
             await t.read_view(e)  # every view file read: the pass ends
-            orders.append(e.order_text())
+            orders.append(e.names.order_text())
         assert ops._dirs[fh][1] == before  # the open listing did not move
         await ops.releasedir(fh)
         assert len(set(orders)) == len(orders)  # a fresh serving order every pass
@@ -118,7 +118,7 @@ def test_control_dir_hidden_but_resolvable(open_engine, t):
     ops = TierOperations(e)
 
     async def main():
-        names = [n for n, _ in e.list_dir(pyfuse3.ROOT_INODE)]
+        names = [n for n, _ in e.names.list_dir(pyfuse3.ROOT_INODE)]
         assert b".tierfs" not in names
         d = await ops.lookup(pyfuse3.ROOT_INODE, b".tierfs", CTX)
         assert stat.S_ISDIR(d.st_mode)
@@ -129,8 +129,8 @@ def test_control_dir_hidden_but_resolvable(open_engine, t):
             assert a.st_ino == CONTROL_INODES[name.encode()]
             assert a.attr_timeout >= 60  # constant attributes: the kernel keeps them (the content is per open)
         status = json.loads(await _read(ops, CONTROL_INODES[b"status"]))
-        assert status["view_files"] == len(e.view.files)
-        assert (await _read(ops, CONTROL_INODES[b"order"])) == e.order_text()
+        assert status["view_files"] == len(e.schedule.view.files)
+        assert (await _read(ops, CONTROL_INODES[b"order"])) == e.names.order_text()
         assert b"rf=2" in await _read(ops, CONTROL_INODES[b"control"])
 
     t.run(main)
@@ -235,12 +235,12 @@ def test_a_bug_is_eio_not_a_dead_mount(open_engine, t, monkeypatch):
     async def boom(_fidx):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(e, "open_file", boom)
+    monkeypatch.setattr(e.data, "open_file", boom)
 
     async def main():
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         with pytest.raises(pyfuse3.FUSEError) as exc:
-            await ops.open(e.file_inode(f), os.O_RDONLY, CTX)
+            await ops.open(e.names.file_inode(f), os.O_RDONLY, CTX)
         assert exc.value.errno == errno.EIO
 
     t.run(main)

@@ -20,13 +20,13 @@ def test_pass_ends_when_every_view_file_was_read(open_engine, t):
     e = open_engine(rf=3)
 
     async def main():
-        order = e.view.order.tolist()
+        order = e.schedule.view.order.tolist()
         for f in order[:-1]:
             await t.read_file(e, f)
             await t.read_file(e, f)  # re-reading does not count twice
-        assert e.pos.pass_index == 0
+        assert e.schedule.pos.pass_index == 0
         await t.read_file(e, order[-1])
-        assert e.pos.pass_index == 1 and e.pos.rf_effective == [1]
+        assert e.schedule.pos.pass_index == 1 and e.schedule.pos.rf_effective == [1]
 
     t.run(main)
 
@@ -35,14 +35,14 @@ def test_pass_ends_on_next_pass_and_on_root_relist_after_a_read(open_engine, t):
     e = open_engine(rf=10)
 
     async def main():
-        e.list_dir(1)
-        e.list_dir(1)
-        assert e.pos.pass_index == 0  # listing without reading ends nothing
-        await t.read_file(e, e.view.order.tolist()[0])
-        e.list_dir(1)
-        assert e.pos.pass_index == 1
+        e.names.list_dir(1)
+        e.names.list_dir(1)
+        assert e.schedule.pos.pass_index == 0  # listing without reading ends nothing
+        await t.read_file(e, e.schedule.view.order.tolist()[0])
+        e.names.list_dir(1)
+        assert e.schedule.pos.pass_index == 1
         e.control_write(b"next-pass\n")
-        assert e.pos.pass_index == 2
+        assert e.schedule.pos.pass_index == 2
 
     t.run(main)
 
@@ -53,13 +53,13 @@ def test_ready_repeats_until_next_is_cached_then_switches(open_engine, t):
     async def main():
         for _ in range(4):  # no stager: the next mini-epoch never becomes ready
             await t.read_view(e)
-        assert e.pos.mini_epoch == 0 and e.pos.rf_effective == [4]
+        assert e.schedule.pos.mini_epoch == 0 and e.schedule.pos.rf_effective == [4]
         await _staged(e, t)
         await t.read_view(e)
-        assert e.pos.mini_epoch == 1 and e.pos.rf_effective == [5, 0]
+        assert e.schedule.pos.mini_epoch == 1 and e.schedule.pos.rf_effective == [5, 0]
         await t.read_view(e)
         await t.read_view(e)
-        assert e.pos.rf_effective[:2] == [5, 2]
+        assert e.schedule.pos.rf_effective[:2] == [5, 2]
 
     t.run(main)
 
@@ -71,9 +71,9 @@ def test_every_file_once_per_epoch_across_mini_epochs(open_engine, t):
         seen = []
         async with trio.open_nursery() as n:
             await n.start(e.run)
-            while e.pos.epoch == 0:
+            while e.schedule.pos.epoch == 0:
                 await t.settle(e)
-                seen.extend(e.view.files.tolist())
+                seen.extend(e.schedule.view.files.tolist())
                 await t.read_view(e)
             n.cancel_scope.cancel()
         assert sorted(seen) == list(range(e.tree.n_files))
@@ -86,12 +86,12 @@ def test_advance_command_leaves_as_soon_as_next_is_cached(open_engine, t):
 
     async def main():
         e.control_write(b"advance\n")
-        assert e.pos.mini_epoch == 0  # not staged yet
+        assert e.schedule.pos.mini_epoch == 0  # not staged yet
         await _staged(e, t)  # staging completes -> switch at once
-        assert e.pos.mini_epoch == 1 and e.pos.rf_effective == [0, 0]
+        assert e.schedule.pos.mini_epoch == 1 and e.schedule.pos.rf_effective == [0, 0]
         await _staged(e, t)
         e.control_write(b"advance")
-        assert e.pos.mini_epoch == 2
+        assert e.schedule.pos.mini_epoch == 2
 
     t.run(main)
 
@@ -104,7 +104,7 @@ def test_score_feedback_drives_arf(open_engine, t):
         for loss in (1.0, 0.9, 0.95, 0.97):  # two passes without improvement -> advance
             await t.read_view(e)
             e.control_write(f"feedback loss={loss} train_err=0.1 val_err=0.2\n".encode())
-        assert e.pos.mini_epoch == 1
+        assert e.schedule.pos.mini_epoch == 1
         st = e.status()
         assert st.arf.mode == "score" and st.arf.score is not None
         assert [h["decision"] for h in st.arf.history][-1] == "advance"
@@ -120,7 +120,7 @@ def test_feedback_with_arf_off_is_recorded_but_never_advances(open_engine, t):
         await _staged(e, t)
         for _ in range(5):
             e.control_write(b"feedback loss=1 train_err=0.5 val_err=0.5 score=3\n")
-        assert e.pos.mini_epoch == 0 and len(e.status().arf.history) == 5
+        assert e.schedule.pos.mini_epoch == 0 and len(e.status().arf.history) == 5
 
     t.run(main)
 
@@ -147,8 +147,8 @@ def test_compositions(open_engine, t, composition):
 
     async def main():
         seen = []
-        while e.pos.epoch == 0:
-            seen.extend(e.view.files.tolist())
+        while e.schedule.pos.epoch == 0:
+            seen.extend(e.schedule.view.files.tolist())
             await t.read_view(e)
         assert sorted(seen) == list(range(e.tree.n_files))
 
@@ -163,13 +163,13 @@ def test_rank_world_size_shard_the_plan(open_engine, tmp_path, t):
         assert not a & b
     union = set(np.concatenate(e0.schedule.plan(0)).tolist()) | set(np.concatenate(e1.schedule.plan(0)).tolist())
     assert union == set(range(e0.tree.n_files))
-    assert set(e0.view.files.tolist()).isdisjoint(e1.view.files.tolist())
+    assert set(e0.schedule.view.files.tolist()).isdisjoint(e1.schedule.view.files.tolist())
 
 
 def test_view_full_shows_everything_and_stages_mini_epochs(open_engine, t):
     e = open_engine(view="full", rf=1)
-    assert len(e.view) == e.tree.n_files
-    names = {n for n, _ in e.list_dir(1)}
+    assert len(e.schedule.view) == e.tree.n_files
+    names = {n for n, _ in e.names.list_dir(1)}
     assert names == {f"class_{d:03d}".encode() for d in range(4)}
 
     async def main():
@@ -181,16 +181,16 @@ def test_view_full_shows_everything_and_stages_mini_epochs(open_engine, t):
 
 def test_lru_reads_through_under_the_cap(open_engine, t):
     e = open_engine(policy="lru")
-    assert e.settings.view == "full" and len(e.view) == e.tree.n_files
+    assert e.settings.view == "full" and len(e.schedule.view) == e.tree.n_files
 
     async def main():
         for _ in range(2):
-            for f in e.view.order.tolist():
+            for f in e.schedule.view.order.tolist():
                 assert await t.read_file(e, f) == t.backing_bytes(e, f)
                 assert e.cache.used <= e.cache.capacity
-        assert e.pos.passes_total == 2
+        assert e.schedule.pos.passes_total == 2
         # the most recently read files are the cached ones
-        last = e.view.order.tolist()
+        last = e.schedule.view.order.tolist()
         hits = e.data.hits
         await t.read_file(e, list(e.cache.entries)[-1])
         assert e.data.hits == hits + 1
@@ -216,9 +216,9 @@ def test_empty_shares_are_skipped(open_engine, t):
 
     async def main():
         seen = []
-        while e.pos.epoch == 0:
-            assert len(e.view) > 0
-            seen.extend(e.view.files.tolist())
+        while e.schedule.pos.epoch == 0:
+            assert len(e.schedule.view) > 0
+            seen.extend(e.schedule.view.files.tolist())
             await t.read_view(e)
         assert sorted(seen) == sorted(np.concatenate(e.schedule.plan(0)).tolist())
 
@@ -237,20 +237,20 @@ def test_feedback_after_the_switch_is_about_the_mini_epoch_trained_on(open_engin
         assert e.status().arf.history[-1]["mini_epoch"] == 0
         await _staged(e, t)
         await t.read_view(e)  # the 2nd pass: tierfs switches at the last open
-        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 0)
+        assert (e.schedule.pos.mini_epoch, e.schedule.pos.pass_index) == (1, 0)
         e.control_write(b"feedback loss=2\n")  # worse than 1 within mini-epoch 0: "advance", about mini-epoch 0
         h = e.status().arf.history[-1]
         assert (h["epoch"], h["mini_epoch"], h["pass"], h["decision"]) == (0, 0, 2, "advance")
         await _staged(e, t)
-        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 0)  # not applied to the new mini-epoch
+        assert (e.schedule.pos.mini_epoch, e.schedule.pos.pass_index) == (1, 0)  # not applied to the new mini-epoch
         await t.read_view(e)
         e.control_write(b"feedback loss=5\n")  # the first score of mini-epoch 1: nothing to compare with yet
         h = e.status().arf.history[-1]
         assert (h["epoch"], h["mini_epoch"], h["pass"], h["decision"]) == (0, 1, 1, "continue")
-        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 1)
+        assert (e.schedule.pos.mini_epoch, e.schedule.pos.pass_index) == (1, 1)
         e.control_write(b"feedback loss=6\n")  # about the current mini-epoch: applied
         await _staged(e, t)
-        assert e.pos.mini_epoch == 2
+        assert e.schedule.pos.mini_epoch == 2
 
     t.run(main)
 
@@ -263,7 +263,7 @@ def test_feedback_is_about_the_last_completed_pass_across_a_restart(open_engine,
         await t.read_view(e)
 
     t.run(main)
-    assert e.pos.mini_epoch == 1 and e.last_pass == (0, 0)
+    assert e.schedule.pos.mini_epoch == 1 and e.last_pass == (0, 0)
     e.close()
     e2 = open_engine(rf=1)
     assert e2.last_pass == (0, 0)
@@ -281,7 +281,7 @@ def test_consumption_runs_from_one_pass_start_to_the_next(open_engine, t):
         first_guess = e.schedule.consumption_bps
         pass_bytes = e.data.opened_bytes
         await trio.sleep(0.5)  # the loader still consuming what it opened
-        await t.read_file(e, e.view.order.tolist()[0])
+        await t.read_file(e, e.schedule.view.order.tolist()[0])
         assert e.schedule.consumption_bps <= pass_bytes / 0.5
         assert e.schedule.consumption_bps < first_guess / 5
 

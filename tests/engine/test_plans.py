@@ -21,7 +21,7 @@ async def _staged(e, t):
 
 
 async def _plan(e) -> dict:
-    return json.loads(await e.plan_text(0))
+    return json.loads(await e.batch.plan_text(0))
 
 
 def _read(path: str) -> bytes:
@@ -53,22 +53,23 @@ def test_plan_lists_the_pass_with_checked_copies_and_reports_count_exactly_as_op
         await _staged(e, t)
         before = _status_counts(e)
         plan = await _plan(e)
-        order = [os.fsdecode(e.tree.file_path(f)) for f in e.view.order.tolist()]
+        order = [os.fsdecode(e.tree.file_path(f)) for f in e.schedule.view.order.tolist()]
         assert [f["path"] for f in plan["files"]] == order
-        assert (plan["epoch"], plan["mini_epoch"], plan["pass"]) == (e.pos.epoch, e.pos.mini_epoch, e.pos.pass_index)
+        pos = e.schedule.pos
+        assert (plan["epoch"], plan["mini_epoch"], plan["pass"]) == (pos.epoch, pos.mini_epoch, pos.pass_index)
         copies = [i for i, f in enumerate(plan["files"]) if f["copy"]]
         assert copies, "the first mini-epoch is staged: its files have copies"
         for i in copies:
             f = plan["files"][i]
-            fidx = e.view.order.tolist()[i]
+            fidx = e.schedule.view.order.tolist()[i]
             assert f["size"] == int(e.tree.sizes[fidx])
             assert f["fingerprint"] == list(fingerprint(e.tree.file_node(fidx).st))
             assert _read(f["copy"]) == t.backing_bytes(e, fidx)
             assert e.cache.get(fidx).opens >= 1  # pinned
         # report the copies read directly (twice: a report is idempotent), open the rest through the mount
-        e.consumed(plan["plan"], copies[: len(copies) // 2])
-        e.consumed(plan["plan"], copies)
-        e.consumed(plan["plan"], copies)
+        e.batch.consumed(plan["plan"], copies[: len(copies) // 2])
+        e.batch.consumed(plan["plan"], copies)
+        e.batch.consumed(plan["plan"], copies)
         for f in plan["files"]:
             if not f["copy"]:
                 await t.read_file(e, _fidx(e, f["path"]))
@@ -81,7 +82,7 @@ def test_plan_lists_the_pass_with_checked_copies_and_reports_count_exactly_as_op
         assert all(entry.opens == 0 for entry in e.cache.entries.values())
         assert e.status().plans == {"issued": 1, "pinned_plans": 0, "pinned_copies": 0, "reported": len(copies)}
         # a late report about that plan counts nothing twice
-        e.consumed(plan["plan"], copies)
+        e.batch.consumed(plan["plan"], copies)
         assert e.status().reads.plan == len(copies)
 
     t.run(main)
@@ -118,7 +119,7 @@ def test_plan_only_for_the_mounts_user_and_root(open_engine, t):
     async def main():
         await _staged(e, t)
         with pytest.raises(PermissionError) as exc:
-            await e.plan_text(os.getuid() + 12345)
+            await e.batch.plan_text(os.getuid() + 12345)
         assert exc.value.errno == errno.EACCES
         assert e.status().plans["issued"] == 0
 
@@ -134,7 +135,7 @@ def test_a_planned_copy_stays_until_its_pass_ends_and_a_changed_file_is_never_pl
         i = next(i for i, f in enumerate(plan["files"]) if f["copy"])
         copy = plan["files"][i]["copy"]
         ino = os.stat(copy).st_ino
-        fidx = e.view.order.tolist()[i]
+        fidx = e.schedule.view.order.tolist()[i]
         old = t.backing_bytes(e, fidx)
         with open(os.path.join(e.config.backing, plan["files"][i]["path"]), "ab") as f:
             f.write(b"new bytes")
@@ -163,16 +164,16 @@ def test_switch_attempts_and_evictions_never_remove_planned_copies_mid_pass(open
         # eviction pressure from outside the view: reading files of later mini-epochs (not cached, not wanted)
         for fidx in [f for f in range(e.tree.n_files) if not e.schedule.wanted[f]][:4]:
             await t.read_file(e, fidx)
-        e.make_room(e.cache.capacity)  # the stager's own "make room" path
+        e.policy.make_room(e.cache.capacity)  # the stager's own "make room" path
         for copy, ino in named.items():
             assert os.stat(copy).st_ino == ino
         # the pass ends by a report of every copy (and opens of the rest): rf=1 and the next is cached, so the
         # mini-epoch switches and the previous one is evicted -- the named copies go only now
-        e.consumed(plan["plan"], [i for i, f in enumerate(plan["files"]) if f["copy"]])
+        e.batch.consumed(plan["plan"], [i for i, f in enumerate(plan["files"]) if f["copy"]])
         for f in plan["files"]:
             if not f["copy"]:
                 await t.read_file(e, _fidx(e, f["path"]))
-        assert e.pos.mini_epoch == 1
+        assert e.schedule.pos.mini_epoch == 1
         assert not any(os.path.exists(c) for c in named)
 
     t.run(main)
@@ -183,7 +184,7 @@ def test_lru_eviction_skips_planned_copies(open_engine, t, dataset):
     e = open_engine(policy="lru", capacity=4 * (max(files.values()) + 4096))
 
     async def main():
-        order = e.view.order.tolist()
+        order = e.schedule.view.order.tolist()
         for fidx in order[:3]:
             await t.read_file(e, fidx)  # read-through: three copies
         plan = await _plan(e)
@@ -231,11 +232,11 @@ def test_many_readers_plans_all_keep_their_pins_until_the_pass_ends(open_engine,
         first = plans[0]
         pinned = [e.cache.get(_fidx(e, f["path"])) for f in first["files"] if f["copy"]]
         assert all(entry.opens == len(plans) for entry in pinned)
-        e.consumed(first["plan"], [0])  # the first plan still takes reports
+        e.batch.consumed(first["plan"], [0])  # the first plan still takes reports
         e.control_write(b"next-pass")
         assert all(entry.opens == 0 for entry in pinned)
         await _plan(e)  # a plan of the new pass: the oldest of the pass that ended are forgotten
         with pytest.raises(ValueError, match="no plan"):
-            e.check_consumed(first["plan"], [0])
+            e.batch.check_consumed(first["plan"], [0])
 
     t.run(main)

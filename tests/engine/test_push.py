@@ -62,9 +62,9 @@ def test_staged_current_and_next_are_pushed_with_their_exact_bytes(open_engine, 
     async def body():
         await _settled(e, t)
         want = set(e.schedule.current.tolist()) | set(e.schedule.next_files.tolist())
-        assert {e.file_inode(f) for f in want} == set(kernel.pages)
+        assert {e.names.file_inode(f) for f in want} == set(kernel.pages)
         for f in want:
-            assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
+            assert bytes(kernel.pages[e.names.file_inode(f)]) == t.backing_bytes(e, f)
         assert e.pusher.pushed_bytes == sum(int(e.tree.sizes[f]) for f in want)
         # a switch pushes nothing twice, and the new next mini-epoch once staged
         before = e.pusher.pushed_bytes
@@ -73,7 +73,7 @@ def test_staged_current_and_next_are_pushed_with_their_exact_bytes(open_engine, 
         nxt = set(e.schedule.next_files.tolist())
         assert e.pusher.pushed_bytes - before == sum(int(e.tree.sizes[f]) for f in nxt)
         for f in nxt:
-            assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
+            assert bytes(kernel.pages[e.names.file_inode(f)]) == t.backing_bytes(e, f)
 
     _run_with_stager(e, t, body)
 
@@ -101,13 +101,13 @@ def test_inodes_unknown_to_the_kernel_are_pushed_once_listed(open_engine, t):
         assert not kernel.pages and e.pusher.unknown  # nothing known yet: nothing stored, nothing read
         d = next(iter(e.pusher.unknown))
         files = set(e.pusher.unknown[d])
-        kernel.known = {e.file_inode(f) for f in files}
-        e.listed(d + 1)  # readdirplus of that directory handed the kernel the inodes of the view's files
+        kernel.known = {e.names.file_inode(f) for f in files}
+        e.names.listed(d + 1)  # readdirplus of that directory handed the kernel the inodes of the view's files
         await _settled(e, t)
-        shown = {f for f in files if e.view.mask[f]}
-        assert shown and {e.file_inode(f) for f in shown} == set(kernel.pages)
+        shown = {f for f in files if e.schedule.view.mask[f]}
+        assert shown and {e.names.file_inode(f) for f in shown} == set(kernel.pages)
         for f in shown:
-            assert bytes(kernel.pages[e.file_inode(f)]) == t.backing_bytes(e, f)
+            assert bytes(kernel.pages[e.names.file_inode(f)]) == t.backing_bytes(e, f)
         assert e.pusher.unknown.get(d, set()) == files - shown  # not listed: still waiting
 
     _run_with_stager(e, t, body)
@@ -121,7 +121,7 @@ def test_a_changed_backing_file_is_invalidated_and_pushed_anew(open_engine, t):
     async def body():
         await _settled(e, t)
         fidx = int(e.schedule.current[0])
-        inode = e.file_inode(fidx)
+        inode = e.names.file_inode(fidx)
         assert bytes(kernel.pages[inode]) == t.backing_bytes(e, fidx)
         path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(fidx)))
         old = t.backing_bytes(e, fidx)
@@ -145,7 +145,7 @@ def test_a_push_racing_a_backing_change_is_invalidated_after_it_lands(open_engin
 
     def slow_store(inode: int, offset: int, data: bytes) -> None:
         # the backing file changes while this push is on its way; a racing open must wait for it
-        if inode == e.file_inode(fidx) and data and not started.is_set():
+        if inode == e.names.file_inode(fidx) and data and not started.is_set():
             trio.from_thread.run_sync(started.set)
             time.sleep(0.2)
         kernel.store(inode, offset, data)
@@ -164,7 +164,7 @@ def test_a_push_racing_a_backing_change_is_invalidated_after_it_lands(open_engin
             f.write(bytes(b ^ 0xFF for b in old))
         os.utime(path, ns=(1, 1))
         assert await t.read_file(e, fidx) == bytes(b ^ 0xFF for b in old)
-        inode = e.file_inode(fidx)
+        inode = e.names.file_inode(fidx)
         assert kernel.invalidated and kernel.invalidated[-1] == inode
         await _settled(e, t)
         assert inode not in kernel.pages or bytes(kernel.pages[inode]) == bytes(b ^ 0xFF for b in old)

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 import tierfs.datapath as datapath_mod
-from tierfs.engine import BackingError
+from tierfs.backing import BackingError
 
 
 async def _staged(e, t):
@@ -26,7 +26,7 @@ def test_hits_misses_and_out_of_view_are_counted(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        cur = e.view.order.tolist()
+        cur = e.schedule.view.order.tolist()
         outside = [f for f in range(e.tree.n_files) if not e.schedule.wanted[f]]
         assert await t.read_file(e, cur[0]) == t.backing_bytes(e, cur[0])
         assert (e.data.hits, e.data.misses, e.data.out_of_view) == (1, 0, 0)
@@ -48,8 +48,8 @@ def test_current_files_fetched_on_demand_so_each_byte_is_read_once(open_engine, 
     async def main():
         n = await t.read_view(e)
         assert e.data.misses == n and e.data.hits == 0
-        assert e.status().backing_bytes_read == e.status().view_bytes or e.pos.mini_epoch == 0
-        assert e.pos.pass_index == 1
+        assert e.status().backing_bytes_read == e.status().view_bytes or e.schedule.pos.mini_epoch == 0
+        assert e.schedule.pos.pass_index == 1
         await t.read_view(e)
         assert e.data.hits == n  # the second pass is all cache
 
@@ -61,15 +61,15 @@ def test_changed_backing_file_is_restaged_and_served_new(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f)))
         old_name = e.cache.get(f).name
         with open(path, "wb") as fh:
             fh.write(b"new content, new size")
-        h = await e.open_file(f)
+        h = await e.data.open_file(f)
         assert not h.keep_cache  # the kernel must drop its pages of the old content
-        assert await e.read(h, 0, 1000) == b"new content, new size"
-        await e.release(h)
+        assert await e.data.read(h, 0, 1000) == b"new content, new size"
+        await e.data.release(h)
         assert e.tree.file_node(f).st.st_size == len(b"new content, new size")
         await _staged(e, t)
         assert e.cache.get(f) is not None and e.cache.get(f).name != old_name
@@ -84,7 +84,7 @@ def test_same_size_rewrite_detected_by_mtime_and_inode(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f)))
         old = t.backing_bytes(e, f)
         new = bytes(255 - b for b in old)
@@ -102,10 +102,10 @@ def test_vanished_file_is_enoent(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         os.unlink(os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f))))
         with pytest.raises(BackingError) as exc:
-            await e.open_file(f)
+            await e.data.open_file(f)
         assert exc.value.errno == errno.ENOENT
         assert e.cache.get(f) is None
 
@@ -117,15 +117,15 @@ def test_unreachable_backing_dir_is_eio_never_empty(open_engine, t, tmp_path):
 
     async def main():
         await _staged(e, t)
-        cached = e.view.order.tolist()[0]
+        cached = e.schedule.view.order.tolist()[0]
         uncached = next(f for f in range(e.tree.n_files) if e.cache.get(f) is None)
-        h = await e.open_file(uncached)
+        h = await e.data.open_file(uncached)
         shutil.rmtree(e.config.backing)  # the backing dir is gone (an unmounted or lost network share)
         for f in (cached, uncached):
             with pytest.raises(BackingError) as exc:
-                await e.open_file(f)
+                await e.data.open_file(f)
             assert exc.value.errno == errno.EIO
-        await e.release(h)
+        await e.data.release(h)
 
     t.run(main)
 
@@ -135,17 +135,17 @@ def test_backing_read_error_is_eio(open_engine, t, monkeypatch):
 
     async def main():
         f = next(f for f in range(e.tree.n_files) if not e.schedule.current_mask[f])
-        h = await e.open_file(f)
+        h = await e.data.open_file(f)
 
         def broken(*_a):
             raise OSError(errno.EIO, "I/O error")
 
         monkeypatch.setattr(os, "pread", broken)
         with pytest.raises(BackingError) as exc:
-            await e.read(h, 0, 100)
+            await e.data.read(h, 0, 100)
         assert exc.value.errno == errno.EIO
         monkeypatch.undo()
-        await e.release(h)
+        await e.data.release(h)
 
     t.run(main)
 
@@ -155,7 +155,7 @@ def test_verify_xxhash_catches_a_corrupted_copy(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        f = e.view.order.tolist()[0]
+        f = e.schedule.view.order.tolist()[0]
         entry = e.cache.get(f)
         assert entry.digest is not None
         path = os.path.join(e.cache.data_path, entry.name)
@@ -176,10 +176,10 @@ def test_strict_fetches_on_demand_and_switches_after_exactly_rf(open_engine, t):
 
     async def main():
         await t.read_view(e)  # no stager: the next mini-epoch is not staged, strict switches anyway
-        assert (e.pos.mini_epoch, e.pos.pass_index) == (1, 0)
+        assert (e.schedule.pos.mini_epoch, e.schedule.pos.pass_index) == (1, 0)
         n = await t.read_view(e)
         assert e.data.misses >= n and e.data.stall_seconds > 0
-        assert e.pos.mini_epoch == 2
+        assert e.schedule.pos.mini_epoch == 2
 
     t.run(main)
 
@@ -191,21 +191,21 @@ def test_cached_reads_are_whole_whether_or_not_the_copy_is_in_the_page_cache(ope
 
     async def main():
         await _staged(e, t)
-        fidx = max(e.view.order.tolist(), key=lambda f: int(e.tree.sizes[f]))
+        fidx = max(e.schedule.view.order.tolist(), key=lambda f: int(e.tree.sizes[f]))
         want = t.backing_bytes(e, fidx)
         for cold in (False, True):
-            h = await e.open_file(fidx)
+            h = await e.data.open_file(fidx)
             try:
                 assert h.entry is not None
                 if cold:  # drop the copy's pages (best effort: dirty pages stay until written back)
                     os.fdatasync(h.fd)
                     os.posix_fadvise(h.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                assert bytes(await e.read(h, 0, len(want) + 4096)) == want
-                assert bytes(await e.read(h, 1, 3)) == want[1:4]
-                assert await e.read(h, len(want), 10) == b""
-                assert await e.read(h, len(want) + 100, 10) == b""
+                assert bytes(await e.data.read(h, 0, len(want) + 4096)) == want
+                assert bytes(await e.data.read(h, 1, 3)) == want[1:4]
+                assert await e.data.read(h, len(want), 10) == b""
+                assert await e.data.read(h, len(want) + 100, 10) == b""
             finally:
-                await e.release(h)
+                await e.data.release(h)
 
     t.run(main)
 
@@ -215,8 +215,8 @@ def test_a_lent_copy_outlives_its_eviction_until_the_lease_ends(open_engine, t):
 
     async def main():
         await _staged(e, t)
-        fidx = e.view.order.tolist()[0]
-        path = await e.lend(fidx)
+        fidx = e.schedule.view.order.tolist()[0]
+        path = await e.data.lend(fidx)
         assert path is not None and os.path.exists(path)
         with open(path, "rb") as f:
             assert f.read() == t.backing_bytes(e, fidx)
@@ -226,13 +226,13 @@ def test_a_lent_copy_outlives_its_eviction_until_the_lease_ends(open_engine, t):
         e.cache.evict(fidx)  # a mini-epoch switch, say, right after the answer
         assert os.path.exists(path), "unlinked before the reader could open it"
         assert e.cache.committed == committed  # still counted against the capacity
-        assert await e.lend(fidx) is None  # no longer cached
+        assert await e.data.lend(fidx) is None  # no longer cached
         e.data._return_leases(now=time.monotonic() + datapath_mod.LEND_SECONDS + 1)
         assert not os.path.exists(path)
         assert e.cache.committed == committed - disk
         # the keeper task returns leases by itself too
-        other = e.view.order.tolist()[1]
-        path = await e.lend(other)
+        other = e.schedule.view.order.tolist()[1]
+        path = await e.data.lend(other)
         e.cache.evict(other)
         async with trio.open_nursery() as n:
             n.start_soon(e.data.lease_keeper)
@@ -255,21 +255,21 @@ def test_a_big_lru_miss_is_served_from_the_backing_while_it_is_copied(open_engin
     async def main():
         async with trio.open_nursery() as n:
             await n.start(e.run)
-            h = await e.open_file(0)
+            h = await e.data.open_file(0)
             assert h.entry is None  # the reader did not wait for the whole copy: it reads the backing file
             off, got = 0, []
-            while chunk := await e.read(h, off, 1 << 20):
+            while chunk := await e.data.read(h, off, 1 << 20):
                 got.append(chunk)
                 off += len(chunk)
-            await e.release(h)
+            await e.data.release(h)
             assert b"".join(got) == data
             with trio.fail_after(30):
                 while e.cache.get(0) is None:  # ... while the copy was made beside it
                     await trio.sleep(0.01)
-            h = await e.open_file(0)
+            h = await e.data.open_file(0)
             assert h.entry is not None
-            assert await e.read(h, 0, len(data)) == data
-            await e.release(h)
+            assert await e.data.read(h, 0, len(data)) == data
+            await e.data.release(h)
             assert (e.data.misses, e.data.hits) == (1, 1)
             n.cancel_scope.cancel()
 

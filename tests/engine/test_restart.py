@@ -28,22 +28,22 @@ def _progress(e, t, passes: int) -> None:
 def test_clean_restart_resumes_position_and_keeps_copies(open_engine, tmp_path, t):
     e = open_engine(rf=2)
     _progress(e, t, 5)
-    where = (e.pos.epoch, e.pos.mini_epoch, e.pos.pass_index)
+    where = (e.schedule.pos.epoch, e.schedule.pos.mini_epoch, e.schedule.pos.pass_index)
     cached = {f: en.name for f, en in e.cache.entries.items()}
-    order = e.order_text()
+    order = e.names.order_text()
     assert where != (0, 0, 0)
     e.close()
     e2 = open_engine(rf=2)
-    assert (e2.pos.epoch, e2.pos.mini_epoch, e2.pos.pass_index) == where
+    assert (e2.schedule.pos.epoch, e2.schedule.pos.mini_epoch, e2.schedule.pos.pass_index) == where
     assert {f: en.name for f, en in e2.cache.entries.items()} == cached
-    assert e2.order_text() == order  # the same pass, the same serving order
-    assert e2.pos.rf_effective == e.pos.rf_effective
+    assert e2.names.order_text() == order  # the same pass, the same serving order
+    assert e2.schedule.pos.rf_effective == e.schedule.pos.rf_effective
 
 
 def test_killed_restart_resumes_and_cleans_temps(open_engine, tmp_path, t):
     e = open_engine(rf=2)
     _progress(e, t, 3)
-    where = (e.pos.epoch, e.pos.mini_epoch, e.pos.pass_index)
+    where = (e.schedule.pos.epoch, e.schedule.pos.mini_epoch, e.schedule.pos.pass_index)
     cached = set(e.cache.entries)
     # a kill: no close(); the lock goes with the process, so drop it by hand, and leave temp files behind
     e.cache.close()
@@ -55,7 +55,7 @@ def test_killed_restart_resumes_and_cleans_temps(open_engine, tmp_path, t):
     with open(os.path.join(data, "garbage"), "wb") as f:
         f.write(b"?")
     e2 = open_engine(rf=2)
-    assert (e2.pos.epoch, e2.pos.mini_epoch, e2.pos.pass_index) == where
+    assert (e2.schedule.pos.epoch, e2.schedule.pos.mini_epoch, e2.schedule.pos.pass_index) == where
     assert set(e2.cache.entries) == cached
     names = set(os.listdir(data))
     assert not any(n.startswith(TEMP_PREFIX) for n in names) and "garbage" not in names
@@ -73,15 +73,15 @@ def test_restart_drops_copies_whose_backing_changed(open_engine, t):
         f.write(b"more")
     e2 = open_engine(rf=2)
     # mounted at once from the saved tree; the background rescan finds the change and drops the copy
-    assert e2.tree_info["source"] == "saved"
+    assert e2.trees.statistics().source == "saved"
 
     async def main():
         async with trio.open_nursery() as n:
             await n.start(e2.run)
             with trio.fail_after(20):
-                while e2.tree_info["rescan"] != "done":
+                while e2.trees.statistics().rescan != "done":
                     await trio.sleep(0.02)
-            assert e2.tree_info["changed"] == 1
+            assert e2.trees.statistics().changed == 1
             await t.settle(e2)
             copy = e2.cache.get(victim)  # dropped, or staged again from the new file
             assert copy is None or copy.fp == fingerprint(os.stat(path))
@@ -101,7 +101,7 @@ def test_a_remount_answers_from_the_saved_tree_and_sees_what_changed(open_engine
     os.unlink(backing / gone)
     (backing / "class_000" / "added.bin").write_bytes(b"new")
     e2 = open_engine(rf=2)
-    assert e2.tree_info["source"] == "saved" and e2.tree.n_files == len(files)
+    assert e2.trees.statistics().source == "saved" and e2.tree.n_files == len(files)
     fidx = next(f for f in range(e2.tree.n_files) if os.fsdecode(e2.tree.file_path(f)) == gone)
 
     async def main():
@@ -110,15 +110,15 @@ def test_a_remount_answers_from_the_saved_tree_and_sees_what_changed(open_engine
         async with trio.open_nursery() as n:
             await n.start(e2.run)
             with trio.fail_after(20):
-                while e2.tree_info["rescan"] != "done":
+                while e2.trees.statistics().rescan != "done":
                     await trio.sleep(0.02)
             n.cancel_scope.cancel()
-        assert (e2.tree_info["added"], e2.tree_info["removed"]) == (1, 1)
+        assert (e2.trees.statistics().added, e2.trees.statistics().removed) == (1, 1)
 
     t.run(main)
     e2.close()
     e3 = open_engine(rf=2)  # the next mount has the new tree
-    assert e3.tree.n_files == len(files) and e3.tree_info["source"] == "saved"
+    assert e3.tree.n_files == len(files) and e3.trees.statistics().source == "saved"
 
 
 def test_journal_is_valid_json_after_every_pass(open_engine, t):
@@ -126,4 +126,5 @@ def test_journal_is_valid_json_after_every_pass(open_engine, t):
     _progress(e, t, 3)
     with open(os.path.join(e.config.cache, "journal.json")) as f:
         j = json.load(f)
-    assert (j["epoch"], j["mini_epoch"], j["pass"]) == (e.pos.epoch, e.pos.mini_epoch, e.pos.pass_index)
+    pos = e.schedule.pos
+    assert (j["epoch"], j["mini_epoch"], j["pass"]) == (pos.epoch, pos.mini_epoch, pos.pass_index)

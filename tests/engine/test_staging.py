@@ -76,7 +76,7 @@ def test_capacity_cap_holds_at_every_instant(open_engine, t):
 
     t.run(main)
     assert seen and max(seen) <= e.cache.capacity
-    assert e.pos.epoch >= 2
+    assert e.schedule.pos.epoch >= 2
 
 
 def test_no_partial_file_is_ever_visible(open_engine, t):
@@ -113,17 +113,17 @@ def test_evicts_previous_mini_epoch_after_switch_but_not_open_files(open_engine,
             await t.settle(e)
             first = e.schedule.current.tolist()
             keep = first[0]
-            h = await e.open_file(keep)  # held open across the switch
-            for f in e.view.order.tolist():
+            h = await e.data.open_file(keep)  # held open across the switch
+            for f in e.schedule.view.order.tolist():
                 if f != keep:
                     await t.read_file(e, f)
-            assert e.pos.mini_epoch == 1
+            assert e.schedule.pos.mini_epoch == 1
             entry = h.entry
             assert entry is not None and entry.doomed
             assert os.path.exists(os.path.join(e.cache.data_path, entry.name))  # still there while open
             assert all(e.cache.get(f) is None for f in first if f not in e.schedule.wanted.nonzero()[0])
-            assert await e.read(h, 0, 1 << 20) == t.backing_bytes(e, keep)
-            await e.release(h)
+            assert await e.data.read(h, 0, 1 << 20) == t.backing_bytes(e, keep)
+            await e.data.release(h)
             assert not os.path.exists(os.path.join(e.cache.data_path, entry.name))  # gone on release
             n.cancel_scope.cancel()
 
@@ -201,7 +201,7 @@ def test_staging_yields_to_readers_and_still_finishes(open_engine, t, tmp_path):
     stop = trio.Event()
 
     async def reader():
-        view = e.view.order.tolist()
+        view = e.schedule.view.order.tolist()
         while not stop.is_set():
             for f in view:
                 assert await t.read_file(e, f) == t.backing_bytes(e, f)

@@ -69,3 +69,17 @@ def test_dslide_imports_of_tierfs_only_its_control_client():
     for mod, deps in _imports("dslide").items():
         tierfs = {d for d in deps if d.split(".")[0] in ("tierfs", "pyfuse3")}
         assert tierfs <= {"tierfs.client", "tierfs.client.Client", "tierfs.client.NotAMount"}, (mod, tierfs)
+
+
+def test_the_cache_policy_is_asked_never_compared():
+    # (issue 12) one object per policy (tierfs/policy.py) is chosen at mount; nothing else branches on the
+    # setting's name or on an ``lru`` flag -- options.py validates it, stats.py shows it
+    for path in sorted((ROOT / "tierfs").glob("*.py")):
+        if path.name in ("options.py", "policy.py", "stats.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                assert node.attr != "lru", f"{path.name}:{node.lineno}: .lru"
+            if isinstance(node, ast.Compare):
+                names = [n.attr for n in (node.left, *node.comparators) if isinstance(n, ast.Attribute)]
+                assert "policy" not in names, f"{path.name}:{node.lineno}: the policy setting compared"

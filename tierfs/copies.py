@@ -1,0 +1,58 @@
+"""A copy on the cache disk, checked: is it still the file that was committed, and what are its bytes' hash.
+
+The cache dir is not trusted (see cache.py): cleaners and admins can delete, truncate or replace copies.  These
+functions only touch the disk (a local ``open`` + ``fstat``, an ``lstat``, a read) and are called inline or
+from cache threads; a copy that fails is dropped by :meth:`~tierfs.cache.CacheStore.repair`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import xxhash
+
+from tierfs.cache import COPY_MTIME_NS
+
+__all__ = ["CopyDamaged", "copy_matches", "hash_copy", "open_copy"]
+
+
+class CopyDamaged(Exception):
+    """A cached copy is missing, not a regular file, or not the file that was committed."""
+
+
+def copy_matches(st: os.stat_result, size: int, copy_id: tuple[int, int]) -> bool:
+    """Whether ``st`` is the copy as committed: a regular file with its size, inode, ctime and landing mtime
+    (a write or truncate by anyone moves the mtime or ctime; a replacement changes the inode)."""
+    return stat.S_ISREG(st.st_mode) and st.st_size == size and (st.st_ino, st.st_ctime_ns) == copy_id \
+        and st.st_mtime_ns == COPY_MTIME_NS
+
+
+def open_copy(data_fd: int, entry_name_: str, size: int, copy_id: tuple[int, int]) -> int:
+    """Open a copy and check it is the one committed (worker thread); :class:`CopyDamaged` if not."""
+    try:
+        fd = os.open(entry_name_, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            raise CopyDamaged(f"copy {entry_name_} is gone") from None
+        raise
+    try:
+        if not copy_matches(os.fstat(fd), size, copy_id):
+            raise CopyDamaged(f"copy {entry_name_} was changed in the cache dir")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def hash_copy(data_fd: int, name: str) -> int:
+    """xxh3 of a copy's bytes (worker thread)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+    try:
+        h = xxhash.xxh3_64()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return h.intdigest()
+    finally:
+        os.close(fd)

@@ -1,0 +1,123 @@
+"""What a mount does before it serves, and the background jobs' harness.
+
+* :func:`check_dirs` refuses a backing dir, cache dir and mountpoint that cannot work together;
+* :class:`TreeKeeper` owns the backing tree's provenance: loaded from the saved tree (``tree.npz`` in the cache
+  dir, when a position was journalled) or scanned, and -- after a load -- rescanned in the background, whose
+  news it hands to the engine; it reports what ``status`` shows as ``tree``;
+* :func:`supervised` and :func:`once` run the mount's background jobs so that a failure is logged, never a
+  dead mount.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import trio
+
+from tierfs.options import MountConfig
+from tierfs.tree import Tree
+
+__all__ = ["TREE_NAME", "TreeKeeper", "TreeStatistics", "check_dirs", "once", "supervised"]
+
+log = logging.getLogger("tierfs")
+
+TREE_NAME = "tree.npz"  # the saved tree in the cache dir
+
+
+def check_dirs(config: MountConfig) -> str:
+    """The backing dir's real path; ``ValueError`` if it is missing or the three dirs nest the wrong way."""
+    backing = os.path.realpath(config.backing)
+    cache = os.path.realpath(config.cache)
+    mountpoint = os.path.realpath(config.mountpoint) if config.mountpoint else ""
+    if not os.path.isdir(backing):
+        raise ValueError(f"backing dir {config.backing} does not exist or is not a directory")
+    for name, path in (("cache dir", cache), ("mountpoint", mountpoint)):
+        if path and (path == backing or path.startswith(backing + os.sep)):
+            raise ValueError(f"the {name} ({path}) must not be inside the backing dir ({backing})")
+    if mountpoint and (cache == mountpoint or cache.startswith(mountpoint + os.sep)):
+        raise ValueError(f"the cache dir ({cache}) must not be inside the mountpoint ({mountpoint})")
+    return backing
+
+
+@dataclass(frozen=True)
+class TreeStatistics:
+    source: str  # "saved" or "scan"
+    seconds: float  # to load or scan it at mount
+    rescan: str  # "pending", "running" or "done"
+    added: int  # files in the backing dir the rescan found that this mount does not show (the next one will)
+    removed: int  # files the rescan found gone
+    changed: int  # files the rescan found changed
+
+
+class TreeKeeper:
+    """See the module docstring.  ``root_fd`` is the backing dir's, ``backing`` its real path."""
+
+    def __init__(self, root_fd: int, backing: str, cache_dir: str) -> None:
+        self.root_fd = root_fd
+        self.backing = backing
+        self.path = os.path.join(cache_dir, TREE_NAME)
+        self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0)
+
+    def load(self, *, resumed: bool) -> Tree:
+        """The saved tree if the mount resumes a journalled position and it is still valid, else a scan."""
+        t0 = time.monotonic()
+        saved = Tree.load(self.path, os.fstat(self.root_fd)) if resumed else None
+        tree = saved or Tree.scan(self.root_fd, self.backing)
+        self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),
+                                    "pending" if saved else "done", 0, 0, 0)
+        return tree
+
+    @property
+    def scanned(self) -> bool:
+        """The tree was scanned at this mount: every fingerprint in it was just read from the backing."""
+        return self.stats.source == "scan"
+
+    async def run(self, tree: Tree, *, limiter: trio.CapacityLimiter, confirm_all: Callable[[], None],
+                  changed: Callable[[int, os.stat_result], None], gone: Callable[[int], None]) -> None:
+        """After a load: scan the backing and hand over its news -- ``changed`` files, files ``gone``; files
+        added show at the next mount (the tree's numbering is fixed for the life of a mount), from the saved
+        tree written here.  After a scan: save it."""
+        if self.stats.rescan == "pending":
+            self.stats = replace(self.stats, rescan="running")
+            # (abandoned on unmount: it works on its own dup of the root descriptor)
+            new = await trio.to_thread.run_sync(Tree.scan, self.root_fd, self.backing, abandon_on_cancel=True)
+            news, lost, added = tree.compare(new)
+            confirm_all()  # the rescan read every fingerprint
+            for fidx, st in news:
+                changed(fidx, st)
+            for fidx in lost:
+                gone(fidx)
+            self.stats = replace(self.stats, rescan="done", changed=len(news), removed=len(lost), added=added)
+            if added or lost:
+                log.warning("tierfs: the backing tree changed since the last mount: %d files added, %d removed "
+                            "(added files show from the next mount)", added, len(lost))
+            tree = new
+        await trio.to_thread.run_sync(tree.save, self.path, limiter=limiter, abandon_on_cancel=True)
+
+    def statistics(self) -> TreeStatistics:
+        return self.stats
+
+
+async def supervised(name: str, task: Callable[[], Awaitable[None]]) -> None:
+    """Run a background task for the life of the mount; a bug in it is logged and the task started again
+    (after a second), never a dead mount: readers are served whether or not staging or pushing works."""
+    while True:
+        try:
+            await task()
+        except Exception:
+            log.exception("tierfs: the %s failed; restarting it", name)
+        await trio.sleep(1.0)
+
+
+async def once(name: str, task: Callable[[], Awaitable[None]]) -> None:
+    """A background job that runs once: a failure is logged, never a dead mount."""
+    try:
+        await task()
+    except OSError as exc:  # a full or failing disk: said once, the mount goes on
+        log.warning("tierfs: the %s failed: %s", name, exc.strerror or exc)
+    except ValueError:
+        log.exception("tierfs: the %s failed", name)
