@@ -181,7 +181,7 @@ class Engine:
     def _entered(self) -> None:
         """A mini-epoch became current (mount, switch, replan): evict, re-queue staging and pushes."""
         sch = self.schedule
-        if self.cache.evict_unwanted(sch.wanted):
+        if self.policy.drop_unwanted():
             self.stager.notify()
         order = sch.staging_order()
         self.stager.reset(order)

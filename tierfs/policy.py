@@ -49,6 +49,11 @@ class CachePolicy:
         """Evict what this policy gives up first; True if ``size`` more bytes fit then."""
         raise NotImplementedError
 
+    def drop_unwanted(self) -> bool:
+        """A mini-epoch became current (or the mount opened): evict what is no longer wanted; True if space was
+        freed now."""
+        raise NotImplementedError
+
     def fetches_on_open(self, fidx: int) -> bool:
         """Whether an open of uncached ``fidx`` waits for its copy (else it reads the backing file)."""
         raise NotImplementedError
@@ -83,8 +88,11 @@ class MetPolicy(CachePolicy):
     def keeps(self, fidx: int) -> bool:
         return bool(self.schedule.wanted[fidx])  # the current and the next mini-epoch
 
+    def drop_unwanted(self) -> bool:
+        return self.cache.evict_unwanted(self.schedule.wanted)
+
     def make_room(self, size: int) -> bool:
-        self.cache.evict_unwanted(self.schedule.wanted)
+        self.drop_unwanted()
         return self.cache.can_reserve(size)
 
     def fetches_on_open(self, fidx: int) -> bool:
@@ -112,6 +120,9 @@ class LruPolicy(CachePolicy):
     def make_room(self, size: int) -> bool:
         """Evict the least recently used unpinned copies until ``size`` more bytes fit."""
         return self.cache.evict_lru(size)
+
+    def drop_unwanted(self) -> bool:
+        return False  # every copy stays (a remount keeps the cache) until room is needed
 
     def fetches_on_open(self, fidx: int) -> bool:
         return True

@@ -128,3 +128,24 @@ def test_journal_is_valid_json_after_every_pass(open_engine, t):
         j = json.load(f)
     pos = e.schedule.pos
     assert (j["epoch"], j["mini_epoch"], j["pass"]) == (pos.epoch, pos.mini_epoch, pos.pass_index)
+
+
+def test_an_lru_remount_keeps_its_copies(open_engine, t):
+    """policy=lru is a read-through cache: what was copied in stays across a remount (it used to be evicted at
+    mount, every copy being "unwanted" to a policy that walks no plan)."""
+    e = open_engine(policy="lru", view="full")
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            for f in range(e.tree.n_files // 2):
+                assert await t.read_file(e, f) == t.backing_bytes(e, f)
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    cached = {f: en.name for f, en in e.cache.entries.items()}
+    assert cached
+    e.close()
+    e2 = open_engine(policy="lru", view="full")
+    assert {f: en.name for f, en in e2.cache.entries.items()} == cached
+    assert sorted(os.listdir(e2.cache.data_path)) == sorted(cached.values())
