@@ -146,14 +146,21 @@ def fresh(work: Path, name: str) -> Iterator[tuple[Path, Path]]:
 
 
 def bench_cached(work: Path, net: Path, local: Path, rels: list[str], reps: int) -> dict:
+    """Network, local, local, network (the second mount of a pair ran ~10 % faster, whichever it was): the best
+    of each backing's runs counts."""
     out: dict = {}
-    for label, backing in (("tierfs over network", net), ("tierfs over local", local)):
+    order = [("tierfs over network", net), ("tierfs over local", local)]
+    for label, backing in order + order[::-1]:
         with fresh(work, "cached") as (mnt, cache), mounted(backing, mnt, cache, "2G", nm=1, rf=100000,
                                                             timeout=120) as m:
             wait_status(m, all_staged, 300, "staging")
             paths = [str(mnt / r) for r in rels]
             read_all(paths, 4)  # warm: page cache, dentries, fingerprints confirmed
-            out[label] = {f"{t} readers": max(read_all(paths, t) for _ in range(reps)) for t in (1, 4)}
+            best = {f"{t} readers": max(read_all(paths, t) for _ in range(reps)) for t in (1, 4)}
+            if label in out:
+                out[label].update({k: max(v, out[label][k]) for k, v in best.items()})
+                continue
+            out[label] = best
             s0 = m.status()
             time.sleep(10)  # idle: what the background revalidation costs the backing
             s1 = m.status()
