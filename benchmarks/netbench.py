@@ -246,6 +246,10 @@ def bench_remount(work: Path, tree: Path, files: int) -> dict:
             while not (cache / "tree.npz").exists() and time.perf_counter() - t1 < 120:
                 time.sleep(0.1)
             out["tree saved after s"] = time.perf_counter() - t1
+            # an unchanged cache holding what a mount keeps: the current and the next mini-epoch, staged
+            s = wait_status(m, lambda s: s["next_ready"] and s["staging"]["queued"] == 0
+                            and s["staging"]["inflight"] == 0, 900, "staging", every=0.5)
+            out["copies kept"] = s["cache_files"]
         drop_caches(3)
         t0 = time.perf_counter()
         with mounted(tree, mnt, cache, cap, nm=16, timeout=900) as m:

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import trio
 
-from tierfs.tree import open_beneath
+from tierfs.beneath import open_beneath
 
 __all__ = ["STALL_AFTER", "Backing", "BackingError", "BackingStatistics", "backing_error"]
 

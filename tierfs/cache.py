@@ -47,14 +47,11 @@ import numpy as np
 import xxhash
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.tree import Fingerprint, Tree, fingerprint
+from tierfs.cacheindex import indexed_copies, save_index
+from tierfs.tree import Fingerprint, Tree, path_hash
 
 __all__ = ["COPY_MTIME_NS", "CacheEntry", "CacheStatistics", "CacheStore", "allocated", "cache_block", "disk_estimates",
            "entry_name", "path_hash"]
-
-
-def path_hash(relpath: bytes) -> int:
-    return xxhash.xxh3_64_intdigest(relpath)
 
 
 def fingerprint_hash(fp: Fingerprint) -> int:
@@ -190,19 +187,19 @@ class CacheStore:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.path, name))
         self._open_data_dir()
-        by_hash: dict[int, list[int]] = {}
-        for fidx in range(tree.n_files):
-            by_hash.setdefault(path_hash(tree.file_path(fidx)), []).append(fidx)
-        kept = removed = 0
-        for name in os.listdir(self.data_path):
+        listed = os.listdir(self.data_path)
+        taken = self._take_indexed(tree, listed, need_digest=need_digest)
+        kept, removed = len(taken), 0
+        for name in listed:
+            if name in taken:
+                continue
             parsed = None if name.startswith(TEMP_PREFIX) else _parse_name(name)
             keep = None
             if parsed is not None:
                 ph, fph, serial, digest = parsed
                 self._serial = max(self._serial, serial)
-                for fidx in by_hash.get(ph, ()):
-                    node = tree.file_node(fidx)
-                    if fingerprint_hash(fingerprint(node.st)) == fph and fidx not in self.entries \
+                for fidx in tree.files_with_path_hash(ph):
+                    if fingerprint_hash(tree.fingerprint_of(fidx)) == fph and fidx not in self.entries \
                             and (digest or not need_digest):
                         keep = fidx
                         break
@@ -210,7 +207,7 @@ class CacheStore:
                 est = os.stat(name, dir_fd=self.data_fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            fp = fingerprint(tree.file_node(keep).st) if keep is not None else None
+            fp = tree.fingerprint_of(keep) if keep is not None else None
             if fp is not None and parsed is not None and stat.S_ISREG(est.st_mode) and est.st_size == fp[0] \
                     and est.st_mtime_ns == COPY_MTIME_NS:
                 assert keep is not None
@@ -227,6 +224,23 @@ class CacheStore:
                 self._unlink(name)
                 removed += 1
         return kept, removed
+
+    def _take_indexed(self, tree: Tree, listed: list[str], *, need_digest: bool) -> set[str]:
+        """Entries for the listed copies that the index of the last clean unmount describes (cacheindex.py)."""
+        taken: set[str] = set()
+        for f, name, fp, disk, digest, copy_id in indexed_copies(self.path, tree, listed, need_digest=need_digest):
+            if f not in self.entries:
+                self.entries[f] = CacheEntry(f, name, fp[0], disk, fp, digest, copy_id)
+                self.committed += disk
+                self.logical += fp[0]
+                self._serial = max(self._serial, int(name.split("-")[2], 16))
+                taken.add(name)
+        return taken
+
+    def save_index(self, tree: Tree) -> None:
+        """Write the index of the copies for the next mount (a clean unmount; see cacheindex.py)."""
+        save_index(self.path, ((e.name, int(tree.path_hashes[e.fidx]), e.fp, e.disk, e.digest, e.copy_id)
+                               for e in self.entries.values() if not e.doomed))
 
     def _open_data_dir(self) -> None:
         fd = self.make_data_dir()

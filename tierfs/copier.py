@@ -1,6 +1,6 @@
 """One backing file copied into the cache, in a worker thread: the only code that writes copies.
 
-A copy reads through :func:`~tierfs.tree.open_beneath` (no symlink followed, no filesystem crossed), writes a
+A copy reads through :func:`~tierfs.beneath.open_beneath` (no symlink followed, no filesystem crossed), writes a
 ``.tmp-`` file in the cache's ``data/`` and renames it into place only once complete and only if the backing
 file is, after the last read, still the version the tree knows (size, mtime, inode and ctime: any write in
 between moves ctime), so a partial or torn copy is never visible.  Holes of a sparse backing file stay holes.
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import xxhash
 
 from sampler.atomic import TEMP_PREFIX
+from tierfs.beneath import open_beneath
 from tierfs.cache import COPY_MTIME_NS, allocated, entry_name
-from tierfs.tree import Fingerprint, fingerprint, open_beneath
+from tierfs.tree import Fingerprint, fingerprint
 
 __all__ = ["CHUNK", "BackingChanged", "Copied", "copy_into_cache", "run_copies"]
 

@@ -160,6 +160,7 @@ class Engine:
         if self._opened:
             self._nursery = None
             self.save_journal()
+            self.cache.save_index(self.tree)
         self.cache.close()
         if self.root_fd >= 0:
             os.close(self.root_fd)

@@ -6,26 +6,23 @@ filesystem (mount points inside the backing dir) are left out, and anything that
 file or a symlink is skipped.  Files are numbered in *storage order* (depth-first, names sorted byte-wise): the
 index the sampler's plans refer to.
 
-Every later access to a backing file goes through :func:`open_beneath`: ``openat2`` with ``RESOLVE_BENEATH |
-RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`` relative to a descriptor of the backing root held for the life of the
-mount, or, where the kernel lacks ``openat2``, a component-by-component walk with ``O_NOFOLLOW`` that checks
-the device of every step.
+Every later access to a backing file goes through :func:`tierfs.beneath.open_beneath` (no symlink followed,
+no filesystem crossed).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import logging
 import os
 import re
 import stat
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 
 from sampler.atomic import atomic_open
 
@@ -40,7 +37,7 @@ __all__ = [
     "Node",
     "Tree",
     "fingerprint",
-    "open_beneath",
+    "path_hash",
 ]
 
 KIND_DIR, KIND_FILE, KIND_LINK = 0, 1, 2
@@ -136,7 +133,8 @@ def fingerprint(st: os.stat_result) -> Fingerprint:
 
 
 class Node:
-    """One entry of the backing tree.  ``st`` is refreshed when a file is found changed on open."""
+    """One entry of the backing tree, made from the tree's arrays the first time it is asked for (a remount of a
+    big tree makes only the nodes its readers touch).  ``st`` is refreshed when a file is found changed."""
 
     __slots__ = ("children", "fidx", "kind", "link", "name", "parent", "path", "st")
 
@@ -151,27 +149,103 @@ class Node:
         self.link: bytes | None = None
 
 
-@dataclass
-class Tree:
-    """The scanned backing tree.  ``files[i]`` is the node of file ``i`` (storage order)."""
+class _Nodes(Sequence[Node]):
+    """``Tree.nodes``: node ``i`` is made on first use (and kept)."""
 
-    nodes: list[Node]
-    files: np.ndarray  # node index per file index
-    sizes: np.ndarray  # int64 size per file index (kept in step with node.st)
-    groups: np.ndarray  # parent node index per file: the stratified composition's groups
-    dev: int
-    dirs_with_data: np.ndarray  # bool per node: a directory holding a file somewhere beneath it
-    blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # st_blocks per file index
+    def __init__(self, tree: Tree, made: list[Node | None]) -> None:
+        self._tree = tree
+        self._made = made
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, i: int) -> Node:  # type: ignore[override]
+        node = self._made[i]  # (IndexError past the end: what iteration stops on)
+        if node is None:
+            node = self._made[i] = self._tree._make(i if i >= 0 else i + len(self._made))
+        return node
+
+
+#: columns of the saved stats that a file's fingerprint is made of: (size, mtime_ns, ino, ctime_ns)
+_FP_COLUMNS = [_STAT_FIELDS.index(f) for f in ("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")]
+_SIZE, _BLOCKS = _STAT_FIELDS.index("st_size"), _STAT_FIELDS.index("st_blocks")
+TREE_FORMAT = 2  # of the saved tree: 1 (no version, no path hashes) is not loaded: the mount scans instead
+
+
+def path_hash(relpath: bytes) -> int:
+    """The hash of a file's path that names its copies in the cache (and finds them again at a remount)."""
+    return xxhash.xxh3_64_intdigest(relpath)
+
+
+def _stat_row(row: list[int]) -> os.stat_result:
+    return os.stat_result((*row[:7], row[7] // 10**9, row[8] // 10**9, row[9] // 10**9, row[7] / 1e9, row[8] / 1e9,
+                           row[9] / 1e9, *row[7:]))
+
+
+class Tree:
+    """The scanned backing tree, kept as arrays: per node its parent, kind, name, link text and stat fields;
+    per file (storage order) its node.  ``nodes[i]`` is the :class:`Node` of node ``i``, made when first used;
+    node ``i`` is inode ``i + 1``.  Children of a directory are found through a parent index, so nothing here
+    costs a Python object per node until that node is used."""
+
+    def __init__(self, *, parents: np.ndarray, kinds: np.ndarray, names: bytes, name_ends: np.ndarray,
+                 links: bytes, link_ends: np.ndarray, stats: np.ndarray, files: np.ndarray, dev: int,
+                 path_hashes: np.ndarray, made: list[Node | None] | None = None) -> None:
+        n = len(parents)
+        self.parents = parents
+        self.kinds = kinds
+        self._names, self._name_ends = names, name_ends
+        self._links, self._link_ends = links, link_ends
+        self.stats = stats  # int64 [node, _STAT_FIELDS]; a file found changed gets its new row
+        self.files = files  # node index per file index
+        self.dev = dev
+        self.path_hashes = path_hashes  # uint64 per file index
+        self.sizes = stats[files, _SIZE] if n else np.zeros(0, np.int64)  # (kept in step with update_stat)
+        self.blocks = stats[files, _BLOCKS] if n else np.zeros(0, np.int64)
+        self.groups = parents[files]  # parent node per file: the stratified composition's groups
+        self.fidx_of = np.full(n, -1, np.int64)
+        self.fidx_of[files] = np.arange(len(files))
+        self.dirs_with_data = np.zeros(n, bool)  # a directory holding a file somewhere beneath it
+        up = np.unique(self.groups)
+        while up.size:
+            up = up[~self.dirs_with_data[up]]
+            self.dirs_with_data[up] = True
+            up = np.unique(parents[up[up != 0]])
+        # children of node p: _by_parent[_first[p]:_first[p + 1]] (nodes below the root, grouped by parent)
+        self._by_parent = np.argsort(parents[1:], kind="stable") + 1
+        self._first = np.searchsorted(parents[self._by_parent], np.arange(n + 1))
+        self._hash_order: np.ndarray | None = None
+        self._hash_keys = np.zeros(0, np.uint64)
+        self.nodes = _Nodes(self, made if made is not None else [None] * n)
 
     @property
     def n_files(self) -> int:
         return int(self.files.shape[0])
+
+    def _name(self, i: int) -> bytes:
+        return self._names[(int(self._name_ends[i - 1]) if i else 0):int(self._name_ends[i])]
+
+    def _make(self, i: int) -> Node:
+        parent = int(self.parents[i])
+        name = self._name(i)
+        path = b"" if i == 0 else (name if parent == 0 else self.nodes[parent].path + b"/" + name)
+        node = Node(name, parent, int(self.kinds[i]), path, _stat_row(self.stats[i].tolist()))
+        node.fidx = int(self.fidx_of[i])
+        if node.kind == KIND_LINK:
+            node.link = self._links[(int(self._link_ends[i - 1]) if i else 0):int(self._link_ends[i])]
+        elif node.kind == KIND_DIR:
+            kids = self._by_parent[self._first[i]:self._first[i + 1]].tolist()
+            node.children = {self._name(k): k for k in kids}
+        return node
 
     def node_of_inode(self, inode: int) -> Node | None:
         i = inode - 1
         if 0 <= i < len(self.nodes):
             return self.nodes[i]
         return None
+
+    def kind_of(self, i: int) -> int:
+        return int(self.kinds[i])
 
     def file_node(self, fidx: int) -> Node:
         return self.nodes[int(self.files[fidx])]
@@ -183,68 +257,87 @@ class Tree:
     def file_path(self, fidx: int) -> bytes:
         return self.nodes[int(self.files[fidx])].path
 
-    # ---------------------------------------------------------------------------------- the saved tree
+    def fingerprints(self) -> np.ndarray:
+        """(size, mtime_ns, ino, ctime_ns) per file index, as the tree knows them now."""
+        return self.stats[self.files][:, _FP_COLUMNS]
 
-    def save(self, path: str) -> None:
-        """Write the tree (names, kinds, stats, link texts) to ``path`` atomically: a remount over the same cache
-        answers from it at once and rescans in the background (see ``Engine.open``)."""
-        names = [n.name for n in self.nodes]
-        links = [n.link or b"" for n in self.nodes]
-        stats = np.array([[getattr(n.st, f) for f in _STAT_FIELDS] for n in self.nodes], dtype=np.int64)
-        with atomic_open(path) as f:
-            np.savez(f, names=np.frombuffer(b"".join(names), np.uint8), name_ends=np.cumsum([len(x) for x in names]),
-                     links=np.frombuffer(b"".join(links), np.uint8), link_ends=np.cumsum([len(x) for x in links]),
-                     parents=np.array([n.parent for n in self.nodes], np.int64),
-                     kinds=np.array([n.kind for n in self.nodes], np.int8), stats=stats,
-                     files=self.files)
+    def files_with_path_hash(self, h: int) -> list[int]:
+        """The files whose path hashes to ``h`` (one, almost always)."""
+        if self._hash_order is None:
+            self._hash_order = np.argsort(self.path_hashes, kind="stable")
+            self._hash_keys = self.path_hashes[self._hash_order]
+        lo, hi = self._hash_keys.searchsorted(np.uint64(h)), self._hash_keys.searchsorted(np.uint64(h), "right")
+        return self._hash_order[lo:hi].tolist()
 
-    @classmethod
-    def load(cls, path: str, root_st: os.stat_result) -> Tree | None:
-        """The tree saved at ``path`` if it was saved for this backing root (same device and inode); else None."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError, KeyError, EOFError):
-            return None
-        stats, parents, kinds = arrays["stats"], arrays["parents"], arrays["kinds"]
-        if not len(stats) or (int(stats[0][2]), int(stats[0][1])) != (root_st.st_dev, root_st.st_ino):
-            return None
-        names, name_ends = arrays["names"].tobytes(), arrays["name_ends"].tolist()
-        links, link_ends = arrays["links"].tobytes(), arrays["link_ends"].tolist()
-        nodes: list[Node] = []
-        for i, row in enumerate(stats.tolist()):
-            name = names[(name_ends[i - 1] if i else 0):name_ends[i]]
-            kind, parent = int(kinds[i]), int(parents[i])
-            st = os.stat_result((*row[:7], row[7] // 10**9, row[8] // 10**9, row[9] // 10**9, row[7] / 1e9,
-                                 row[8] / 1e9, row[9] / 1e9, *row[7:]))
-            node = Node(name, parent, kind, b"" if i == 0 else (name if parent == 0 else nodes[parent].path + b"/" +
-                                                                name), st)
-            if kind == KIND_LINK:
-                node.link = links[(link_ends[i - 1] if i else 0):link_ends[i]]
-            if i:
-                children = nodes[parent].children
-                assert children is not None
-                children[name] = i
-            nodes.append(node)
-        return cls._assemble(nodes, arrays["files"].tolist(), root_st.st_dev)
+    def files_of_path_hashes(self, hashes: np.ndarray) -> np.ndarray:
+        """Per hash the one file whose path hashes to it; -1 where none does, or more than one."""
+        if self._hash_order is None:
+            self.files_with_path_hash(0)  # (builds the sorted keys)
+        keys = self._hash_keys
+        if not len(keys):
+            return np.full(len(hashes), -1, np.int64)
+        lo, hi = keys.searchsorted(hashes), keys.searchsorted(hashes, "right")
+        return np.where(hi - lo == 1, self._hash_order[np.minimum(lo, len(keys) - 1)], -1)
 
-    def compare(self, new: Tree) -> tuple[list[tuple[int, os.stat_result]], list[int], int]:
-        """What a newer scan of the same backing says about this tree's files: (changed files with their new
-        stat, files gone, how many files it has that this tree lacks)."""
-        new_files = {new.file_path(f): f for f in range(new.n_files)}
-        changed, gone = [], []
-        for fidx in range(self.n_files):
-            g = new_files.pop(self.file_path(fidx), None)
-            if g is None:
-                gone.append(fidx)
-            elif fingerprint(st := new.file_node(g).st) != fingerprint(self.file_node(fidx).st):
-                changed.append((fidx, st))
-        return changed, gone, len(new_files)
+    def fingerprint_of(self, fidx: int) -> Fingerprint:
+        """:func:`fingerprint` of file ``fidx`` as the tree knows it, without making its node."""
+        size, mtime, ino, ctime = self.stats[int(self.files[fidx]), _FP_COLUMNS].tolist()
+        return (size, mtime, ino, ctime)
 
     def update_stat(self, fidx: int, st: os.stat_result) -> None:
+        i = int(self.files[fidx])
+        self.stats[i] = [getattr(st, f) for f in _STAT_FIELDS]
         self.file_node(fidx).st = st
         self.sizes[fidx] = st.st_size
         self.blocks[fidx] = st.st_blocks
+
+    # ---------------------------------------------------------------------------------- the saved tree
+
+    def save(self, path: str) -> None:
+        """Write the tree's arrays to ``path`` atomically: a remount over the same cache answers from it at once
+        and rescans in the background (see ``opening.TreeKeeper``)."""
+        with atomic_open(path) as f:
+            np.savez(f, version=np.array(TREE_FORMAT), names=np.frombuffer(self._names, np.uint8),
+                     name_ends=self._name_ends, links=np.frombuffer(self._links, np.uint8),
+                     link_ends=self._link_ends, parents=self.parents, kinds=self.kinds, stats=self.stats,
+                     files=self.files, path_hashes=self.path_hashes)
+
+    @classmethod
+    def load(cls, path: str, root_st: os.stat_result) -> Tree | None:
+        """The tree saved at ``path`` if it was saved for this backing root (same device and inode) in this
+        format; else None (the mount scans)."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            if int(arrays.get("version", 1)) != TREE_FORMAT:
+                return None
+            stats = arrays["stats"]
+            if not len(stats) or (int(stats[0][2]), int(stats[0][1])) != (root_st.st_dev, root_st.st_ino):
+                return None
+            return cls(parents=arrays["parents"], kinds=arrays["kinds"], names=arrays["names"].tobytes(),
+                       name_ends=arrays["name_ends"], links=arrays["links"].tobytes(), link_ends=arrays["link_ends"],
+                       stats=stats, files=arrays["files"], dev=root_st.st_dev, path_hashes=arrays["path_hashes"])
+        except (OSError, ValueError, KeyError, EOFError, IndexError):
+            return None
+
+    def compare(self, new: Tree) -> tuple[list[tuple[int, os.stat_result]], list[int], int]:
+        """What a newer scan of the same backing says about this tree's files: (changed files with their new
+        stat, files gone, how many files it has that this tree lacks).  Matched by path hash, then by path."""
+        order = np.argsort(new.path_hashes, kind="stable")
+        keys = new.path_hashes[order]
+        at = np.minimum(np.searchsorted(keys, self.path_hashes), max(0, len(keys) - 1))
+        found = (keys[at] == self.path_hashes) if len(keys) else np.zeros(self.n_files, bool)
+        match = np.where(found, order[at] if len(keys) else 0, -1)
+        mine, theirs = self.fingerprints(), new.fingerprints()
+        differs = found & (np.any(mine != theirs[np.maximum(match, 0)], axis=1) if len(keys) else False)
+        changed, gone = [], np.flatnonzero(~found).tolist()
+        for fidx in np.flatnonzero(differs).tolist():
+            g = int(match[fidx])
+            if new.file_path(g) == self.file_path(fidx):
+                changed.append((fidx, new.file_node(g).st))
+            else:  # (two paths with one 64-bit hash: compare the slow way)
+                gone.append(fidx)
+        return changed, sorted(gone), len(new.files) - int(found.sum())
 
     @classmethod
     def scan(cls, root_fd: int, root_path: str | None = None) -> Tree:
@@ -311,94 +404,21 @@ class Tree:
                     os.close(fd)
         # Depth-first order of *files* across directories: sort by path so storage order is the path order.
         file_nodes.sort(key=lambda i: nodes[i].path.split(b"/"))
-        return cls._assemble(nodes, file_nodes, dev)
+        return cls._of_nodes(nodes, file_nodes, dev)
 
     @classmethod
-    def _assemble(cls, nodes: list[Node], file_nodes: list[int], dev: int) -> Tree:
+    def _of_nodes(cls, nodes: list[Node], file_nodes: list[int], dev: int) -> Tree:
+        """The arrays of a scanned tree (its nodes are made again when used: a Python object per node of a big
+        tree costs hundreds of bytes that most of them never need)."""
+        names = [n.name for n in nodes]
+        links = [n.link or b"" for n in nodes]
         for fidx, i in enumerate(file_nodes):
             nodes[i].fidx = fidx
-        files = np.asarray(file_nodes, dtype=np.int64)
-        sizes = np.fromiter((nodes[i].st.st_size for i in file_nodes), dtype=np.int64, count=len(file_nodes))
-        groups = np.fromiter((nodes[i].parent for i in file_nodes), dtype=np.int64, count=len(file_nodes))
-        has_data = np.zeros(len(nodes), dtype=bool)
-        for i in file_nodes:
-            p = nodes[i].parent
-            while not has_data[p]:
-                has_data[p] = True
-                if p == 0:
-                    break
-                p = nodes[p].parent
-        blocks = np.fromiter((nodes[i].st.st_blocks for i in file_nodes), dtype=np.int64, count=len(file_nodes))
-        return cls(nodes=nodes, files=files, sizes=sizes, groups=groups, dev=dev, dirs_with_data=has_data,
-                   blocks=blocks)
-
-
-# ------------------------------------------------------------------------------------------ opens beneath root
-
-_RESOLVE_NO_XDEV = 0x01
-_RESOLVE_NO_MAGICLINKS = 0x02
-_RESOLVE_NO_SYMLINKS = 0x04
-_RESOLVE_BENEATH = 0x08
-_SYS_OPENAT2 = 437  # the same number on every architecture that has it (asm-generic)
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-    _syscall = _libc.syscall
-    _syscall.restype = ctypes.c_long
-except (OSError, AttributeError):  # pragma: no cover - no libc symbol table
-    _libc = None
-_have_openat2 = _libc is not None
-
-
-def _openat2(root_fd: int, relpath: bytes) -> int:
-    how = _OpenHow(os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0,
-                   _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_XDEV | _RESOLVE_NO_MAGICLINKS)
-    fd = _syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root_fd), ctypes.c_char_p(relpath),
-                  ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
-    if fd < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), os.fsdecode(relpath))
-    return int(fd)
-
-
-def _open_walk(root_fd: int, relpath: bytes, dev: int) -> int:
-    parts = relpath.split(b"/")
-    fd = root_fd
-    try:
-        for i, part in enumerate(parts):
-            if part in (b"", b".", b".."):
-                raise OSError(errno.EINVAL, "bad path component", os.fsdecode(relpath))
-            last = i == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
-            nfd = os.open(part, flags, dir_fd=fd)
-            if fd != root_fd:
-                os.close(fd)
-            fd = nfd
-            if os.fstat(fd).st_dev != dev:
-                raise OSError(errno.EXDEV, "crosses into another filesystem", os.fsdecode(relpath))
-        return fd
-    except BaseException:
-        if fd != root_fd:
-            os.close(fd)
-        raise
-
-
-def open_beneath(root_fd: int, relpath: bytes, dev: int) -> int:
-    """Open ``relpath`` read-only beneath ``root_fd`` without following any symlink or crossing filesystems.
-
-    A symlink anywhere on the way fails with ``ELOOP``, a mount point with ``EXDEV``.
-    """
-    global _have_openat2
-    if _have_openat2:
-        try:
-            return _openat2(root_fd, relpath)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSYS, errno.EPERM):
-                raise
-            _have_openat2 = False  # old kernel or a seccomp filter: walk instead
-    return _open_walk(root_fd, relpath, dev)
+        return cls(parents=np.fromiter((n.parent for n in nodes), np.int64, len(nodes)),
+                   kinds=np.fromiter((n.kind for n in nodes), np.int8, len(nodes)),
+                   names=b"".join(names), name_ends=np.cumsum([len(x) for x in names], dtype=np.int64),
+                   links=b"".join(links), link_ends=np.cumsum([len(x) for x in links], dtype=np.int64),
+                   stats=np.array([[getattr(n.st, f) for f in _STAT_FIELDS] for n in nodes], dtype=np.int64),
+                   files=np.asarray(file_nodes, dtype=np.int64), dev=dev,
+                   path_hashes=np.fromiter((path_hash(nodes[i].path) for i in file_nodes), np.uint64,
+                                           len(file_nodes)))

@@ -46,8 +46,8 @@ class View:
         """(name, node index) of what directory ``dir_node`` shows: dirs and links by name, then view files."""
         tree = self.tree
         children = tree.nodes[dir_node].children or {}
-        out = [(name, i) for name, i in sorted(children.items()) if tree.nodes[i].kind != KIND_FILE]
-        out.sort(key=lambda e: (tree.nodes[e[1]].kind != KIND_DIR, e[0]))
+        out = [(name, i) for name, i in sorted(children.items()) if tree.kind_of(i) != KIND_FILE]
+        out.sort(key=lambda e: (tree.kind_of(e[1]) != KIND_DIR, e[0]))
         for fidx in self._files_by_dir().get(dir_node, ()):
             i = int(tree.files[fidx])
             out.append((tree.nodes[i].name, i))

@@ -149,3 +149,37 @@ def test_an_lru_remount_keeps_its_copies(open_engine, t):
     e2 = open_engine(policy="lru", view="full")
     assert {f: en.name for f, en in e2.cache.entries.items()} == cached
     assert sorted(os.listdir(e2.cache.data_path)) == sorted(cached.values())
+
+
+def test_a_clean_remount_takes_its_copies_from_the_index_and_still_trusts_no_copy(open_engine, t):
+    """A clean unmount writes CACHE/index.npz; the next mount takes the copies it describes without a stat each
+    (the same entries a full check finds), drops the names gone from data/, and a copy damaged in between is
+    still never served: the open's check repairs it and the bytes come from the backing."""
+    e = open_engine(rf=2)
+    _progress(e, t, 3)
+    before = {f: (en.name, en.disk, en.fp, en.copy_id, en.digest) for f, en in e.cache.entries.items()}
+    e.close()
+    index = os.path.join(e.cache.path, "index.npz")
+    assert os.path.exists(index) and len(before) >= 3
+    deleted, damaged = sorted(before)[:2]
+    os.unlink(os.path.join(e.cache.data_path, before[deleted][0]))
+    with open(os.path.join(e.cache.data_path, before[damaged][0]), "r+b") as f:
+        f.write(b"\0")  # same size, other bytes: ctime and mtime move
+
+    e2 = open_engine(rf=2)
+    assert not os.path.exists(index)  # taken (a crash from here on leaves none behind)
+    got = {f: (en.name, en.disk, en.fp, en.copy_id, en.digest) for f, en in e2.cache.entries.items()}
+    assert got == {f: v for f, v in before.items() if f != deleted}
+
+    async def main():
+        for f in range(e2.tree.n_files):
+            assert await t.read_file(e2, f) == t.backing_bytes(e2, f)
+
+    t.run(main)
+    assert e2.cache.get(damaged) is None or e2.cache.get(damaged).name != before[damaged][0]
+    assert e2.cache.repairs >= 1
+    kept = {f: (en.name, en.disk, en.fp, en.copy_id) for f, en in e2.cache.entries.items()}
+    e2.close()
+    os.unlink(index)  # as after a crash: every copy is checked the slow way, with the same result
+    e3 = open_engine(rf=2)
+    assert {f: (en.name, en.disk, en.fp, en.copy_id) for f, en in e3.cache.entries.items()} == kept

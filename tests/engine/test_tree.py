@@ -8,8 +8,9 @@ import subprocess
 
 import pytest
 
-from tierfs import tree as tree_mod
-from tierfs.tree import KIND_DIR, KIND_LINK, Tree, open_beneath
+from tierfs import beneath as tree_mod
+from tierfs.beneath import open_beneath
+from tierfs.tree import KIND_DIR, KIND_LINK, Tree
 
 
 @pytest.fixture
@@ -85,3 +86,79 @@ def test_scan_and_open_never_cross_filesystems(root, tmp_path):
             tree_mod._have_openat2 = tree_mod._libc is not None
     finally:
         subprocess.run(["umount", "-l", str(inner)], capture_output=True)
+
+
+def _scan(path) -> Tree:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return Tree.scan(fd)
+    finally:
+        os.close(fd)
+
+
+def _described(t: Tree) -> list[tuple]:
+    """Every node as a reader of the tree sees it (made lazily, in any order)."""
+    out = []
+    for i in reversed(range(len(t.nodes))):  # children before parents: nothing depends on the order made
+        n = t.nodes[i]
+        out.append((i, n.name, n.parent, n.kind, n.path, n.link, n.fidx, tuple(n.st),
+                    sorted(n.children.items()) if n.children is not None else None))
+    return sorted(out)
+
+
+@pytest.fixture
+def odd_root(root):
+    """The ``root`` tree plus odd names, an empty dir, a deep chain and a dangling link."""
+    for name in ("sp ace", "nl\nine", "-dash", "uni\u00e9", "back\\slash"):
+        (root / "b" / f"{name}.bin").write_bytes(name.encode())
+    (root / "empty").mkdir()
+    deep = root / "d1" / "d2" / "d3"
+    deep.mkdir(parents=True)
+    (deep / "deep.bin").write_bytes(b"deep")
+    os.symlink("nowhere", root / "b" / "dangling")
+    (root / "b" / "bad\xff".encode().decode("utf-8", "surrogateescape")).write_bytes(b"\xff")
+    return root
+
+
+def test_a_saved_tree_loads_as_the_scanned_one(odd_root, tmp_path):
+    """Nodes are made on first use from the tree's arrays: the loaded tree answers exactly as the scanned one
+    (names, parents, kinds, paths, links, file indices, stats, children), and the directories with data."""
+    t = _scan(odd_root)
+    path = str(tmp_path / "tree.npz")
+    t.save(path)
+    loaded = Tree.load(path, os.stat(odd_root))
+    assert loaded is not None
+    assert _described(loaded) == _described(t)
+    assert loaded.files.tolist() == t.files.tolist() and loaded.sizes.tolist() == t.sizes.tolist()
+    assert loaded.dirs_with_data.tolist() == t.dirs_with_data.tolist()
+    assert loaded.dirs_with_data[loaded.nodes[0].children[b"d1"]] and not loaded.dirs_with_data[
+        loaded.nodes[0].children[b"empty"]]
+    assert [loaded.file_path(f) for f in range(loaded.n_files)] == [t.file_path(f) for f in range(t.n_files)]
+    assert Tree.load(path, os.stat(tmp_path)) is None  # saved for another root
+
+
+def test_a_tree_saved_in_the_old_format_or_damaged_is_not_loaded(root, tmp_path):
+    import numpy as np
+
+    path = tmp_path / "tree.npz"
+    t = _scan(root)
+    t.save(str(path))
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("version", "path_hashes")}
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)  # what the previous release wrote: no version, no path hashes
+    assert Tree.load(str(path), os.stat(root)) is None
+    path.write_bytes(b"garbage")
+    assert Tree.load(str(path), os.stat(root)) is None
+
+
+def test_compare_finds_changed_gone_and_added_files(root, tmp_path):
+    old = _scan(root)
+    (root / "b" / "z.bin").write_bytes(b"changed")
+    os.unlink(root / "a.bin")
+    (root / "b" / "new.bin").write_bytes(b"n")
+    changed, gone, added = old.compare(_scan(root))
+    assert [(old.file_path(f), st.st_size) for f, st in changed] == [(b"b/z.bin", 7)]
+    assert [old.file_path(f) for f in gone] == [b"a.bin"]
+    assert added == 1
+    assert old.compare(old) == ([], [], 0)

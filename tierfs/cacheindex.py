@@ -1,0 +1,109 @@
+"""The cache's index, saved at a clean unmount (``CACHE/index.npz``) so that a remount takes its copies from it.
+
+``data/`` stays the truth (see cache.py): at a remount every name in it is listed, and an indexed name whose
+path and fingerprint still match the tree becomes an entry without a ``stat`` of its copy -- 125,000 copies
+cost seconds of ``stat`` and parsing at mount time, the index a fraction of that.  A copy is trusted no more
+than before: every open and lend checks it against its entry (``copies.open_copy``), and a name is never
+reused, so a name still in ``data/`` is the copy the index describes or a damaged one that the first open
+repairs.  Names the index lacks (staged after it was written, or any name after a crash: no index then) take
+the slow way, one ``stat`` each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sampler.atomic import atomic_open
+from tierfs.tree import Fingerprint, Tree
+
+__all__ = ["INDEX_NAME", "SavedIndex", "indexed_copies", "load_index", "save_index"]
+
+log = logging.getLogger("tierfs")
+
+INDEX_NAME = "index.npz"
+INDEX_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SavedIndex:
+    names: list[str]
+    path_hashes: np.ndarray  # uint64
+    fps: np.ndarray  # int64 [n, 4]: (size, mtime_ns, ino, ctime_ns) of the backing file copied
+    disks: np.ndarray  # int64: disk bytes of the copy
+    digests: np.ndarray  # uint64 (0 with has_digest False: none)
+    has_digest: np.ndarray  # bool
+    copy_ids: np.ndarray  # int64 [n, 2]: (inode, ctime_ns) of the copy as committed
+
+
+Row = tuple[str, int, Fingerprint, int, "int | None", tuple[int, int]]
+
+
+def save_index(cache_dir: str, rows: Iterable[Row]) -> None:
+    """Write (name, path hash, fingerprint, disk bytes, digest, copy id) of each copy atomically; a disk that
+    cannot take it (full) is logged: the next mount then stats every copy."""
+    try:
+        _write(os.path.join(cache_dir, INDEX_NAME), list(rows))
+    except OSError as exc:
+        log.warning("tierfs: the cache index was not saved (%s): the next mount checks every copy", exc)
+
+
+def _write(path: str, rows: list[Row]) -> None:
+    with atomic_open(path) as f:
+        np.savez(f, version=np.array(INDEX_FORMAT),
+                 names=np.frombuffer("\n".join(r[0] for r in rows).encode(), np.uint8),
+                 path_hashes=np.array([r[1] for r in rows], np.uint64),
+                 fps=np.array([r[2] for r in rows], np.int64).reshape(-1, 4),
+                 disks=np.array([r[3] for r in rows], np.int64),
+                 digests=np.array([r[4] or 0 for r in rows], np.uint64),
+                 has_digest=np.array([r[4] is not None for r in rows], bool),
+                 copy_ids=np.array([r[5] for r in rows], np.int64).reshape(-1, 2))
+
+
+def load_index(path: str) -> SavedIndex | None:
+    """The index saved at ``path``, or None (none, another format, damaged)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            a = {k: z[k] for k in z.files}
+        if int(a["version"]) != INDEX_FORMAT:
+            return None
+        text = a["names"].tobytes().decode()
+        names = text.split("\n") if text else []
+        n = len(names)
+        if not all(len(a[k]) == n for k in ("path_hashes", "fps", "disks", "digests", "has_digest", "copy_ids")):
+            return None
+        return SavedIndex(names, a["path_hashes"], a["fps"], a["disks"], a["digests"], a["has_digest"],
+                          a["copy_ids"])
+    except (OSError, ValueError, KeyError, EOFError, UnicodeDecodeError):
+        return None
+
+
+def indexed_copies(cache_dir: str, tree: Tree, listed: list[str], *, need_digest: bool
+                   ) -> list[tuple[int, str, Fingerprint, int, int | None, tuple[int, int]]]:
+    """(file index, name, fingerprint, disk bytes, digest, copy id) of each listed copy that the saved index
+    describes and whose backing file ``tree`` still knows with the same path and fingerprint.  The index is
+    removed: it is written again at the next clean unmount (a crash leaves none, so no stale one)."""
+    path = os.path.join(cache_dir, INDEX_NAME)
+    index = load_index(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    if index is None or not index.names:
+        return []
+    present = set(listed)
+    fidx = tree.files_of_path_hashes(index.path_hashes)
+    ok = np.fromiter((n in present for n in index.names), bool, len(index.names)) & (fidx >= 0)
+    ok[ok] = np.all(tree.fingerprints()[fidx[ok]] == index.fps[ok], axis=1)
+    if need_digest:
+        ok &= index.has_digest
+    out = []
+    for i in np.flatnonzero(ok).tolist():
+        size, mtime, ino, ctime = index.fps[i].tolist()
+        copy_ino, copy_ctime = index.copy_ids[i].tolist()
+        out.append((int(fidx[i]), index.names[i], (size, mtime, ino, ctime), int(index.disks[i]),
+                    int(index.digests[i]) if index.has_digest[i] else None, (copy_ino, copy_ctime)))
+    return out
