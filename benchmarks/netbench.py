@@ -243,7 +243,7 @@ def bench_remount(work: Path, tree: Path, files: int) -> dict:
             out["first tree"] = m.status().get("tree")
             # the scanned tree is saved in the background: a remount before that scans again
             t1 = time.perf_counter()
-            while not (cache / "tree.npz").exists() and time.perf_counter() - t1 < 120:
+            while not (cache / "tree.bin").exists() and time.perf_counter() - t1 < 120:
                 time.sleep(0.1)
             out["tree saved after s"] = time.perf_counter() - t1
             # an unchanged cache holding what a mount keeps: the current and the next mini-epoch, staged

@@ -1,7 +1,7 @@
 """What a mount does before it serves, and the background jobs' harness.
 
 * :func:`check_dirs` refuses a backing dir, cache dir and mountpoint that cannot work together;
-* :class:`TreeKeeper` owns the backing tree's provenance: loaded from the saved tree (``tree.npz`` in the cache
+* :class:`TreeKeeper` owns the backing tree's provenance: loaded from the saved tree (``tree.bin`` in the cache
   dir, when a position was journalled) or scanned, and -- after a load -- rescanned in the background, whose
   news it hands to the engine; it reports what ``status`` shows as ``tree``;
 * :func:`supervised` and :func:`once` run the mount's background jobs so that a failure is logged, never a
@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -25,7 +26,7 @@ __all__ = ["TREE_NAME", "TreeKeeper", "TreeStatistics", "check_dirs", "once", "s
 
 log = logging.getLogger("tierfs")
 
-TREE_NAME = "tree.npz"  # the saved tree in the cache dir
+TREE_NAME = "tree.bin"  # the saved tree in the cache dir (tree.npz: an earlier format, removed)
 
 
 def check_dirs(config: MountConfig) -> str:
@@ -65,6 +66,8 @@ class TreeKeeper:
     def load(self, *, resumed: bool) -> Tree:
         """The saved tree if the mount resumes a journalled position and it is still valid, else a scan."""
         t0 = time.monotonic()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(os.path.dirname(self.path), "tree.npz"))  # an earlier release's format
         saved = Tree.load(self.path, os.fstat(self.root_fd)) if resumed else None
         tree = saved or Tree.scan(self.root_fd, self.backing)
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),

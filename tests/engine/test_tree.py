@@ -124,7 +124,7 @@ def test_a_saved_tree_loads_as_the_scanned_one(odd_root, tmp_path):
     """Nodes are made on first use from the tree's arrays: the loaded tree answers exactly as the scanned one
     (names, parents, kinds, paths, links, file indices, stats, children), and the directories with data."""
     t = _scan(odd_root)
-    path = str(tmp_path / "tree.npz")
+    path = str(tmp_path / "tree.bin")
     t.save(path)
     loaded = Tree.load(path, os.stat(odd_root))
     assert loaded is not None
@@ -140,14 +140,18 @@ def test_a_saved_tree_loads_as_the_scanned_one(odd_root, tmp_path):
 def test_a_tree_saved_in_the_old_format_or_damaged_is_not_loaded(root, tmp_path):
     import numpy as np
 
-    path = tmp_path / "tree.npz"
     t = _scan(root)
+    old = tmp_path / "old.bin"  # what the previous release wrote (a zip of arrays, no version, no path hashes)
+    with open(old, "wb") as f:
+        np.savez(f, names=np.frombuffer(b"".join(n.name for n in t.nodes), np.uint8), parents=t.parents,
+                 kinds=t.kinds, stats=t.stats, files=t.files)
+    assert Tree.load(str(old), os.stat(root)) is None
+    path = tmp_path / "tree.bin"
     t.save(str(path))
-    with np.load(path) as z:
-        arrays = {k: z[k] for k in z.files if k not in ("version", "path_hashes")}
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)  # what the previous release wrote: no version, no path hashes
-    assert Tree.load(str(path), os.stat(root)) is None
+    whole = path.read_bytes()
+    for cut in (len(whole) // 2, len(whole) - 1, 10):
+        path.write_bytes(whole[:cut])  # torn (the save is atomic; a disk can still lose a tail)
+        assert Tree.load(str(path), os.stat(root)) is None
     path.write_bytes(b"garbage")
     assert Tree.load(str(path), os.stat(root)) is None
 
