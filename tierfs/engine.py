@@ -20,8 +20,7 @@ meanwhile, behind any file of the current one that is not cached yet.  A pass en
 view was opened since it began, on ``next-pass``, or when the root is listed again after at least one open.
 After ``rf`` passes the next mini-epoch takes over: with ``advance=ready`` only once it is fully cached, with
 ``strict`` at once; ``advance`` (the command, or ARF) leaves as soon as the next one is cached.  On a switch
-the previous mini-epoch is evicted, except open files, which go on their last release.  Policy ``lru``: see
-policy.py.
+the previous mini-epoch is evicted, except open files, which go on their last release.  ``lru``: policy.py.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 
 import trio
 
@@ -72,7 +72,7 @@ class Engine:
 
     # ========================================================================================= lifecycle
 
-    def open(self) -> None:
+    def open(self, scan_progress: Callable[[int, float], None] = lambda entries, seconds: None) -> None:
         """Load or scan the backing tree, refuse configurations that cannot work, open the cache, wire the
         parts, resume the journalled position."""
         cfg, s = self.config, self.settings
@@ -80,7 +80,7 @@ class Engine:
         self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         journalled = load_position(cfg.cache)
         pos = journalled or Position()
-        self.trees = TreeKeeper(self.root_fd, backing, cfg.cache)
+        self.trees = TreeKeeper(self.root_fd, backing, cfg.cache, scan_progress)
         try:
             self.tree = tree = self.trees.load(resumed=journalled is not None)
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)

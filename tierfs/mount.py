@@ -314,7 +314,8 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
         log.info("file descriptor limit raised from %d to %d", before, after)
     engine = Engine(config)
     try:
-        engine.open()
+        # a long first scan shows in ``systemctl status`` (and in the log every few seconds)
+        engine.open(lambda n, secs: sd_notify(f"STATUS=scanning the backing dir: {n:,} entries in {secs:.0f} s"))
     except (ValueError, OSError) as exc:
         engine.close()
         raise MountError(str(exc)) from None

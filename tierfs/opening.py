@@ -57,9 +57,11 @@ class TreeStatistics:
 class TreeKeeper:
     """See the module docstring.  ``root_fd`` is the backing dir's, ``backing`` its real path."""
 
-    def __init__(self, root_fd: int, backing: str, cache_dir: str) -> None:
+    def __init__(self, root_fd: int, backing: str, cache_dir: str,
+                 progress: Callable[[int, float], None] = lambda entries, seconds: None) -> None:
         self.root_fd = root_fd
         self.backing = backing
+        self.progress = progress  # of the scan before the mount (the rescan after a load only logs)
         self.path = os.path.join(cache_dir, TREE_NAME)
         self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0)
 
@@ -69,7 +71,7 @@ class TreeKeeper:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(os.path.dirname(self.path), "tree.npz"))  # an earlier release's format
         saved = Tree.load(self.path, os.fstat(self.root_fd)) if resumed else None
-        tree = saved or Tree.scan(self.root_fd, self.backing)
+        tree = saved or Tree.scan(self.root_fd, self.backing, self.progress)
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),
                                     "pending" if saved else "done", 0, 0, 0)
         return tree

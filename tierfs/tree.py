@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
@@ -76,6 +76,7 @@ _STAT_FIELDS = ("st_mode", "st_ino", "st_dev", "st_nlink", "st_uid", "st_gid", "
                 "st_mtime_ns", "st_ctime_ns", "st_blksize", "st_blocks", "st_rdev")
 SCAN_THREADS = 16  # lstat requests in flight while scanning: a network tier answers many at once
 SCAN_BATCH = 256
+SCAN_REPORT_S = 5.0  # a long scan's progress: in the log and to ``progress`` (systemd's STATUS) this often
 
 
 def _names(fd: int) -> list[bytes]:
@@ -361,9 +362,12 @@ class Tree:
         return changed, sorted(gone), len(new.files) - int(found.sum())
 
     @classmethod
-    def scan(cls, root_fd: int, root_path: str | None = None) -> Tree:
+    def scan(cls, root_fd: int, root_path: str | None = None,
+             progress: Callable[[int, float], None] = lambda entries, seconds: None) -> Tree:
         """Scan the tree below ``root_fd`` (see the module docstring).  ``root_path``: where it is mounted in
-        this process's view, to leave out bind mounts from the same filesystem (same ``st_dev``)."""
+        this process's view, to leave out bind mounts from the same filesystem (same ``st_dev``).
+        ``progress(entries, seconds)`` hears of it at the start, every SCAN_REPORT_S and at the end (the log
+        too)."""
         root_st = os.fstat(root_fd)
         prefix = os.fsencode(os.path.realpath(root_path)).rstrip(b"/") + b"/" if root_path else None
         mounted_below: set[bytes] = set()
@@ -375,6 +379,7 @@ class Tree:
         dev = root_st.st_dev
         level: list[tuple[int, int]] = [(0, os.dup(root_fd))]  # (node index, fd) of the directories to list
         last_log = t0 = time.monotonic()
+        progress(0, 0.0)
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="tierfs-scan") as pool:
             try:
                 while level:
@@ -417,15 +422,18 @@ class Tree:
                     for _, fd in level:
                         os.close(fd)
                     level = nxt
-                    if time.monotonic() - last_log > 5:
+                    if time.monotonic() - last_log > SCAN_REPORT_S:
                         last_log = time.monotonic()
                         log.info("tierfs: scanning the backing dir: %d entries in %.0f s", len(nodes), last_log - t0)
+                        progress(len(nodes), last_log - t0)
             finally:
                 for _, fd in level:
                     os.close(fd)
         # Depth-first order of *files* across directories: sort by path so storage order is the path order.
         file_nodes.sort(key=lambda i: nodes[i].path.split(b"/"))
-        return cls._of_nodes(nodes, file_nodes, dev)
+        tree = cls._of_nodes(nodes, file_nodes, dev)
+        progress(len(nodes), time.monotonic() - t0)
+        return tree
 
     @classmethod
     def _of_nodes(cls, nodes: list[Node], file_nodes: list[int], dev: int) -> Tree:

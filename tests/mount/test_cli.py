@@ -207,8 +207,13 @@ def test_systemd_readiness_is_sent_once_the_mount_answers(dataset, mount_dirs, t
     sock.settimeout(30)
     try:
         with mounted(backing, mnt, cache, "1M", env={"NOTIFY_SOCKET": sock_path}) as m:
-            msg = sock.recv(4096).decode()
-            assert "READY=1" in msg.split("\n")
+            # the first mount's scan shows as systemd STATUS lines (start, every few seconds, end) first
+            msgs = [sock.recv(4096).decode()]
+            while "READY=1" not in msgs[-1].split("\n"):
+                msgs.append(sock.recv(4096).decode())
+            assert msgs[0].startswith("STATUS=scanning the backing dir: 0 entries")
+            assert any(m_.startswith("STATUS=scanning the backing dir: ") and " 0 entries" not in m_
+                       for m_ in msgs[:-1])
             assert is_mounted(mnt)
             m.process.send_signal(signal.SIGTERM)
             assert "STOPPING=1" in sock.recv(4096).decode().split("\n")
