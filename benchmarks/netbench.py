@@ -214,6 +214,24 @@ def bench_staging(work: Path, net: Path, local: Path, rels: list[str], streams: 
     return out
 
 
+def bench_staging_vs_old(work: Path, local: Path, n: int, old_src: Path, rounds: int = 3) -> dict:
+    """Staging over the local backing, this tierfs vs the one whose source tree is ``old_src`` (run with
+    ``PYTHONPATH``; it may predate ``staging_streams`` and today's status, so both are timed by the copies that
+    appear in ``CACHE/data``), alternating, ``rounds`` each: files/s from the mount answering."""
+    out: dict = {"old_src": str(old_src)}
+    for _ in range(rounds):
+        for label, env in (("old", {"PYTHONPATH": str(old_src)}), ("new", {})):
+            drop_caches(3)
+            with fresh(work, "staging-old") as (mnt, cache), mounted(local, mnt, cache, "2G", nm=1, rf=100000,
+                                                                    env=env, timeout=120):
+                t_up = time.perf_counter()
+                data = cache / "data"
+                while sum(1 for x in os.listdir(data) if not x.startswith(".tmp")) < n:
+                    time.sleep(0.01)
+                out.setdefault(label, []).append(n / (time.perf_counter() - t_up))
+    return out
+
+
 def bench_mount(work: Path, net: Path, local: Path, rels: list[str]) -> dict:
     out: dict = {}
     for label, backing in (("network", net), ("local", local)):
@@ -375,6 +393,10 @@ def table(res: dict) -> tuple[str, list[tuple[str, float, float, bool]]]:
                     r["with_start_files_per_s"], best, "files/s")
             for t in threads:
                 lines.append(f"|   … copy with {t} threads | {s[f'copy {label} {t} threads']:,.1f} files/s | | |")
+        if "vs old" in s:
+            old_, new_ = sorted(s["vs old"]["old"]), sorted(s["vs old"]["new"])
+            row(f"staging over local, this tierfs vs {s['vs old']['old_src']} (median of {len(new_)}, alternating)",
+                new_[len(new_) // 2], old_[len(old_) // 2], "files/s", 1.0)
     if "mount" in res:
         mt = res["mount"]
         for label in ("network", "local"):
@@ -441,6 +463,8 @@ def main(argv: list[str] | None = None) -> None:
                     "next are the whole set, so nothing is left to stage after the first epoch)")
     ap.add_argument("--reps", type=int, default=2, help="repeats of each cached-open figure (best kept)")
     ap.add_argument("--rows", default="cached,uncached,staging,mount,remount,pass")
+    ap.add_argument("--old-src", type=Path, help="with the staging row: also stage over the local backing with the "
+                    "tierfs package found in this source dir (e.g. a worktree of an older commit's src/), alternating")
     ap.add_argument("--streams", default="auto", help="staging_streams settings of the staging row, the first "
                     "one against the target (e.g. auto,16,64)")
     args = ap.parse_args(argv)
@@ -470,6 +494,8 @@ def main(argv: list[str] | None = None) -> None:
             if "staging" in rows:
                 res["staging"] = bench_staging(work, nb.root / "images", src / "images", images,
                                                args.streams.split(","))
+                if args.old_src:
+                    res["staging"]["vs old"] = bench_staging_vs_old(work, src / "images", len(images), args.old_src)
                 print("staging", json.dumps(res["staging"]), "load", load())
             if "mount" in rows:
                 res["mount"] = bench_mount(work, nb.root / "tree", src / "tree", tree)
