@@ -201,10 +201,17 @@ def worker_convergence(side: str, args: argparse.Namespace) -> dict:
 
     from dslide.gen import generate
 
-    F, L = args.conv_features, args.conv_labels
-    data = generate(args.conv_points + args.conv_test, F, L, seed=args.seed + 1)
-    train = data.subset(np.arange(args.conv_points))
-    test = data.subset(np.arange(args.conv_points, args.conv_points + args.conv_test))
+    if args.data:  # an XC data set (e.g. benchmarks/xc_from_debian.py's): its train.txt, the test.txt's first points
+        from dslide.data import load_xc
+
+        train, test = load_xc(Path(args.data) / "train.txt"), load_xc(Path(args.data) / "test.txt")
+        test = test.subset(np.arange(min(len(test), args.conv_test)))
+        F, L = train.n_features, train.n_labels
+    else:
+        F, L = args.conv_features, args.conv_labels
+        data = generate(args.conv_points + args.conv_test, F, L, seed=args.seed + 1)
+        train = data.subset(np.arange(args.conv_points))
+        test = data.subset(np.arange(args.conv_points, args.conv_points + args.conv_test))
     numba.set_num_threads(args.threads)
     net = make_side(side, F, L, args)
     steps_per_epoch = -(-len(train) // args.batch)
@@ -274,12 +281,18 @@ def plot(results: dict, paths: list[Path]) -> None:
     ax1.set_ylabel("test P@1")
     ax1.set_title(f"P@1 vs time, {results['config']['conv_labels']:,} labels")
     ax1.legend(loc="upper left", fontsize="small")
-    t = results["throughput"]
-    ax2.bar(["dslide", "dense torch"], [t["dslide"]["samples_per_s"], t["dense"]["samples_per_s"]],
-            color=["tab:blue", "tab:red"])  # fmt: skip
-    ax2.set_yscale("log")
-    ax2.set_ylabel("training samples/s")
-    ax2.set_title("Amazon-670K shape, H=128, batch 256")
+    if "throughput" in results:
+        t = results["throughput"]
+        ax2.bar(["dslide", "dense torch"], [t["dslide"]["samples_per_s"], t["dense"]["samples_per_s"]],
+                color=["tab:blue", "tab:red"])  # fmt: skip
+        ax2.set_yscale("log")
+        ax2.set_ylabel("training samples/s")
+        ax2.set_title("Amazon-670K shape, H=128, batch 256")
+    else:
+        per_epoch = results["summary"]["seconds_per_epoch"]
+        ax2.bar(list(per_epoch), list(per_epoch.values()), color=["tab:blue", "tab:red", "tab:orange"])
+        ax2.set_ylabel("training seconds per epoch")
+        ax2.set_title(f"per epoch, {results['config']['conv_labels']:,} labels")
     fig.tight_layout()
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -317,8 +330,14 @@ def main() -> None:
     ap.add_argument("--conv-test", type=int, default=2000)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--evals-per-epoch", type=int, default=20)
+    ap.add_argument("--data", help="(b) on this XC data set (DIR/train.txt, DIR/test.txt) instead of planted data")
+    ap.add_argument("--skip-throughput", action="store_true", help="leave out (a), the Amazon-670K-shape run")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.data:
+        from dslide.data import read_header
+
+        _, args.conv_features, args.conv_labels = read_header(Path(args.data) / "train.txt")
     if args.conv_points is None:
         args.conv_points = 6000 if args.quick else 25_000
     if args.worker:
@@ -341,12 +360,14 @@ def main() -> None:
     t_start = time.time()
     results = {"config": {k: v for k, v in vars(args).items() if k != "worker"}, "machine": machine()}
     results["dslide_config_b"] = model_cfg(args.conv_features, args.conv_labels, args).to_json()
-    results["throughput"] = {side: run_worker("a", side, argv) for side in ("dslide", "dense")}
+    if not args.skip_throughput:
+        results["throughput"] = {side: run_worker("a", side, argv) for side in ("dslide", "dense")}
     results["convergence"] = {side: run_worker("b", side, argv) for side in ("dslide", "dense", "dense-same")}
     results["wall_s"] = time.time() - t_start
     summarise(results)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(results, [out / "dslide_vs_dense.png", ROOT / "docs" / "img" / "dslide_vs_dense.png"])
+    name = "dslide_vs_dense" + (f"_{Path(args.data).name}" if args.data else "")
+    plot(results, [out / f"{name}.png", ROOT / "docs" / "img" / f"{name}.png"])
 
 
 def machine() -> dict:
@@ -358,9 +379,6 @@ def machine() -> dict:
 
 
 def summarise(results: dict) -> None:
-    a = results["throughput"]
-    sd, dd = a["dslide"], a["dense"]
-    speedup = sd["samples_per_s"] / dd["samples_per_s"]
     c = results["convergence"]
     slide_curve = c["dslide"]["curve"]
     epochs = results["config"]["epochs"]
@@ -368,7 +386,7 @@ def summarise(results: dict) -> None:
     def at_epoch(curve: list[dict], e: int) -> dict:
         return min(curve, key=lambda p: abs(p["epoch"] - e))
 
-    results["summary"] = {"speedup_a": speedup}
+    results["summary"] = {"seconds_per_epoch": {side: c[side]["curve"][-1]["seconds"] / epochs for side in c}}
     for dense in ("dense", "dense-same"):
         target = at_epoch(c[dense]["curve"], 1)
         t_slide = first_reach(slide_curve, target["p_at_1"])
@@ -382,19 +400,26 @@ def summarise(results: dict) -> None:
                 for e in range(1, epochs + 1)
             ],
         }
-    print("(a) Amazon-670K shape, H=128, batch 256, threads", results["config"]["threads"])
-    print(f"{'':10} {'samples/s':>12} {'step ms':>10} {'peak GiB':>9}")
-    for name, r in (("dslide", sd), ("dense", dd)):
-        print(f"{name:10} {r['samples_per_s']:12.1f} {r['step_ms']:10.1f} {r['peak_rss_gib']:9.2f}")
-    print(f"speed-up {speedup:.1f}x")
-    print("  dslide time by function (s):", {k: round(v, 2) for k, v in sd["where_s"].items()})
-    print("  dense time by phase (s):", {k: round(v, 2) for k, v in dd["where_s"].items()})
-    print(f"(b) planted, {results['config']['conv_labels']:,} labels, {epochs} epochs (dense-same: dslide's lr)")
+    if "throughput" in results:
+        sd, dd = results["throughput"]["dslide"], results["throughput"]["dense"]
+        speedup = results["summary"]["speedup_a"] = sd["samples_per_s"] / dd["samples_per_s"]
+        print("(a) Amazon-670K shape, H=128, batch 256, threads", results["config"]["threads"])
+        print(f"{'':10} {'samples/s':>12} {'step ms':>10} {'peak GiB':>9}")
+        for name, r in (("dslide", sd), ("dense", dd)):
+            print(f"{name:10} {r['samples_per_s']:12.1f} {r['step_ms']:10.1f} {r['peak_rss_gib']:9.2f}")
+        print(f"speed-up {speedup:.1f}x")
+        print("  dslide time by function (s):", {k: round(v, 2) for k, v in sd["where_s"].items()})
+        print("  dense time by phase (s):", {k: round(v, 2) for k, v in dd["where_s"].items()})
+    what = results["config"]["data"] or "planted"
+    print(f"(b) {what}, {results['config']['conv_labels']:,} labels, {epochs} epochs (dense-same: dslide's lr)")
     print(f"{'epoch':>6} {'dslide P@1':>11} {'s':>7} {'dense P@1':>10} {'s':>7} {'dense-same P@1':>15} {'s':>7}")
     for e in range(1, epochs + 1):
         row = [at_epoch(c[side]["curve"], e) for side in ("dslide", "dense", "dense-same")]
         cells = (f"{p['p_at_1']:{w}.4f} {p['seconds']:7.1f}" for p, w in zip(row, (11, 10, 15), strict=True))
         print(f"{e:6d} " + " ".join(cells))
+    per = results["summary"]["seconds_per_epoch"]
+    print("training seconds per epoch: " + ", ".join(f"{k} {v:.1f}" for k, v in per.items()) + "; dense / dslide: "
+          + ", ".join(f"{k} {per[k] / per['dslide']:.1f}x" for k in ("dense", "dense-same")))  # fmt: skip
     for dense in ("dense", "dense-same"):
         r = results["summary"][dense]
         if r["dslide_seconds_to_that"]:

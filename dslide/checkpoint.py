@@ -46,9 +46,8 @@ _SHARD_DIR = "ck-s"  # + step + random suffix
 # How each array of SlideModel.state() is split over ranks.
 _HIDDEN_COLUMNS = ("W1", "opt_M1", "opt_V1", "opt_G1", "opt_Mb1", "opt_Vb1", "opt_Gb1")
 _HIDDEN_ROWS = ("b1",)
-_LABEL_ROWS = (
-    "W2", "b2", "dirty", "label_count", "opt_M2", "opt_V2", "opt_G2", "opt_T2", "opt_Mb2", "opt_Vb2", "opt_Gb2",
-)  # fmt: skip
+# (checkpoints from before the fused output update also hold opt_G2 / opt_Gb2, always zero between steps: unread)
+_LABEL_ROWS = ("W2", "b2", "dirty", "label_count", "opt_M2", "opt_V2", "opt_T2", "opt_Mb2", "opt_Vb2")
 _SAME = ("opt_T1", "opt_Tb1", "counters", "lsh_srp", "lsh_dwta", "lsh_counters")
 
 

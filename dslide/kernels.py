@@ -25,10 +25,11 @@ __all__ = [
     "active_logits",
     "adam_rows",
     "catch_up_rows",
+    "group_by_row",
     "hidden_backward",
     "hidden_forward",
     "mark_features",
-    "output_backward",
+    "output_rows_adam",
     "score_stats",
     "select_active",
     "softmax_stats",
@@ -316,39 +317,72 @@ def softmax_stats(logits, corr, n_own, gmax, stats):
         stats[i, 3] = 1.0 if b > 0 and top < n_own[i] and best >= gmax[i] else 0.0
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def output_backward(h, active, expz, n_own, norm, n_labels, scale, W2, gW2, gb2, touched, dh):
-    """Softmax cross-entropy gradient over the active set, target uniform over the sample's labels.
-
-    ``dh[i]`` gets this rank's share of dL/dh (summed over ranks later); ``gW2``/``gb2`` accumulate the
-    gradients of the active rows (HOGWILD) and ``touched`` marks them for the lazy Adam update.  A sample
-    without labels has no target and contributes nothing.
-    """
+@njit(cache=True)
+def group_by_row(active, live, ptr, ent):
+    """The active entries of the ``live`` samples grouped by output row (a counting sort): row ``j``'s entries
+    are ``ent[ptr[j]:ptr[j + 1]]``, each ``i * b + q`` for ``active[i, q] == j``, in sample order."""
     B, b = active.shape
+    ptr[:] = 0
+    for i in range(B):
+        if live[i]:
+            for q in range(b):
+                ptr[active[i, q] + 1] += 1
+    for j in range(ptr.shape[0] - 1):
+        ptr[j + 1] += ptr[j]
+    fill = ptr[:-1].copy()
+    for i in range(B):
+        if live[i]:
+            for q in range(b):
+                j = active[i, q]
+                ent[fill[j]] = i * b + q
+                fill[j] += 1
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def output_rows_adam(
+    h, expz, n_own, norm, n_labels, scale, ptr, ent, rows, W2, b2, M2, V2, Mb2, Vb2, T2, lr, beta1, beta2, eps, dh_parts
+):
+    """The output layer's backward pass and its lazy Adam update, one touched row at a time.
+
+    Softmax cross-entropy over the active set, target uniform over the sample's labels: the entry ``(i, q)``
+    (row ``j``) has ``delta = scale * (expz[i, q] / norm[i] - [q < n_own[i]] / n_labels[i])``.  Row ``j``'s
+    gradient ``sum delta * h[i]`` is summed in registers and goes straight into Adam (per-row step count in
+    ``T2``), so each touched row of W2, M2, V2 is read and written once and no full-size gradient array
+    exists; the row's old weights give this rank's share of dL/dh, summed per thread chunk into
+    ``dh_parts[c]`` (the caller adds the chunks).  ``rows`` are the rows with entries (``ptr``/``ent`` from
+    :func:`group_by_row`), each once.  With one chunk every sum runs in a fixed order.
+    """
+    C = dh_parts.shape[0]
+    b = expz.shape[1]
     H = h.shape[1]
-    for i in prange(B):
-        g = dh[i]
-        for d in range(H):
-            g[d] = 0
-        if n_labels[i] <= 0:
-            continue
-        x = h[i]
-        inv = 1.0 / norm[i]
-        y = 1.0 / n_labels[i]
-        for q in range(b):
-            j = active[i, q]
-            delta = expz[i, q] * inv
-            if q < n_own[i]:
-                delta -= y
-            delta *= scale
-            df = np.float32(delta)
+    n = rows.shape[0]
+    for c in prange(C):
+        dh = dh_parts[c]
+        dh[:] = 0
+        g = np.empty(H, np.float32)
+        for r in range(n * c // C, n * (c + 1) // C):
+            j = rows[r]
             w = W2[j]
-            gw = gW2[j]
-            for d in range(H):
-                g[d] += df * w[d]
-                gw[d] += df * x[d]
-            gb2[j] += df
-            touched[j] = 1
+            g[:] = 0
+            gb = np.float32(0)
+            for p in range(ptr[j], ptr[j + 1]):
+                e = ent[p]
+                i = e // b
+                q = e - i * b
+                delta = expz[i, q] / norm[i]
+                if q < n_own[i]:
+                    delta -= 1.0 / n_labels[i]
+                df = np.float32(delta * scale)
+                x = h[i]
+                out = dh[i]
+                for d in range(H):
+                    out[d] += df * w[d]
+                    g[d] += df * x[d]
+                gb += df
+            t = T2[j] + 1
+            T2[j] = t
+            _adam_row(w, M2[j], V2[j], g, t, lr, beta1, beta2, eps, False)
+            _adam_bias(b2, Mb2, Vb2, j, gb, t, lr, beta1, beta2, eps)
 
 
 @njit(cache=True)
@@ -376,6 +410,36 @@ def hidden_backward(rows, x_indptr, x_indices, x_values, delta, gW1, touched):
             touched[f] = 1
 
 
+@njit(cache=True, inline="always")
+def _adam_row(w, m, v, g, t, lr, beta1, beta2, eps, clear):
+    """Adam step ``t`` (bias correction of step t) of one row; ``clear``: zero its gradient ``g`` after."""
+    b1, b2 = np.float32(beta1), np.float32(beta2)
+    a1, a2 = np.float32(1.0 - beta1), np.float32(1.0 - beta2)
+    e = np.float32(eps)
+    # lr * m_hat / (sqrt(v_hat) + eps) with the corrections folded into two per-row float32 scalars
+    lr_c1 = np.float32(lr / (1.0 - beta1**t))
+    inv_c2 = np.float32(1.0 / (1.0 - beta2**t))
+    for d in range(w.shape[0]):
+        gd = g[d]
+        md = b1 * m[d] + a1 * gd
+        vd = b2 * v[d] + a2 * gd * gd
+        m[d] = md
+        v[d] = vd
+        w[d] -= lr_c1 * md / (np.sqrt(vd * inv_c2) + e)
+        if clear:
+            g[d] = 0
+
+
+@njit(cache=True, inline="always")
+def _adam_bias(bW, bM, bV, j, gd, t, lr, beta1, beta2, eps):
+    """Adam step ``t`` of the bias entry ``j`` (in float64 arithmetic)."""
+    md = beta1 * bM[j] + (1.0 - beta1) * gd
+    vd = beta2 * bV[j] + (1.0 - beta2) * gd * gd
+    bM[j] = md
+    bV[j] = vd
+    bW[j] -= lr * (md / (1.0 - beta1**t)) / (math.sqrt(vd / (1.0 - beta2**t)) + eps)
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps, step=0):
     """Adam on the rows ``rows`` only (lazy), then clear their gradients.
@@ -384,41 +448,16 @@ def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps, step=0
     moments are averages over the steps it was touched).  ``step`` > 0: this is global Adam step ``step``,
     the bias correction is the dense one and ``T[j]`` records ``step`` -- with :func:`catch_up_rows` before
     the rows are read, the rows then follow dense Adam exactly.  ``bW``... are the matching bias entries
-    (length 0: none).
+    (length 0: none).  The output layer's rows are updated by :func:`output_rows_adam` instead.
     """
     has_bias = bW.shape[0] > 0
-    n = W.shape[1]
-    b1, b2 = np.float32(beta1), np.float32(beta2)
-    a1, a2 = np.float32(1.0 - beta1), np.float32(1.0 - beta2)
-    e = np.float32(eps)
     for r in prange(rows.shape[0]):
         j = rows[r]
         t = step if step > 0 else T[j] + 1
         T[j] = t
-        # lr * m_hat / (sqrt(v_hat) + eps) with the corrections folded into two per-row float32 scalars
-        c1 = 1.0 - beta1**t
-        c2 = 1.0 - beta2**t
-        lr_c1 = np.float32(lr / c1)
-        inv_c2 = np.float32(1.0 / c2)
-        w = W[j]
-        m = M[j]
-        v = V[j]
-        g = G[j]
-        for d in range(n):
-            gd = g[d]
-            md = b1 * m[d] + a1 * gd
-            vd = b2 * v[d] + a2 * gd * gd
-            m[d] = md
-            v[d] = vd
-            w[d] -= lr_c1 * md / (np.sqrt(vd * inv_c2) + e)
-            g[d] = 0
+        _adam_row(W[j], M[j], V[j], G[j], t, lr, beta1, beta2, eps, True)
         if has_bias:
-            gd = bG[j]
-            md = beta1 * bM[j] + (1.0 - beta1) * gd
-            vd = beta2 * bV[j] + (1.0 - beta2) * gd * gd
-            bM[j] = md
-            bV[j] = vd
-            bW[j] -= lr * (md / c1) / (math.sqrt(vd / c2) + eps)
+            _adam_bias(bW, bM, bV, j, bG[j], t, lr, beta1, beta2, eps)
             bG[j] = 0
 
 

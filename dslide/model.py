@@ -205,15 +205,14 @@ class SlideModel:
             "Vb1": zeros(self.b1)[None, :],
             "Gb1": zeros(self.b1)[None, :],
             "Tb1": np.zeros(1, np.int64),
+            # no gradient arrays for W2 and b2: a row's gradient goes from registers into its Adam update
             "M2": zeros(self.W2),
             "V2": zeros(self.W2),
-            "G2": zeros(self.W2),
             "T2": np.zeros(n_local, np.int64),
             "Mb2": zeros(self.b2),
             "Vb2": zeros(self.b2),
-            "Gb2": zeros(self.b2),
         }
-        self.touched_out = np.zeros(n_local, np.uint8)
+        self._row_ptr = np.zeros(n_local + 1, np.int64)
         self.touched_in = np.zeros(F, np.uint8)
         self.dirty = np.zeros(n_local, np.uint8)  # output rows updated since the last rehash
         self.label_count = np.zeros(n_local, np.int64)  # times each own label was a training target
@@ -320,21 +319,19 @@ class SlideModel:
         labelled = stats[:, 2] > 0
         loss = np.log(stats[labelled, 0]) + gmax[labelled] - stats[labelled, 1] / stats[labelled, 2]
         top_is_label = int(np.count_nonzero(stats[labelled, 3] > 0))
-        # 3. output backward, lazy Adam on touched rows, dL/dh summed over ranks
-        dh = np.empty((B, cfg.hidden), np.float32)
-        kernels.output_backward(
-            h, active, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B,
-            self.W2, o["G2"], o["Gb2"], self.touched_out, dh,
-        )  # fmt: skip
-        dh = comm.allreduce_sum(dh)
+        # 3. output backward fused with the lazy Adam of the touched rows (row by row), dL/dh summed over ranks
         lr = kernels.step_lr(cfg.lr, cfg.lr_decay, self.step)
-        out_rows = np.flatnonzero(self.touched_out)
-        self.touched_out[out_rows] = 0
-        self.dirty[out_rows] = 1
-        kernels.adam_rows(
-            self.W2, o["M2"], o["V2"], o["G2"], self.b2, o["Mb2"], o["Vb2"], o["Gb2"], o["T2"], out_rows,
-            lr, cfg.beta1, cfg.beta2, cfg.eps,
+        entries = np.empty(active.size, np.int32)
+        kernels.group_by_row(active, labelled, self._row_ptr, entries)
+        out_rows = np.flatnonzero(np.diff(self._row_ptr))
+        dh_parts = np.empty((max(1, numba.get_num_threads()), B, cfg.hidden), np.float32)
+        kernels.output_rows_adam(
+            h, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B, self._row_ptr, entries, out_rows,
+            self.W2, self.b2, o["M2"], o["V2"], o["Mb2"], o["Vb2"], o["T2"], lr, cfg.beta1, cfg.beta2, cfg.eps,
+            dh_parts,
         )  # fmt: skip
+        dh = comm.allreduce_sum(dh_parts.sum(axis=0))
+        self.dirty[out_rows] = 1
         # 4. hidden backward of the own slice
         delta = np.ascontiguousarray(dh[:, self.h_lo : self.h_hi] * (hl > 0), dtype=np.float32)
         kernels.hidden_backward(rows, data.x_indptr, data.x_indices, data.x_values, delta, o["G1"], self.touched_in)

@@ -81,15 +81,29 @@ def run_kernels(data, W1, b1, W2, b2, active, n_own):
     kernels.softmax_stats(logits, np.zeros_like(logits), n_own, rowmax, stats)
     # column 3: the top active logit is one of the sample's labels (train_err)
     np.testing.assert_array_equal(stats[:, 3], np.argmax(z, axis=1) < n_own)
-    gW2, gb2 = np.zeros_like(W2), np.zeros_like(b2)
-    touched, dh = np.zeros(L, np.uint8), np.empty((B, H), np.float32)
-    kernels.output_backward(h, active, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B, W2, gW2, gb2, touched, dh)
+    gW2, gb2, dh = output_gradients(h, logits, active, n_own, stats, W2, b2)
+    touched = np.zeros(L, np.uint8)
+    touched[np.flatnonzero(gW2.any(axis=1))] = 1
     delta = (dh * (h > 0)).astype(np.float32)
     gW1, touched_in = np.zeros_like(W1), np.zeros(F, np.uint8)
     kernels.hidden_backward(rows, data.x_indptr, data.x_indices, data.x_values, delta, gW1, touched_in)
     loss = np.log(stats[:, 0]) + rowmax - stats[:, 1] / np.maximum(stats[:, 2], 1)
     loss = np.where(stats[:, 2] > 0, loss, 0).sum() / B
     return loss, gW1, delta.sum(0), gW2, gb2, dh, touched, touched_in
+
+
+def output_gradients(h, expz, active, n_own, stats, W2, b2, chunks: int = 1):
+    """W2's and b2's gradients and dL/dh as :func:`kernels.output_rows_adam` computes them: on a copy of the
+    layer with zero moments, from which the first Adam moment gives the gradient back (m = (1 - beta1) g)."""
+    ptr, ent = np.empty(len(W2) + 1, np.int64), np.empty(active.size, np.int32)
+    kernels.group_by_row(active, stats[:, 2] > 0, ptr, ent)
+    rows = np.flatnonzero(np.diff(ptr))
+    M2, V2, Mb2, Vb2 = np.zeros_like(W2), np.zeros_like(W2), np.zeros(len(b2)), np.zeros(len(b2))
+    dh_parts = np.empty((chunks, *h.shape), np.float32)
+    kernels.output_rows_adam(h, expz, n_own, stats[:, 0], stats[:, 2], 1.0 / len(h), ptr, ent, rows, W2.copy(),
+                             b2.astype(np.float64), M2, V2, Mb2, Vb2, np.zeros(len(W2), np.int64), 1e-3, 0.5, 0.999,
+                             1e-8, dh_parts)  # fmt: skip
+    return M2 / 0.5, Mb2 / 0.5, dh_parts.sum(axis=0)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -166,6 +180,54 @@ def test_lazy_adam_matches_per_row_reference() -> None:
         before = W[first].copy()
         kernels.adam_rows(W, M, V, G, bW, bM, bV, bG, T, np.array([first]), lr, b1, b2, eps)
         np.testing.assert_allclose(before - W[first], lr, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_output_rows_adam_is_lazy_adam_on_the_dense_gradient(chunks: int) -> None:
+    """The fused output update over a few steps (rows' moments and step counts carried over, rows that a step
+    does not touch left alone) against the float64 gradient and per-row Adam; dL/dh summed over any chunking."""
+    data, W1, b1, W2, b2, active, n_own = make_problem(5)
+    x = dense_x(data)
+    rng = np.random.default_rng(5)
+    M2, V2 = np.zeros_like(W2), np.zeros_like(W2)
+    Mb2, Vb2, bias = np.zeros(L), np.zeros(L), b2.astype(np.float64)
+    T2 = np.zeros(L, np.int64)
+    ref = [W2.astype(np.float64), b2.astype(np.float64)]
+    rm, rv, rt = [np.zeros_like(r) for r in ref], [np.zeros_like(r) for r in ref], np.zeros(L, int)
+    lr, beta1, beta2, eps = 0.01, 0.9, 0.999, 1e-8
+    h = np.maximum(x @ W1 + b1, 0).astype(np.float32)
+    for _ in range(4):
+        # each step: labels first, the rest from a few rows shared by the samples (others stay untouched)
+        pool = rng.choice(L, 8, replace=False)
+        act = np.empty((B, b), np.int32)
+        for i in range(B):
+            labels = active[i, : n_own[i]]
+            rest = np.concatenate([rng.permutation(np.setdiff1d(pool, labels)), np.setdiff1d(np.arange(L), pool)])
+            act[i] = np.concatenate([labels, np.setdiff1d(rest, labels, assume_unique=True)[: b - n_own[i]]])
+        logits, rowmax = np.empty((B, b), np.float32), np.empty(B, np.float32)
+        kernels.active_logits(h, act, W2, bias.astype(np.float32), logits, rowmax)
+        stats = np.empty((B, 4))
+        kernels.softmax_stats(logits, np.zeros_like(logits), n_own, rowmax, stats)
+        ptr, ent = np.empty(L + 1, np.int64), np.empty(act.size, np.int32)
+        kernels.group_by_row(act, stats[:, 2] > 0, ptr, ent)
+        rows = np.flatnonzero(np.diff(ptr))
+        dh_parts = np.empty((chunks, B, H), np.float32)
+        _, _, gW2, gb2, dh_ref = reference_grads(x, W1, b1, ref[0], ref[1], act, n_own)
+        kernels.output_rows_adam(h, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B, ptr, ent, rows, W2, bias, M2,
+                                 V2, Mb2, Vb2, T2, lr, beta1, beta2, eps, dh_parts)  # fmt: skip
+        np.testing.assert_allclose(dh_parts.sum(axis=0), dh_ref, rtol=1e-4, atol=1e-6)
+        assert set(rows) == set(act[n_own > 0].ravel())
+        for j in rows:
+            rt[j] += 1
+            for k, g in enumerate((gW2[j], gb2[j])):
+                rm[k][j] = beta1 * rm[k][j] + (1 - beta1) * g
+                rv[k][j] = beta2 * rv[k][j] + (1 - beta2) * g * g
+                ref[k][j] -= lr * (rm[k][j] / (1 - beta1 ** rt[j])) / (np.sqrt(rv[k][j] / (1 - beta2 ** rt[j])) + eps)
+        np.testing.assert_allclose(M2, rm[0], rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(W2, ref[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(bias, ref[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(T2, rt)
+    assert (rt == 0).any() or (rt != rt.max()).any()  # some rows were skipped by some steps
 
 
 @pytest.mark.parametrize("lr_decay", [0.0, 20.0])
