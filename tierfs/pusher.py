@@ -80,7 +80,7 @@ class KernelCache:
     async def store_files(self, data_fd: int, jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
         """Push cached copies' bytes into the page cache; ``jobs``: (copy name in ``data_fd``, size, copy id,
         inode).  Per job the bytes pushed, ``-errno`` (``-ENOENT``: the kernel has no inode for it; the copy
-        was not even opened), or the reason the copy is damaged (:class:`~tierfs.cache.CopyDamaged`)."""
+        was not even opened), or the reason the copy is damaged (:class:`~tierfs.copies.CopyDamaged`)."""
         assert self.store is not None
         return await trio.to_thread.run_sync(_store_files, self.store, data_fd, jobs, limiter=self.limiter,
                                              abandon_on_cancel=True)
