@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loader import read_whole
 from slowtier import GiB, KiB, MiB, Workload, drop_caches, install_sigterm, parse_size, require_root
-from tierfs.client import Client
 from tierfs.direct import cached_path
+from tierfs.loaders import Sample, copy_intact, open_sample, read_plan
 
 _BLOCK = 1 * MiB
 
@@ -73,12 +73,17 @@ class Row:
         return self.tierfs / self.native if self.native else float("nan")
 
 
-def read_files(paths: list[str], threads: int, direct: bool = False) -> float:
+def read_files(paths: list[str], threads: int, direct: bool = False, samples: list[Sample] | None = None,
+               copied: list[int] | None = None) -> float:
     """Read every file whole with ``threads`` threads pulling from a shared cursor; returns seconds.
 
     ``direct``: open each with ``tierfs.direct.open_cached`` (the cached copy when the mount lends it).
+    ``samples``: a plan's files (``paths`` unused): each opened as ``tierfs.loaders`` opens it, the copy
+    checked with ``fstat`` by the reading thread, the path through the mount if it fails; the positions read
+    from copies are added to ``copied`` (for the report).
     """
-    cursor = iter(range(len(paths)))
+    n = len(paths) if samples is None else len(samples)
+    cursor = iter(range(n))
     lock = threading.Lock()
     errors: list[BaseException] = []
 
@@ -90,7 +95,15 @@ def read_files(paths: list[str], threads: int, direct: bool = False) -> float:
             if i is None:
                 return
             try:
-                read_whole(paths[i], buf, direct=direct)
+                if samples is None:
+                    read_whole(paths[i], buf, direct=direct)
+                else:
+                    f, from_copy = open_sample(samples[i])
+                    if from_copy and copied is not None:
+                        copied.append(i)
+                    with f:
+                        while f.readinto(buf):
+                            pass
             except OSError as exc:
                 errors.append(exc)
                 return
@@ -142,16 +155,16 @@ def plan_pass(mnt: Path, prefix: str, threads: int, big: bool = False) -> tuple[
     the mount where there is none), report them consumed.  Returns the seconds of it all and of the plan's
     read and parse alone (the plan covers the whole view, whatever ``prefix`` selects)."""
     t0 = time.perf_counter()
-    client = Client(mnt)
-    plan = client.plan()
+    p = read_plan(mnt, prefix)
     t_plan = time.perf_counter() - t0
-    files = [(i, f) for i, f in enumerate(plan["files"]) if f["path"].startswith(prefix)]
-    paths = [f["copy"] or str(mnt / f["path"]) for _, f in files]
+    copied: list[int] = []
     if big:
-        read_big(paths[0], threads)
+        if copy_intact(p.samples[0]):
+            copied.append(0)
+        read_big(p.samples[0].copy if copied else p.samples[0].path, threads)
     else:
-        read_files(paths, threads)
-    client.consumed(plan["plan"], [i for i, f in files if f["copy"]])
+        read_files([], threads, samples=p.samples, copied=copied)
+    p.report(copied)
     return time.perf_counter() - t0, t_plan
 
 

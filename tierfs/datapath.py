@@ -113,10 +113,9 @@ class DataPath:
         self.stall_seconds = 0.0
         self.handles = 0  # dataset files open now
         #: batch plans for direct readers (plans.py), their copies pinned until their pass ends
-        self.batch = BatchPlans(tree=tree, cache=cache, cache_limiter=cache_limiter, backing=backing, reval=reval,
-                                schedule=schedule, settings=settings, timeout=self._timeout,
-                                return_leases=self._return_leases, served=self.served_from_copy,
-                                freed=stager.notify, repair=self.repair)
+        self.batch = BatchPlans(tree=tree, cache=cache, backing=backing, reval=reval, schedule=schedule,
+                                settings=settings, timeout=self._timeout, return_leases=self._return_leases,
+                                served=self.served_from_copies, freed=stager.notify)
 
     @property
     def settings(self) -> Settings:
@@ -363,11 +362,14 @@ class DataPath:
             self._opened(fidx, entry.size)
         return os.fsencode(os.path.join(self.cache.data_path, entry.name))
 
-    def served_from_copy(self, fidx: int, entry: CacheEntry) -> None:
-        """A direct read of a copy was reported (a batch plan's): count it as an open served from the cache."""
-        self.hits += 1
-        self.cache.touch(entry)
-        self._opened(fidx, entry.size)
+    def served_from_copies(self, reads: list[tuple[int, CacheEntry]]) -> None:
+        """Direct reads of copies were reported (a batch plan's): count each as an open served from the cache,
+        in the order given (a pass that ends on one of them has the rest in the next)."""
+        self.hits += len(reads)
+        touch, opened = self.cache.touch, self._opened
+        for fidx, entry in reads:
+            touch(entry)
+            opened(fidx, entry.size)
 
     def _return_leases(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -27,27 +27,46 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sampler.atomic import atomic_write
 from tierfs.client import CONTROL_DIR, Client
+from tierfs.copies import copy_matches
 
-__all__ = ["FileList", "PassFiles", "Sample", "find_classes", "read_pass", "read_sample", "tierfs_mount"]
+__all__ = ["FileList", "PassFiles", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
+           "read_plan", "read_sample", "tierfs_mount"]
 
 
 @dataclass(frozen=True)
 class Sample:
     """One file of a pass: ``path`` (through the mount, or the plain path), its ``label``, and ``copy``, the cached
-    copy to read instead (None: read ``path``); ``index`` is its position in the plan (for ``consumed``)."""
+    copy to read instead (None: read ``path``); ``index`` is its position in the plan (for ``consumed``);
+    ``size`` and ``copy_id`` (inode, ctime_ns) are the copy's identity as committed (:func:`copy_intact`)."""
 
     path: str
     label: int
     copy: str | None = None
     index: int = -1
+    size: int = -1
+    copy_id: tuple[int, int] | None = None
+
+
+def copy_intact(sample: Sample) -> bool:
+    """Whether the sample's copy is the one the plan named: a regular file with the committed size, inode,
+    ctime and landing mtime (one ``lstat``).  The cache dir is not trusted -- a cleaner may delete, truncate or
+    replace a copy, and a pass that ended early lets its copies go -- so a reader checks before it reads."""
+    if sample.copy is None or sample.copy_id is None:
+        return False
+    try:
+        st = os.stat(sample.copy, follow_symlinks=False)
+    except OSError:
+        return False
+    return copy_matches(st, sample.size, sample.copy_id)
 
 
 def tierfs_mount(root: str | os.PathLike[str]) -> Path | None:
@@ -105,6 +124,12 @@ class PassFiles:
                 self._client = Client(self.mount)
             self._client.consumed(self.plan, idx)
 
+    def drop_damaged(self) -> None:
+        """Check every copy now (:func:`copy_intact`) and read the ones that fail through the mount: for a
+        reader that cannot check each copy itself (a file list handed to DALI or tf.data)."""
+        self.samples = [s if s.copy is None or copy_intact(s) else replace(s, copy=None, copy_id=None)
+                        for s in self.samples]
+
     def report_all(self) -> None:
         """The whole pass was read (a DALI or tf.data epoch): report every copy."""
         self.report(range(len(self.samples)))
@@ -139,33 +164,75 @@ def read_pass(root: str | os.PathLike[str], classes: list[str] | None = None, *,
     prefix = os.path.relpath(root, mount)
     prefix = "" if prefix == "." else prefix + "/"
     client = Client(mount)
-    samples = []
+    samples: list[Sample] = []
 
-    def add(rel: str, copy: str | None, index: int) -> None:
+    def label(rel: str) -> int | None:
+        """The label of a mount-relative path, None if it is not a sample under ``root``."""
         if not rel.startswith(prefix):
-            return
+            return None
         cls, sep, rest = rel[len(prefix):].partition("/")
-        if sep and cls in label_of and _wanted(rest, ext):
-            samples.append(Sample(os.path.join(mount, rel), label_of[cls], copy, index))
+        return label_of[cls] if sep and cls in label_of and _wanted(rest, ext) else None
 
     try:
         plan = client.plan()
     except PermissionError:  # not the mount's user nor root: the order file, every file through the mount
-        for rel in client.order(nul=True):
-            add(os.fsdecode(rel), None, -1)
+        for rel in map(os.fsdecode, client.order(nul=True)):
+            if (lab := label(rel)) is not None:
+                samples.append(Sample(os.path.join(mount, rel), lab))
         return PassFiles(root, classes, samples, mount)
-    for i, f in enumerate(plan["files"]):
-        add(f["path"], f["copy"], i)
+    samples = [_planned(mount, i, f, lab) for i, f in enumerate(plan["files"])
+               if (lab := label(f["path"])) is not None]
     return PassFiles(root, classes, samples, mount, plan["plan"], (plan["epoch"], plan["mini_epoch"], plan["pass"]),
                      client)
 
 
-def read_sample(sample: Sample, reader: Callable[[str], Any]) -> tuple[Any, bool]:
-    """``reader(copy)`` if the sample has a copy, else (or if the copy is gone: its pass ended early)
-    ``reader(path)`` through the mount; and whether the copy was read (only those are reported)."""
-    if sample.copy is not None:
+def _planned(mount: Path, index: int, f: dict[str, Any], label: int) -> Sample:
+    """The sample of a plan's file ``index``."""
+    copy = f["copy"]
+    return Sample(os.path.join(mount, f["path"]), label, copy, index, f["size"], tuple(f["copy_id"]) if copy else None)
+
+
+def read_plan(mount: str | os.PathLike[str], prefix: str = "") -> PassFiles:
+    """Every file of the current pass whose mount-relative path starts with ``prefix``, from a batch plan, in
+    serving order, label 0: for a loader of files that are not in class folders (shards)."""
+    mount = Path(os.path.abspath(mount))
+    client = Client(mount)
+    plan = client.plan()
+    samples = [_planned(mount, i, f, 0) for i, f in enumerate(plan["files"]) if f["path"].startswith(prefix)]
+    return PassFiles(str(mount / prefix), [], samples, mount, plan["plan"],
+                     (plan["epoch"], plan["mini_epoch"], plan["pass"]), client)
+
+
+_COPY_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_sample(sample: Sample) -> tuple[BinaryIO, bool]:
+    """The sample opened for reading (unbuffered), and whether it is the copy: the copy if it opens and
+    ``fstat`` finds it intact (as :func:`copy_intact`, with no second path lookup), else the path through the
+    mount (whose open repairs a damaged copy and counts the read)."""
+    if sample.copy is not None and sample.copy_id is not None:
         try:
-            return reader(sample.copy), True
+            fd = os.open(sample.copy, _COPY_FLAGS)
+        except OSError:
+            pass
+        else:
+            if copy_matches(os.fstat(fd), sample.size, sample.copy_id):
+                return io.FileIO(fd, "rb"), True
+            os.close(fd)
+    return open(sample.path, "rb", buffering=0), False
+
+
+def read_sample(sample: Sample, reader: Callable[[str], Any] | None = None) -> tuple[Any, bool]:
+    """The sample's data and whether its copy was read (only those are reported).  Without ``reader``: its
+    bytes, through :func:`open_sample`.  With one: ``reader(copy)`` if the copy is intact
+    (:func:`copy_intact`, checked right before), else ``reader(path)`` through the mount."""
+    if reader is None:
+        f, from_copy = open_sample(sample)
+        with f:
+            return f.readall(), from_copy
+    if copy_intact(sample):
+        try:
+            return reader(sample.copy), True  # type: ignore[arg-type]
         except FileNotFoundError:
             pass
     return reader(sample.path), False
@@ -197,6 +264,7 @@ class FileList:
     def write(self) -> PassFiles:
         """Read the current pass and write its list (atomically); the caller reports it."""
         p = read_pass(self.root, self.classes, extensions=self.extensions)
+        p.drop_damaged()  # (the list's reader reads copies unchecked)
         lines = []
         for path, label in zip(p.paths(), p.labels(), strict=True):
             if "\n" in path or "\r" in path:

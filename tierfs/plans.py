@@ -12,9 +12,12 @@ Three promises keep that as safe as ``open()``:
   an eviction, a switch request that cannot happen yet or a change of the backing file only *dooms* it, and
   its name (never reused) is unlinked on the last unpin, after the pass.
 * **No changed file.**  A copy is named only if an ``open`` would serve it at that moment: its fingerprint is
-  within ``revalidate`` (or confirmed by a ``stat`` while the plan is built), the copy is what was committed
-  (checked like an open checks it) and, with ``verify=xxhash``, hashed.  Anything else is listed without a
-  copy, and the reader opens it through the mount, which fetches, re-stages and counts it as usual.
+  within ``revalidate`` (or confirmed by a ``stat`` while the plan is built) and, with ``verify=xxhash``, the
+  copy was hashed.  Anything else is listed without a copy, and the reader opens it through the mount, which
+  fetches, re-stages and counts it as usual.  The cache dir is not trusted: each copy is named with its
+  identity as committed (size, ``copy_id`` = inode and ctime, and the mtime every copy lands with), and the
+  reader checks the copy against it right before it reads (``tierfs.loaders`` does; an open through the mount
+  checks the same with ``fstat``); a copy that fails is read through the mount, which repairs it.
 * **Exact accounting.**  The daemon does not see a direct read, so the reader reports it:
   ``consumed PLAN INDICES`` on the control file (indices into the plan's file list, ``0-63,65``), after the
   reads.  Each reported file counts as one open served from the cache at the time of the report (``reads.hits``,
@@ -22,7 +25,7 @@ Three promises keep that as safe as ``open()``:
   most once, so a report sent twice (a loader's worker and its main process) changes nothing the second time.
   Files read through the mount are counted by their ``open`` and must not be reported.
 
-A :class:`PlanBook` owns the plans issued and their pins; :class:`BatchPlans` (the data path's) builds plans and
+A :class:`PlanBook` owns the plans issued and the pass's pins; :class:`BatchPlans` (the data path's) builds plans and
 counts reports.
 """
 
@@ -32,23 +35,20 @@ import errno
 import os
 import stat
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 
 import numpy as np
-import trio
 
 from tierfs.backing import Backing
-from tierfs.cache import CacheEntry, CacheStore
-from tierfs.copies import copy_matches
+from tierfs.cache import COPY_MTIME_NS, CacheEntry, CacheStore
 from tierfs.options import Settings
 from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
 from tierfs.tree import Tree, fingerprint
 
-__all__ = ["KEEP_PLANS", "BatchPlans", "Plan", "PlanBook", "PlanStatistics", "check_copies", "may_read_directly",
-           "render_plan"]
+__all__ = ["KEEP_PLANS", "BatchPlans", "Plan", "PlanBook", "PlanRenderer", "PlanStatistics", "may_read_directly"]
 
 #: Plans kept for late reports once their pass is over (a report about an older one fails with EINVAL); the
 #: plans of the pass that runs are all kept.
@@ -67,44 +67,32 @@ class Plan:
     files: np.ndarray  # fidx, serving order
     copies: list[CacheEntry | None]  # per position: the pinned copy, or None (read through the mount)
     reported: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    pinned: bool = True
+    pinned: bool = True  # its pass still runs (its copies are pinned for that pass)
 
 
 @dataclass(frozen=True)
 class PlanStatistics:
     issued: int  # plans rendered since mount
     pinned_plans: int  # plans whose pass still runs
-    pinned_copies: int  # copies named by those plans (a copy in two plans counts twice)
+    pinned_copies: int  # copies pinned for them (once each, however many plans name it)
     reported: int  # files reported consumed (each counted as an open served from the cache)
 
 
-def check_copies(data_fd: int, copies: list[tuple[str, int, tuple[int, int]]]) -> list[bool]:
-    """Check each (name, size, copy_id) as an open checks it -- a regular file, the committed size, inode, ctime
-    and the landing mtime -- with one ``lstat`` each (the reader opens it, not us), in one worker thread."""
-    ok = []
-    for name, size, copy_id in copies:
-        try:
-            st = os.stat(name, dir_fd=data_fd, follow_symlinks=False)
-        except OSError:
-            ok.append(False)
-            continue
-        ok.append(copy_matches(st, size, copy_id))
-    return ok
-
-
 class PlanBook:
-    """The plans issued (the last :data:`KEEP_PLANS`), their pins, and what was reported of each."""
+    """The plans issued (the last :data:`KEEP_PLANS`), what was reported of each, and the pins of the pass that
+    runs: a copy named by any plan of the pass is pinned once, until the pass ends."""
 
     def __init__(self, cache: CacheStore) -> None:
         self.cache = cache
         self._plans: OrderedDict[int, Plan] = OrderedDict()
+        self._pins: dict[int, CacheEntry] = {}  # id(entry) -> entry: pinned for the pass that runs
         self._serial = 0
         self.issued = 0
         self.reported = 0
 
     def issue(self, *, epoch: int, mini_epoch: int, pass_index: int, passes_total: int, files: np.ndarray,
               copies: list[CacheEntry | None]) -> Plan:
-        """Record a plan whose ``copies`` the caller has pinned (one pin each); they are unpinned at pass end."""
+        """Record a plan of the pass that runs (its copies pinned with :meth:`pin_for_pass`)."""
         self._serial += 1
         self.issued += 1
         plan = Plan(self._serial, epoch, mini_epoch, pass_index, passes_total, files, copies,
@@ -124,27 +112,24 @@ class PlanBook:
                              "over)")
         return plan
 
-    def _unpin(self, plan: Plan) -> bool:
-        freed = False
-        if plan.pinned:
-            plan.pinned = False
-            for entry in plan.copies:
-                if entry is not None:
-                    freed |= self.cache.unpin(entry)
-        return freed
+    def pin_for_pass(self, entries: Iterable[CacheEntry]) -> None:
+        """Pin each copy until the pass that runs ends (a copy already pinned for it is not pinned again)."""
+        pins, pin = self._pins, self.cache.pin
+        for e in entries:
+            if id(e) not in pins:
+                pins[id(e)] = e
+                pin(e)
 
     def pass_over(self) -> bool:
         """The pass the plans were issued in is over: unpin their copies; True if that freed space."""
-        freed = False
         for plan in self._plans.values():
-            freed |= self._unpin(plan)
-        return freed
+            plan.pinned = False
+        pins, self._pins = self._pins, {}
+        return any([self.cache.unpin(e) for e in pins.values()])
 
     def statistics(self) -> PlanStatistics:
-        pinned = [p for p in self._plans.values() if p.pinned]
-        return PlanStatistics(self.issued, len(pinned), sum(sum(c is not None for c in p.copies) for p in pinned),
+        return PlanStatistics(self.issued, sum(p.pinned for p in self._plans.values()), len(self._pins),
                               self.reported)
-
 
 
 def may_read_directly(uid: int) -> bool:
@@ -155,18 +140,16 @@ def may_read_directly(uid: int) -> bool:
 class BatchPlans:
     """Renders the ``plan`` file of the current pass and counts the reports about it; owns the :class:`PlanBook`.
 
-    The parts it reads (tree, cache, revalidator, backing, schedule) are the data path's; ``served(fidx, copy)``
-    counts a reported read as an open served from the cache, ``freed()`` says an unpin freed space,
-    ``repair(copy, reason)`` handles a damaged copy, ``return_leases()`` unpins expired leases first."""
+    The parts it reads (tree, cache, revalidator, backing, schedule) are the data path's; ``served(reads)``
+    counts reported reads ((fidx, copy) pairs) as opens served from the cache, ``freed()`` says an unpin freed space,
+    ``return_leases()`` unpins expired leases first."""
 
-    def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
-                 reval: Revalidator, schedule: Schedule, settings: Callable[[], Settings],
-                 timeout: Callable[[], float | None], return_leases: Callable[[], None],
-                 served: Callable[[int, CacheEntry], None], freed: Callable[[], None],
-                 repair: Callable[[CacheEntry, str], Awaitable[None]]) -> None:
+    def __init__(self, *, tree: Tree, cache: CacheStore, backing: Backing, reval: Revalidator, schedule: Schedule,
+                 settings: Callable[[], Settings], timeout: Callable[[], float | None],
+                 return_leases: Callable[[], None], served: Callable[[list[tuple[int, CacheEntry]]], None],
+                 freed: Callable[[], None]) -> None:
         self.tree = tree
         self.cache = cache
-        self.cache_limiter = cache_limiter
         self.backing = backing
         self.reval = reval
         self.schedule = schedule
@@ -175,8 +158,8 @@ class BatchPlans:
         self._return_leases = return_leases
         self._served = served
         self._freed = freed
-        self._repair = repair
         self.book = PlanBook(cache)
+        self.renderer = PlanRenderer(cache.data_path)
 
     @property
     def settings(self) -> Settings:
@@ -189,10 +172,11 @@ class BatchPlans:
         """The ``plan`` file for a reader with ``uid``: a batch plan of the current pass, every copy it names
         pinned until the pass ends; ``EACCES`` for anyone who cannot open the copies.
 
-        A copy is named only where :meth:`open_file` would serve it now: fingerprint within ``revalidate`` (the
-        older ones are confirmed here, in batches, and left out if the backing disagrees or does not answer),
-        the copy as committed (checked in one cache thread), ``verify=xxhash`` done.  Pins are taken before the
-        check and kept only for copies that pass it while the view is still the one the plan is about."""
+        A copy is named only where :meth:`open_file` would serve it now: indexed, fingerprint within
+        ``revalidate`` (the older ones are confirmed here, in batches, and left out if the backing disagrees or
+        does not answer), ``verify=xxhash`` done.  The copy's own identity (``copy_id``, its size) goes with
+        it: the cache dir is not trusted, and the reader checks what it opens against it (``tierfs.loaders``
+        does), as an open checks a copy with ``fstat`` -- no ``lstat`` per copy here, on every plan."""
         if not may_read_directly(uid):
             raise PermissionError(errno.EACCES, "the batch plan is for the mount's user and root")
         self._return_leases()
@@ -204,46 +188,21 @@ class BatchPlans:
             get = self.cache.get
             cands = [(f, e) for f, e in zip(order, map(get, order), strict=True)
                      if e is not None and (e.verified or not verify)]
-            fresh = self.reval.fresh_mask(np.fromiter((f for f, _ in cands), np.int64, len(cands))).tolist()
+            fidx = np.fromiter((f for f, _ in cands), np.int64, len(cands))
+            fresh = self.reval.fresh_mask(fidx).tolist()
             confirmed = await self._confirm_many([f for (f, _), ok in zip(cands, fresh, strict=True) if not ok])
-            pinned: list[CacheEntry] = []
-            for (f, e), ok in zip(cands, fresh, strict=True):
-                # (after the awaits: still the indexed copy, and still the backing file's fingerprint)
-                if get(f) is e and (ok or f in confirmed) and e.fp == fingerprint(self.tree.file_node(f).st):
-                    self.cache.pin(e)
-                    pinned.append(e)
-            try:
-                ok = await trio.to_thread.run_sync(
-                    check_copies, self.cache.data_fd, [(e.name, e.size, e.copy_id) for e in pinned],
-                    limiter=self.cache_limiter)
-            except BaseException:
-                self._unpin_all(pinned)
-                raise
             if self.schedule.view is not view:  # the pass ended meanwhile: plan the new one
-                self._unpin_all(pinned)
                 continue
-            by_fidx: dict[int, CacheEntry] = {}
-            damaged: list[CacheEntry] = []
-            for e, good in zip(pinned, ok, strict=True):
-                if good and self.cache.get(e.fidx) is e:  # (still indexed: not evicted or changed meanwhile)
-                    by_fidx[e.fidx] = e
-                else:
-                    self._unpin_all([e])
-                    if not good:
-                        damaged.append(e)
+            # (after the await: still the indexed copy, and still the backing file's fingerprint)
+            fps = self.tree.fingerprints(fidx).tolist()
+            by_fidx = {f: e for (f, e), ok, fp in zip(cands, fresh, fps, strict=True)
+                       if get(f) is e and (ok or f in confirmed) and e.fp == tuple(fp)}
+            copies = [by_fidx.get(f) for f in order]
+            self.book.pin_for_pass(by_fidx.values())
             pos = self.schedule.pos
             plan = self.book.issue(epoch=view.epoch, mini_epoch=view.mini_epoch, pass_index=pos.pass_index,
-                                    passes_total=pos.passes_total, files=view.order,
-                                    copies=[by_fidx.get(f) for f in order])
-            text = render_plan(plan, [self.tree.file_path(f) for f in order], self.tree.sizes[view.order].tolist(),
-                               self.cache.data_path)
-            for e in damaged:
-                await self._repair(e, f"copy {e.name} was changed in the cache dir")
-            return text
-
-    def _unpin_all(self, entries: list[CacheEntry]) -> None:
-        if any([self.cache.unpin(e) for e in entries]):
-            self._freed()
+                                   passes_total=pos.passes_total, files=view.order, copies=copies)
+            return self.renderer.render(plan, self.tree.file_path, self.tree.sizes[view.order].tolist())
 
     async def _confirm_many(self, stale: list[int]) -> set[int]:
         """Of ``stale``, the files whose backing fingerprint is still the tree's (asked in batches now).
@@ -279,13 +238,11 @@ class BatchPlans:
     def consumed(self, plan_id: int, indices: list[int]) -> None:
         """Count reported direct reads of a plan's copies as opens served from the cache, each index once."""
         plan = self.book.get(plan_id)
-        for i in indices:
-            entry = plan.copies[i]
-            if plan.reported[i] or entry is None:
-                continue
-            plan.reported[i] = True
-            self.book.reported += 1
-            self._served(int(plan.files[i]), entry)
+        files, copies, reported = plan.files.tolist(), plan.copies, plan.reported
+        new = [i for i in dict.fromkeys(indices) if copies[i] is not None and not reported[i]]
+        reported[new] = True
+        self.book.reported += len(new)
+        self._served([(files[i], copies[i]) for i in new])  # type: ignore[misc]
 
     def pass_over(self) -> None:
         """The pass ended: the copies its plans named are no longer pinned for them."""
@@ -293,22 +250,51 @@ class BatchPlans:
             self._freed()
 
 
-def render_plan(plan: Plan, paths: list[bytes], sizes: list[int], data_path: str) -> bytes:
-    """The ``plan`` file: one JSON object (see docs/tierfs.md, "Batch plans").
+class PlanRenderer:
+    """Renders ``plan`` files (one JSON object each, see docs/tierfs.md, "Batch plans"), keeping each file's
+    rendered entry while its copy (or its having none) and its size stay the same: the passes of a mini-epoch
+    list the same files, and rendering costs more per file than anything else a plan does.  Entries are kept
+    for the files of the last plan rendered (about that plan's size).
 
     Paths are mount-relative; a name that is not UTF-8 is decoded with ``surrogateescape`` (``os.fsdecode``)
     and written with its lone surrogates escaped (``\\udcff``), so ``os.fsencode(json.loads(...))`` gives the
-    name's bytes back.  Written piece by piece with the json module's own string encoder: a plan is rendered
-    per read, for every file of the pass, and ``json.dumps`` of a list of dicts costs several times more."""
-    enc = encode_basestring_ascii
-    copy_prefix = enc(data_path + os.sep)[:-1]  # the opening quote and the dir; a copy's name is [0-9a-f-]
-    parts = []
-    for rel, size, entry in zip(paths, sizes, plan.copies, strict=True):
-        head = f'{{"path":{enc(rel.decode("utf-8", "surrogateescape"))},"size":{size},"copy":'
-        if entry is None:
-            parts.append(head + "null}")
-        else:
-            fp = entry.fp
-            parts.append(f'{head}{copy_prefix}{entry.name}","fingerprint":[{fp[0]},{fp[1]},{fp[2]},{fp[3]}]}}')
+    name's bytes back.  Written piece by piece with the json module's own string encoder: ``json.dumps`` of a
+    list of dicts costs several times more."""
+
+    def __init__(self, data_path: str) -> None:
+        self.data_path = data_path
+        self._kept: dict[int, tuple[CacheEntry | None, int, str]] = {}  # fidx -> (copy, size, entry text)
+
+    def render(self, plan: Plan, path_of: Callable[[int], bytes], sizes: list[int]) -> bytes:
+        kept, made = self._kept, {}
+        copy_prefix: str | None = None
+        parts = []
+        for f, size, entry in zip(plan.files.tolist(), sizes, plan.copies, strict=True):
+            k = kept.get(f)
+            if k is None or k[0] is not entry or k[1] != size:
+                if copy_prefix is None:
+                    copy_prefix = _copy_prefix(self.data_path)
+                k = (entry, size, _entry(path_of(f), size, entry, copy_prefix))
+            made[f] = k
+            parts.append(k[2])
+        self._kept = made  # (files of older plans are forgotten)
+        return _document(plan, parts)
+
+
+def _copy_prefix(data_path: str) -> str:
+    return encode_basestring_ascii(data_path + os.sep)[:-1]  # the opening quote and the dir; names are [0-9a-f-]
+
+
+def _entry(rel: bytes, size: int, entry: CacheEntry | None, copy_prefix: str) -> str:
+    head = f'{{"path":{encode_basestring_ascii(rel.decode("utf-8", "surrogateescape"))},"size":{size},"copy":'
+    if entry is None:
+        return head + "null}"
+    fp, cid = entry.fp, entry.copy_id
+    return (f'{head}{copy_prefix}{entry.name}","copy_id":[{cid[0]},{cid[1]}],'
+            f'"fingerprint":[{fp[0]},{fp[1]},{fp[2]},{fp[3]}]}}')
+
+
+def _document(plan: Plan, parts: list[str]) -> bytes:
     return (f'{{"plan":{plan.id},"epoch":{plan.epoch},"mini_epoch":{plan.mini_epoch},"pass":{plan.pass_index},'
-            f'"passes_total":{plan.passes_total},"files":[' + ",".join(parts) + "]}\n").encode()
+            f'"passes_total":{plan.passes_total},"copy_mtime_ns":{COPY_MTIME_NS},"files":['
+            + ",".join(parts) + "]}\n").encode()

@@ -62,7 +62,7 @@ class _Common:
         self.root = os.path.abspath(root)
         self.transform = transform
         self.target_transform = target_transform
-        self.reader = reader or read_file
+        self.reader = reader  # None: the bytes as a tensor (the copy checked with fstat on the fd it reads)
         self.extensions = extensions
         self.report_every = report_every
         self.classes = find_classes(self.root)
@@ -71,6 +71,8 @@ class _Common:
     def _item(self, p: PassFiles, i: int) -> tuple[Any, Any, bool]:
         sample = p.samples[i]
         data, from_copy = read_sample(sample, self.reader)
+        if self.reader is None:
+            data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if self.transform is not None:
             data = self.transform(data)
         label: Any = sample.label if self.target_transform is None else self.target_transform(sample.label)

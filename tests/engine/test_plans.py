@@ -203,25 +203,34 @@ def test_lru_eviction_skips_planned_copies(open_engine, t, dataset):
 
 
 def test_plan_rendering_is_json_for_any_name(tmp_path):
-    from types import SimpleNamespace
-
     import numpy as np
 
-    from tierfs.plans import Plan, render_plan
+    from tierfs.cache import COPY_MTIME_NS, CacheEntry
+    from tierfs.plans import Plan, PlanRenderer
 
     names = [b"plain/a.jpg", b'quote"and\\back/b', b"new\nline/c", b"latin1-\xff/d", "ünï/e".encode()]
-    entry = SimpleNamespace(name="0123456789abcdef-0123456789abcdef-1f", fp=(5, 6, 7, 8))
+    entry = CacheEntry(0, "0123456789abcdef-0123456789abcdef-1f", 1, 4096, (5, 6, 7, 8), None, (11, 12))
     plan = Plan(3, 1, 2, 0, 9, np.arange(len(names)), [entry, None, entry, None, entry])
-    doc = json.loads(render_plan(plan, names, [1, 2, 3, 4, 5], str(tmp_path / 'da"ta')))
+    renderer = PlanRenderer(str(tmp_path / 'da"ta'))
+    doc = json.loads(renderer.render(plan, names.__getitem__, [1, 2, 3, 4, 5]))
     assert (doc["plan"], doc["epoch"], doc["mini_epoch"], doc["pass"], doc["passes_total"]) == (3, 1, 2, 0, 9)
     assert [os.fsencode(f["path"]) for f in doc["files"]] == names
     assert [f["size"] for f in doc["files"]] == [1, 2, 3, 4, 5]
     assert doc["files"][0]["copy"] == os.path.join(str(tmp_path / 'da"ta'), entry.name)
-    assert doc["files"][0]["fingerprint"] == [5, 6, 7, 8]
-    assert doc["files"][1]["copy"] is None and "fingerprint" not in doc["files"][1]
+    assert doc["files"][0]["fingerprint"] == [5, 6, 7, 8] and doc["files"][0]["copy_id"] == [11, 12]
+    assert doc["copy_mtime_ns"] == COPY_MTIME_NS
+    assert doc["files"][1]["copy"] is None and "fingerprint" not in doc["files"][1] and "copy_id" not in doc["files"][1]
+    # rendered again, an entry kept is reused only while the file's copy and size are the same
+    other = CacheEntry(0, "fedcba9876543210-fedcba9876543210-2a", 1, 4096, (5, 6, 7, 9), None, (13, 14))
+    plan2 = Plan(4, 1, 2, 1, 9, np.arange(len(names)), [other, entry, None, None, entry])
+    doc2 = json.loads(renderer.render(plan2, names.__getitem__, [1, 2, 3, 40, 5]))
+    assert doc2["plan"] == 4 and [os.fsencode(f["path"]) for f in doc2["files"]] == names
+    assert doc2["files"][0]["copy"].endswith(other.name) and doc2["files"][0]["copy_id"] == [13, 14]
+    assert doc2["files"][1]["copy"].endswith(entry.name) and doc2["files"][2]["copy"] is None
+    assert doc2["files"][3]["size"] == 40 and doc2["files"][4] == doc["files"][4]
 
 
-def test_many_readers_plans_all_keep_their_pins_until_the_pass_ends(open_engine, t):
+def test_many_readers_plans_pin_each_copy_once_until_the_pass_ends(open_engine, t):
     from tierfs.plans import KEEP_PLANS
 
     e = open_engine()
@@ -231,7 +240,9 @@ def test_many_readers_plans_all_keep_their_pins_until_the_pass_ends(open_engine,
         plans = [await _plan(e) for _ in range(KEEP_PLANS + 6)]  # more readers than plans kept for late reports
         first = plans[0]
         pinned = [e.cache.get(_fidx(e, f["path"])) for f in first["files"] if f["copy"]]
-        assert all(entry.opens == len(plans) for entry in pinned)
+        # one pin per copy for the pass, however many readers ask (each plan's own number still takes reports)
+        assert pinned and all(entry.opens == 1 for entry in pinned)
+        assert e.status().plans["pinned_copies"] == len(pinned) and e.status().plans["pinned_plans"] == len(plans)
         e.batch.consumed(first["plan"], [0])  # the first plan still takes reports
         e.control_write(b"next-pass")
         assert all(entry.opens == 0 for entry in pinned)
