@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from tierfs.direct import open_cached
+from tierfs.loaders import Sample, open_sample, read_plan
 
 __all__ = ["LoaderConfig", "PassStats", "RunStats", "ThreadLoader", "TorchLoader", "list_dataset"]
 
@@ -57,6 +58,20 @@ def list_dataset(root: Path) -> list[str]:
     return out
 
 
+def read_planned(sample: Sample, buf: bytearray, copied: list[int]) -> int:
+    """Read a batch plan's file whole (its copy, checked, or through the mount); its length.  The position of
+    a file read from its copy is added to ``copied``."""
+    f, from_copy = open_sample(sample)
+    if from_copy:
+        copied.append(sample.index)
+    n = 0
+    view = memoryview(buf)
+    with f:
+        while k := f.readinto(view):
+            n += k
+    return n
+
+
 def read_whole(path: str, buf: bytearray, *, direct: bool = False) -> int:
     """Read a file to its end through ``buf`` (unbuffered, 1 MiB reads); returns its length.
 
@@ -81,6 +96,7 @@ class LoaderConfig:
     shuffle: bool = True
     seed: int = 0
     direct: bool = False  # open files with tierfs.direct.open_cached
+    plan: bool = False  # read each pass's batch plan (tierfs.loaders.read_plan) and the copies it names
 
 
 @dataclass(frozen=True)
@@ -132,11 +148,13 @@ class ThreadLoader:
     def run_pass(self, index: int) -> PassStats:
         cfg = self.config
         t_start = time.perf_counter()
-        files = list_dataset(self.root)
+        planned = read_plan(self.root) if cfg.plan else None
+        files = list_dataset(self.root) if planned is None else list(range(len(planned.samples)))
         list_s = time.perf_counter() - t_start
         if cfg.shuffle:
             np.random.default_rng((cfg.seed, index)).shuffle(files)
-        paths = [os.path.join(self.root, f) for f in files]
+        paths = [os.path.join(self.root, f) for f in files] if planned is None else files
+        copied: list[int] = []  # plan positions read from their copies (reported at the pass's end)
         q: queue.Queue[int | BaseException] = queue.Queue(maxsize=max(1, cfg.workers * cfg.prefetch * cfg.batch))
         cursor = iter(range(len(paths)))
         lock = threading.Lock()
@@ -150,7 +168,10 @@ class ThreadLoader:
                 if i is None:
                     return
                 try:
-                    item: int | BaseException = read_whole(paths[i], buf, direct=cfg.direct)
+                    if planned is None:
+                        item: int | BaseException = read_whole(paths[i], buf, direct=cfg.direct)
+                    else:
+                        item = read_planned(planned.samples[paths[i]], buf, copied)
                 except OSError as exc:
                     item = exc
                 while not stop.is_set():
@@ -181,6 +202,8 @@ class ThreadLoader:
             stop.set()
             for t in threads:
                 t.join()
+        if planned is not None:
+            planned.report(copied)
         return PassStats(index, len(paths), nbytes, time.perf_counter() - t_start, stall, list_s)
 
 

@@ -11,6 +11,8 @@ One command runs every configuration of issue 4 in one run, per workload:
 ``reservoir-rf4``  tierfs MET, ``composition=reservoir``, ``rf=4``
 ``*-direct``       the same, the loader opening files with ``tierfs.direct.open_cached`` (cached copies read
                    directly, without the FUSE data path)
+``*-plan``         the same, the loader reading each pass's batch plan (``tierfs.loaders.read_plan``) and the
+                   copies it names (checked with ``fstat``), reporting them at the pass's end
 ``torch-*``        the same pass through ``torch.utils.data.DataLoader`` (when torch is importable)
 =================  ==================================================================================
 
@@ -75,6 +77,7 @@ ALL_CONFIGS = [
     "met-rf4-direct",
     "met-rf8-direct",
     "met-auto-direct",
+    "met-rf4-plan",
     "torch-backing",
     "torch-met-rf4",
     "torch-met-rf4-direct",
@@ -90,6 +93,7 @@ class Config:
     loader: str = "threads"  # "threads" | "torch"
     options: tuple[tuple[str, object], ...] = ()
     direct: bool = False  # the loader opens files with tierfs.direct.open_cached
+    plan: bool = False  # the loader reads batch plans (tierfs.loaders.read_plan)
 
     @property
     def rf(self) -> float | None:
@@ -102,6 +106,8 @@ def make_config(name: str, nm: int) -> Config:
     base = name.removeprefix("torch-")
     if base.endswith("-direct") and base.startswith(("met-", "reservoir-")):
         return dataclasses.replace(make_config(name.removesuffix("-direct"), nm), name=name, direct=True)
+    if base.endswith("-plan") and base.startswith(("met-", "reservoir-")) and not torch:
+        return dataclasses.replace(make_config(name.removesuffix("-plan"), nm), name=name, plan=True)
     loader = "torch" if torch else "threads"
     if base in ("backing", "fast"):
         return Config(name, base, loader)
@@ -224,7 +230,7 @@ def run_config(
             root, status = mnt, m.status
         else:
             root = tier.root if cfg.source == "backing" else fast_root
-        loader_cfg = dataclasses.replace(loader_cfg, direct=cfg.direct)
+        loader_cfg = dataclasses.replace(loader_cfg, direct=cfg.direct, plan=cfg.plan)
         loader = (TorchLoader if cfg.loader == "torch" else ThreadLoader)(root, loader_cfg)
         bar = stack.enter_context(tqdm(total=target, desc=f"{workload.name}/{cfg.name}", unit="smp", leave=False))
 

@@ -22,7 +22,8 @@ Importing this module imports torch (``import tierfs`` never does)::
   write), and mark each sample in a shared array; ``set_epoch`` and ``close`` report what is left.  tierfs
   counts each file of a plan once, so passes, ``rf``, ARF and ``status`` see these reads as opens.
 * **Works with ``DataLoader(num_workers>0)``** (fork or spawn: the marks live in shared memory).  With
-  ``persistent_workers=True`` workers keep the dataset of the epoch they started with: use
+  ``persistent_workers=True`` workers would keep the pass of the epoch they started with: a worker that finds
+  ``set_epoch`` moved on since raises ``RuntimeError`` saying so (rather than read the old pass); use
   ``persistent_workers=False`` (the default) so each epoch's workers get the new pass.
 * **No mount**: on a plain directory it is an ``ImageFolder`` of raw bytes (every file every epoch).
 
@@ -87,6 +88,8 @@ class MiniEpochDataset(_Common, Dataset):
                  extensions: Sequence[str] | None = None, report_every: int = 64) -> None:
         super().__init__(root, transform, target_transform, reader, extensions, report_every)
         self._pass: PassFiles | None = None
+        self._epochs = torch.zeros(1, dtype=torch.int64).share_memory_()  # set_epoch calls, seen by every worker
+        self._epoch_loaded = 0  # the set_epoch call this copy of the dataset holds the pass of
         self._marks = torch.zeros(0, dtype=torch.uint8)
         self._pending: list[int] = []  # read from copies here (a worker), not reported yet
 
@@ -108,6 +111,8 @@ class MiniEpochDataset(_Common, Dataset):
         if self._pass is not None:
             self.flush()
         self._load()
+        self._epochs += 1
+        self._epoch_loaded = int(self._epochs[0])
 
     def flush(self) -> None:
         """Report every sample read from a copy and not reported yet (workers' included)."""
@@ -130,6 +135,9 @@ class MiniEpochDataset(_Common, Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
+        if self._epoch_loaded != int(self._epochs[0]):
+            raise RuntimeError("MiniEpochDataset: set_epoch moved to another pass since this DataLoader worker "
+                               "started (persistent_workers=True keeps the old pass): use persistent_workers=False")
         p = self.files
         data, label, from_copy = self._item(p, i)
         if from_copy:

@@ -174,3 +174,18 @@ def test_a_copy_damaged_after_the_plan_is_read_through_the_mount_and_repaired(ti
             for x in paths:
                 assert _bytes(x) == _bytes(backing / _rel(backing, _bytes(x), files))
             assert sum(s.copy is None for s in listed.files.samples) == 3
+
+
+def test_persistent_workers_that_would_read_an_old_pass_fail_with_a_clear_error(tierfs_mount, dataset):
+    backing, files = dataset
+    with tierfs_mount(capacity=sum(files.values()) // 2, nm=4, rf=4) as m:
+        wait_until(lambda: m.status()["next_ready"], what="staging")
+        ds = MiniEpochDataset(m.mountpoint)
+        ds.set_epoch(0)
+        loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, collate_fn=_collate)
+        assert sorted(_epoch(loader, backing, files)) == sorted(p.decode() for p in Client(m.mountpoint).order())
+        ds.set_epoch(1)  # the workers still hold the dataset as it was: they must not read that pass again
+        with pytest.raises(RuntimeError, match="persistent_workers=False"):
+            _epoch(loader, backing, files)
+        del loader
+        ds.close()

@@ -99,3 +99,33 @@ def test_other_users_get_eacces(dataset, tmp_path, other_user):
         assert as_nobody(code, m.path(".tierfs", "plan")) == ["EACCES"]
         assert Client(m.mountpoint).plan()["files"]  # root reads it
         assert m.status()["plans"]["issued"] == 1
+
+
+def test_the_slow_tier_benchmarks_plan_loader_reads_each_pass_once_and_counts_it(tierfs_mount, dataset):
+    """benchmarks/loader.py with ``plan`` (the ``met-rf4-plan`` configuration): each pass one plan, every file
+    of the view read once with the right length, the copies reported, counted as one pass of opens."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("loader", bench / "loader.py")
+        loader = sys.modules["loader"] = importlib.util.module_from_spec(spec)  # (dataclasses look it up)
+        spec.loader.exec_module(loader)
+    finally:
+        sys.path.remove(str(bench))
+    _, files = dataset
+    with tierfs_mount(capacity=sum(files.values()) // 2, nm=4, rf=2) as m:
+        wait_until(lambda: m.status()["next_ready"], what="staging")
+        run = loader.ThreadLoader(Path(m.mountpoint), loader.LoaderConfig(workers=3, batch=4, plan=True))
+        for index in range(2):
+            st0 = m.status()
+            view = [p.decode() for p in Client(m.mountpoint).order()]
+            stats = run.run_pass(index)
+            st1 = m.status()
+            assert stats.samples == len(view) and stats.bytes == sum(files[r] for r in view)
+            assert st1["passes_total"] == st0["passes_total"] + 1
+            assert st1["reads"]["plan"] - st0["reads"]["plan"] == len(view)  # all staged: every one a copy
+            assert st1["served_bytes"] == st0["served_bytes"]
