@@ -80,6 +80,19 @@ def test_direct_reads_recipe_reads_cached_copies(dataset, mount_dirs):
     assert st["reads"]["direct"] >= view == len(passes[0]["samples"])
 
 
+def test_plan_recipe_reads_copies_and_passes_count_exactly(dataset, mount_dirs):
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    with mounted(backing, mnt, cache, "1M", nm=2, rf=2, advance="strict", seed=3) as m:
+        passes = run_example("plan_loader.py", mnt, "--passes", 8, "--batch", 4, "--workers", 2)
+        st = m.status()
+    check_samples(passes, backing, files)
+    check_mini_epoch_passes(passes, files, nm=2, rf=2)
+    # each file of the 8 passes counted once as an open: the copies by the workers' reports, the rest by opens
+    assert st["reads"]["hits"] + st["reads"]["misses"] == sum(len(p["samples"]) for p in passes)
+    assert st["reads"]["plan"] > 0
+
+
 def test_sampler_recipe_needs_no_filesystem(dataset):
     backing, files = dataset
     assert not any(os.path.ismount(p) for p in (backing, backing.parent))
