@@ -11,6 +11,7 @@ A client is made from any path that names the mount: the mountpoint, its ``.tier
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -49,6 +50,26 @@ class Client:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.mountpoint = find_mount(path)
         self.dir = self.mountpoint / CONTROL_DIR
+        self._control_fd: int | None = None  # kept open for the next write (see write)
+
+    def close(self) -> None:
+        """Close the control file if a write left it open."""
+        fd, self._control_fd = self._control_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_control_fd": None}  # (a descriptor means nothing in another process)
 
     def _read(self, name: str) -> bytes:
         # 1 MiB reads: the files show size 0 (/proc style), so a plain read() would grow its buffer from 8 KiB,
@@ -110,16 +131,21 @@ class Client:
         if check:
             self.check(text)
         data = text.encode() if text.endswith("\n") else (text + "\n").encode()
-        # (no O_TRUNC: the kernel would follow it with a GETATTR and a security xattr question, two round trips)
-        fd = os.open(self.dir / "control", os.O_WRONLY)
-        try:
-            written = os.write(fd, data)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:
-                raise ValueError(self.status().get("last_error") or "refused by the mount") from None
-            raise
-        finally:
-            os.close(fd)
+        # The control file stays open for the next write (a loader reports every few dozen samples: an open and
+        # a release per report were two of its three round trips); each write is still applied on its own.
+        # (no O_TRUNC: the kernel would follow it with a GETATTR and a security xattr question)
+        for attempt in (0, 1):
+            if self._control_fd is None:
+                self._control_fd = os.open(self.dir / "control", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                written = os.write(self._control_fd, data)
+                break
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    raise ValueError(self.status().get("last_error") or "refused by the mount") from None
+                self.close()
+                if attempt or exc.errno not in (errno.ENOTCONN, errno.EBADF, errno.ENODEV):
+                    raise  # (once more with a fresh open only if the one kept belonged to an older mount)
         if written != len(data):
             raise OSError(errno.EIO, f"{self.dir}/control: short write ({written} of {len(data)} bytes)")
 

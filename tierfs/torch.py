@@ -16,10 +16,11 @@ Importing this module imports torch (``import tierfs`` never does)::
   ``DistributedSampler``) reports what the previous pass read and reads the batch plan of the current pass;
   ``len(ds)`` is that pass's size.
 * **Labels never shift**: the index of the sample's class folder among the sorted class folders, read once.
-* **Reads the fast tier directly**: a cached file is read from its copy (no FUSE request); a file without a
-  copy, or whose copy is gone (its pass ended early), through the mount.
-* **Counts exactly.**  Workers report what they read from copies every ``report_every`` samples (one control
-  write), and mark each sample in a shared array; ``set_epoch`` and ``close`` report what is left.  tierfs
+* **Reads the fast tier directly**: a cached file is read from its copy (no FUSE request), checked against
+  the plan first (``fstat`` of the descriptor read, or one ``lstat`` before a ``reader`` of paths); a file
+  without a copy, or whose copy is gone or damaged, through the mount.
+* **Counts exactly.**  Workers report what they read from copies every ``report_every`` samples (256: one
+  control write, on a descriptor each worker keeps open), and mark each sample in a shared array; ``set_epoch`` and ``close`` report what is left.  tierfs
   counts each file of a plan once, so passes, ``rf``, ARF and ``status`` see these reads as opens.
 * **Works with ``DataLoader(num_workers>0)``** (fork or spawn: the marks live in shared memory).  With
   ``persistent_workers=True`` workers would keep the pass of the epoch they started with: a worker that finds
@@ -85,7 +86,7 @@ class MiniEpochDataset(_Common, Dataset):
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, *, reader: Callable[[str], Any] | None = None,
-                 extensions: Sequence[str] | None = None, report_every: int = 64) -> None:
+                 extensions: Sequence[str] | None = None, report_every: int = 256) -> None:
         super().__init__(root, transform, target_transform, reader, extensions, report_every)
         self._pass: PassFiles | None = None
         self._epochs = torch.zeros(1, dtype=torch.int64).share_memory_()  # set_epoch calls, seen by every worker
@@ -172,7 +173,7 @@ class MiniEpochIterableDataset(_Common, IterableDataset):
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, *, reader: Callable[[str], Any] | None = None,
-                 extensions: Sequence[str] | None = None, report_every: int = 64) -> None:
+                 extensions: Sequence[str] | None = None, report_every: int = 256) -> None:
         super().__init__(root, transform, target_transform, reader, extensions, report_every)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:

@@ -249,6 +249,26 @@ def test_status_set_and_their_errors(tierfs_mount, mount_dirs):
         assert json.loads(run_tierfs("status", mnt, "--json").stdout)["rf"] == 7
 
 
+def test_a_client_keeps_the_control_file_open_and_follows_a_remount(tierfs_mount, mount_dirs):
+    from tierfs.client import Client
+
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M", rf=2):
+        client = Client(mnt)
+        client.write("rf=3")
+        fd = client._control_fd
+        client.write("rf=4")  # the same descriptor: one write request, no open and release per write
+        assert client._control_fd == fd and client.settings()["rf"] == "4"
+    # the mount is gone and comes back: the descriptor kept belongs to the old one; the next write reopens
+    with tierfs_mount(capacity="1M", rf=2):
+        client.write("rf=5")
+        assert client.settings()["rf"] == "5"  # (the old descriptor failed with ENOTCONN: opened again)
+        with pytest.raises(ValueError, match="rf"):
+            client.write("rf=0")
+        client.close()
+        assert client._control_fd is None
+
+
 def test_allow_other_always_comes_with_default_permissions(tierfs_mount, mount_dirs):
     mnt, _ = mount_dirs
     with tierfs_mount(capacity="1M", allow_other=True):
