@@ -19,10 +19,15 @@ For 1 and 4 reader threads, on a fresh mount each time:
   staged), the mount's page cache empty (native: the cached copies, from RAM);
 * ``..., direct``   the same with the reader opening files through ``tierfs.direct.open_cached`` (one
   ``getxattr`` through the mount, then the cached copy itself), for every test where the file is cached.
-* ``..., plan``     the same through a batch plan (issue 15): one read of ``/.tierfs/plan``, the copies read
-  directly, one ``consumed`` report at the end -- all three inside the timed span for the small files (the big
-  file's rows leave out the plan's read: one per pass of the whole view, printed on its own).  Plan rows are
-  the best of 3 alternating runs of each side (native, then the plan), for a loaded shared machine.
+* ``..., plan``     the same through a batch plan (issue 15), as ``tierfs.loaders`` reads it: one read of
+  ``/.tierfs/plan`` (the first of a pass: ``next-pass`` before it, untimed), each copy opened and checked with
+  ``fstat`` by the reading thread, one ``consumed`` report at the end -- all inside the timed span for the
+  small files (the big file's rows leave out the plan's read: one per pass of the whole view, printed on its
+  own).  Plan and dataset rows are the best of 5 alternating runs of each side (native, then tierfs), for a
+  loaded shared machine.
+* ``..., MiniEpochDataset``  one epoch of ``tierfs.torch.MiniEpochDataset`` through a ``DataLoader`` (workers =
+  readers) over the mount against the same dataset over a plain directory of the same files; ``(sizes)``: with
+  a reader that returns only each file's length (no tensor handed from a worker to the main process).
 
 Native reads of cached files read the cached copies themselves (their paths asked of the mount).
 
@@ -180,7 +185,7 @@ def best_of(rounds: int, native: Callable[[], float], tierfs: Callable[[], float
     return t, n
 
 
-PLAN_ROUNDS = 3
+PLAN_ROUNDS = 5
 
 
 def _torch_epoch(root: Path, workers: int, sizes_only: bool = False) -> float:
