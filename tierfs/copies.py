@@ -15,7 +15,7 @@ import xxhash
 
 from tierfs.cache import COPY_MTIME_NS
 
-__all__ = ["CopyDamaged", "copy_matches", "hash_copy", "open_copy"]
+__all__ = ["COPY_OPEN_FLAGS", "CopyDamaged", "copy_matches", "hash_copy", "open_copy"]
 
 
 class CopyDamaged(Exception):
@@ -29,10 +29,15 @@ def copy_matches(st: os.stat_result, size: int, copy_id: tuple[int, int]) -> boo
         and st.st_mtime_ns == COPY_MTIME_NS
 
 
+#: how a copy is opened: never through a symlink, and never blocking in ``open`` (a FIFO put at a copy's name
+#: would hang a reader; ``O_NONBLOCK`` changes nothing for a regular file), then checked with ``fstat``
+COPY_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def open_copy(data_fd: int, entry_name_: str, size: int, copy_id: tuple[int, int]) -> int:
     """Open a copy and check it is the one committed (worker thread); :class:`CopyDamaged` if not."""
     try:
-        fd = os.open(entry_name_, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+        fd = os.open(entry_name_, COPY_OPEN_FLAGS, dir_fd=data_fd)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
             raise CopyDamaged(f"copy {entry_name_} is gone") from None
@@ -48,8 +53,10 @@ def open_copy(data_fd: int, entry_name_: str, size: int, copy_id: tuple[int, int
 
 def hash_copy(data_fd: int, name: str) -> int:
     """xxh3 of a copy's bytes (worker thread)."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+    fd = os.open(name, COPY_OPEN_FLAGS, dir_fd=data_fd)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"copy {name} is not a regular file")
         h = xxhash.xxh3_64()
         while chunk := os.read(fd, 1 << 20):
             h.update(chunk)

@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from sampler.atomic import atomic_write
 from tierfs.client import CONTROL_DIR, Client
-from tierfs.copies import copy_matches
+from tierfs.copies import COPY_OPEN_FLAGS, copy_matches
 
 __all__ = ["FileList", "PassFiles", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
            "read_plan", "read_sample", "tierfs_mount"]
@@ -206,16 +206,13 @@ def read_plan(mount: str | os.PathLike[str], prefix: str = "") -> PassFiles:
                      (plan["epoch"], plan["mini_epoch"], plan["pass"]), client)
 
 
-_COPY_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
 def open_sample(sample: Sample) -> tuple[BinaryIO, bool]:
     """The sample opened for reading (unbuffered), and whether it is the copy: the copy if it opens and
     ``fstat`` finds it intact (as :func:`copy_intact`, with no second path lookup), else the path through the
     mount (whose open repairs a damaged copy and counts the read)."""
     if sample.copy is not None and sample.copy_id is not None:
         try:
-            fd = os.open(sample.copy, _COPY_FLAGS)
+            fd = os.open(sample.copy, COPY_OPEN_FLAGS)
         except OSError:
             pass
         else:

@@ -20,8 +20,9 @@ Importing this module imports torch (``import tierfs`` never does)::
   the plan first (``fstat`` of the descriptor read, or one ``lstat`` before a ``reader`` of paths); a file
   without a copy, or whose copy is gone or damaged, through the mount.
 * **Counts exactly.**  Workers report what they read from copies every ``report_every`` samples (256: one
-  control write, on a descriptor each worker keeps open), and mark each sample in a shared array; ``set_epoch`` and ``close`` report what is left.  tierfs
-  counts each file of a plan once, so passes, ``rf``, ARF and ``status`` see these reads as opens.
+  control write, on a descriptor each worker keeps open), and mark each sample in a shared array;
+  ``set_epoch`` and ``close`` report what is left.  tierfs counts each file of a plan once, so passes, ``rf``,
+  ARF and ``status`` see these reads as opens.
 * **Works with ``DataLoader(num_workers>0)``** (fork or spawn: the marks live in shared memory).  With
   ``persistent_workers=True`` workers would keep the pass of the epoch they started with: a worker that finds
   ``set_epoch`` moved on since raises ``RuntimeError`` saying so (rather than read the old pass); use

@@ -134,8 +134,11 @@ def test_without_a_mount_the_same_api_reads_plain_paths(dataset, tmp_path):
 
 
 def _damage(copies: list[str]) -> None:
-    """What a cleaner or an admin may do in the cache dir: truncate, rewrite in place (same size), replace."""
-    truncated, rewritten, replaced = copies[:3]
+    """What a cleaner or an admin may do in the cache dir: truncate, rewrite in place (same size), replace, and
+    put a FIFO at a copy's name (an open of it must not block: not the loader's, not the daemon's)."""
+    truncated, rewritten, replaced, fifo = copies[:4]
+    os.unlink(fifo)
+    os.mkfifo(fifo)
     os.truncate(truncated, 1)
     size = os.path.getsize(rewritten)
     with open(rewritten, "r+b") as f:
@@ -155,25 +158,25 @@ def test_a_copy_damaged_after_the_plan_is_read_through_the_mount_and_repaired(ti
         samples = ds.files.samples
         assert all(s.copy is not None for s in samples)
         _damage([s.copy for s in samples])
-        # every sample still reads right: the three damaged ones through the mount, the rest from their copies
-        got = _epoch(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_collate), backing, files)
+        # every sample still reads right: the four damaged ones through the mount, the rest from their copies
+        got = _epoch(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_collate, timeout=60), backing, files)
         assert sorted(got) == sorted(os.path.relpath(s.path, m.mountpoint) for s in samples)
         ds.close()
         st1 = m.status()
-        assert st1["passes_total"] == st0["passes_total"] + 1  # counted exactly: 3 opens and the rest reported
-        assert st1["reads"]["plan"] - st0["reads"]["plan"] == len(samples) - 3
-        assert st1["cache_repairs"] - st0["cache_repairs"] == 3  # the mount's open found them and repaired them
+        assert st1["passes_total"] == st0["passes_total"] + 1  # counted exactly: 4 opens and the rest reported
+        assert st1["reads"]["plan"] - st0["reads"]["plan"] == len(samples) - 4
+        assert st1["cache_repairs"] - st0["cache_repairs"] == 4  # the mount's open found them and repaired them
         # the file list (read by DALI or tf.data, which check nothing) never lists a damaged copy
         wait_until(lambda: all(s.copy for s in read_pass(m.mountpoint).samples), what="the repaired copies staged")
-        _damage([s.copy for s in read_pass(m.mountpoint).samples][3:])
+        _damage([s.copy for s in read_pass(m.mountpoint).samples])  # (the repaired copies are new files)
         lst = tmp_path / "list.txt"
         with FileList(m.mountpoint, lst).next_pass() as listed:
             paths = [line.rsplit(" ", 1)[0] for line in lst.read_text().splitlines()]
             through_mount = [x for x in paths if x.startswith(str(m.mountpoint))]
-            assert len(through_mount) == 3 and len(paths) == len(samples)
+            assert len(through_mount) == 4 and len(paths) == len(samples)
             for x in paths:
                 assert _bytes(x) == _bytes(backing / _rel(backing, _bytes(x), files))
-            assert sum(s.copy is None for s in listed.files.samples) == 3
+            assert sum(s.copy is None for s in listed.files.samples) == 4
 
 
 def test_persistent_workers_that_would_read_an_old_pass_fail_with_a_clear_error(tierfs_mount, dataset):
