@@ -60,7 +60,7 @@ from loader import read_whole
 from slowtier import GiB, KiB, MiB, Workload, drop_caches, install_sigterm, parse_size, require_root
 from tierfs.client import Client
 from tierfs.direct import cached_path
-from tierfs.loaders import Sample, copy_intact, open_sample, read_plan
+from tierfs.loaders import Sample, copy_intact, read_plan, read_sample
 
 _BLOCK = 1 * MiB
 
@@ -84,9 +84,9 @@ def read_files(paths: list[str], threads: int, direct: bool = False, samples: li
     """Read every file whole with ``threads`` threads pulling from a shared cursor; returns seconds.
 
     ``direct``: open each with ``tierfs.direct.open_cached`` (the cached copy when the mount lends it).
-    ``samples``: a plan's files (``paths`` unused): each opened as ``tierfs.loaders`` opens it, the copy
-    checked with ``fstat`` by the reading thread, the path through the mount if it fails; the positions read
-    from copies are added to ``copied`` (for the report).
+    ``samples``: a plan's files (``paths`` unused): each read as ``tierfs.loaders.read_sample`` reads it, the
+    copy checked with ``fstat`` by the reading thread, the path through the mount if it fails; the positions
+    read from copies are added to ``copied`` (for the report).
     """
     n = len(paths) if samples is None else len(samples)
     cursor = iter(range(n))
@@ -104,12 +104,9 @@ def read_files(paths: list[str], threads: int, direct: bool = False, samples: li
                 if samples is None:
                     read_whole(paths[i], buf, direct=direct)
                 else:
-                    f, from_copy = open_sample(samples[i])
+                    _, from_copy = read_sample(samples[i])
                     if from_copy and copied is not None:
                         copied.append(i)
-                    with f:
-                        while f.readinto(buf):
-                            pass
             except OSError as exc:
                 errors.append(exc)
                 return

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from tierfs.direct import open_cached
-from tierfs.loaders import Sample, open_sample, read_plan
+from tierfs.loaders import Sample, read_plan, read_sample
 
 __all__ = ["LoaderConfig", "PassStats", "RunStats", "ThreadLoader", "TorchLoader", "list_dataset"]
 
@@ -58,18 +58,13 @@ def list_dataset(root: Path) -> list[str]:
     return out
 
 
-def read_planned(sample: Sample, buf: bytearray, copied: list[int]) -> int:
-    """Read a batch plan's file whole (its copy, checked, or through the mount); its length.  The position of
-    a file read from its copy is added to ``copied``."""
-    f, from_copy = open_sample(sample)
+def read_planned(sample: Sample, copied: list[int]) -> int:
+    """Read a batch plan's file whole (its copy, checked, or through the mount: ``tierfs.loaders.read_sample``);
+    its length.  The position of a file read from its copy is added to ``copied``."""
+    data, from_copy = read_sample(sample)
     if from_copy:
         copied.append(sample.index)
-    n = 0
-    view = memoryview(buf)
-    with f:
-        while k := f.readinto(view):
-            n += k
-    return n
+    return len(data)
 
 
 def read_whole(path: str, buf: bytearray, *, direct: bool = False) -> int:
@@ -171,7 +166,7 @@ class ThreadLoader:
                     if planned is None:
                         item: int | BaseException = read_whole(paths[i], buf, direct=cfg.direct)
                     else:
-                        item = read_planned(planned.samples[paths[i]], buf, copied)
+                        item = read_planned(planned.samples[paths[i]], copied)
                 except OSError as exc:
                     item = exc
                 while not stop.is_set():
