@@ -1,8 +1,10 @@
 """The tierfs correctness run of issue 3: a loader-like reader over a mount with a cache of 1/4 of the data.
 
-2,000 files in 20 class dirs, cache = 1/4 of the data, nm = 8, rf = 4.  The reader re-lists the root and reads
-every listed file, rf x nm times (one epoch's worth of passes), and checks every file's xxh3 against the
-backing copy.  Meanwhile a sampler thread reads ``status`` every 50 ms and sums the bytes under ``CACHE/data``
+2,000 files in 20 class dirs, cache = 1/4 of the data, nm = 9, rf = 4. (Issue 3 asked for nm = 8; since the cap
+counts the copies' disk blocks, 8 mini-epochs of these ~31 KiB files -- 6 % bigger on a 4 KiB-block disk -- no
+longer fit in half of a quarter of the data, and the mount refuses nm = 8 with that reason.) The reader re-lists the
+root and reads every listed file, rf x nm times (one epoch's worth of passes), and checks every file's xxh3 against
+the backing copy. Meanwhile a sampler thread reads ``status`` every 50 ms and sums the bytes under ``CACHE/data``
 (temp files included).  Printed and written to ``OUT/tierfs_acceptance.md`` (and ``.png``):
 
 * bad reads (must be 0) and files read;
@@ -65,7 +67,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--dirs", type=int, default=20)
-    ap.add_argument("--nm", type=int, default=8)
+    ap.add_argument("--nm", type=int, default=9)
     ap.add_argument("--rf", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bandwidth", default="0", help="cap on backing reads, e.g. 5M (a slow tier)")
