@@ -53,7 +53,12 @@ _UNREAD, _READ, _REPORTED = 0, 1, 2
 def read_file(path: str) -> torch.Tensor:
     """The file's bytes as a 1-D ``uint8`` tensor."""
     with open(path, "rb") as f:
-        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        return _tensor(f.read())
+
+
+def _tensor(data: bytes) -> torch.Tensor:
+    """``data`` as a 1-D ``uint8`` tensor of its own (an empty file gives an empty tensor)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
 class _Common:
@@ -75,7 +80,7 @@ class _Common:
         sample = p.samples[i]
         data, from_copy = read_sample(sample, self.reader)
         if self.reader is None:
-            data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            data = _tensor(data)
         if self.transform is not None:
             data = self.transform(data)
         label: Any = sample.label if self.target_transform is None else self.target_transform(sample.label)

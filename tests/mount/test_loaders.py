@@ -192,3 +192,26 @@ def test_persistent_workers_that_would_read_an_old_pass_fail_with_a_clear_error(
             _epoch(loader, backing, files)
         del loader
         ds.close()
+
+
+def test_an_empty_file_is_an_empty_tensor_on_a_mount_and_without_one(tmp_path, mount_dirs):
+    from tierfs.testing import mounted
+
+    backing = tmp_path / "data"
+    for cls in ("a", "b"):
+        (backing / cls).mkdir(parents=True)
+        (backing / cls / "empty").write_bytes(b"")
+        (backing / cls / "full").write_bytes(cls.encode() * 100)
+    want = {"a/empty": b"", "a/full": b"a" * 100, "b/empty": b"", "b/full": b"b" * 100}
+    mnt, cache = mount_dirs
+    with mounted(backing, mnt, cache, "1M", policy="lru", view="full") as m:
+        for f in want:
+            assert (mnt / f).read_bytes() == want[f]  # read through: every file cached
+        for root in (backing, mnt):
+            ds = MiniEpochDataset(root)
+            ds.set_epoch(0)
+            got = {os.path.relpath(ds.files.samples[i].path, root): bytes(ds[i][0].numpy()) for i in range(len(ds))}
+            assert got == want, root
+            assert all(s.copy for s in ds.files.samples) == (root == mnt)  # on the mount: read from the copies
+            ds.close()
+        assert m.status()["reads"]["plan"] == len(want)
