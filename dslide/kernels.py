@@ -35,7 +35,7 @@ __all__ = [
     "select_active",
     "select_shared",
     "shared_delta",
-    "shared_softmax_stats",
+    "shared_label_stats",
     "softmax_stats",
     "step_lr",
     "top_k_rows",
@@ -345,41 +345,27 @@ def select_shared(
         pos[active[s]] = -1
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def shared_softmax_stats(logits, corr, lab_ptr, lab_pos, gmax, stats):
-    """:func:`softmax_stats` for an active set shared by the batch: ``logits`` (B x n) over the same n neurons
-    for every sample, ``corr[s]`` the fill correction of neuron s, sample i's labels at the columns
-    ``lab_pos[lab_ptr[i]:lab_ptr[i + 1]]``.  Turns the logits into ``exp(z + corr - gmax)`` in place; ``stats``
-    as :func:`softmax_stats` gives them."""
-    B, n = logits.shape
-    for i in prange(B):
+@njit(parallel=True, cache=True)
+def shared_label_stats(logits, lab_ptr, lab_pos, top, gmax, stats):
+    """The label columns of :func:`softmax_stats`'s ``stats`` for an active set shared by the batch (``logits``
+    B x n over the same n neurons for every sample; sample i's labels at the columns ``lab_pos[lab_ptr[i]:
+    lab_ptr[i + 1]]``, ``top[i]`` its best column): ``stats[i, 1:4]`` = (sum of its label logits, their number,
+    1 if its top logit is a label and the global maximum ``gmax[i]``).  The sums of exps are numpy's."""
+    for i in prange(logits.shape[0]):
         ls = 0.0
+        is_top = False
         for p in range(lab_ptr[i], lab_ptr[i + 1]):
             ls += logits[i, lab_pos[p]]
-        s = 0.0
-        best = -np.inf
-        top = -1
-        for q in range(n):
-            z = logits[i, q]
-            if z > best:
-                best = z
-                top = q
-            e = np.exp(z + corr[q] - gmax[i])  # float32: ~2x faster than math.exp's float64
-            logits[i, q] = e
-            s += e
-        is_label = False
-        for p in range(lab_ptr[i], lab_ptr[i + 1]):
-            is_label = is_label or lab_pos[p] == top
-        stats[i, 0] = s
+            is_top = is_top or lab_pos[p] == top[i]
         stats[i, 1] = ls
         stats[i, 2] = lab_ptr[i + 1] - lab_ptr[i]
-        stats[i, 3] = 1.0 if is_label and best >= gmax[i] else 0.0
+        stats[i, 3] = 1.0 if is_top and logits[i, top[i]] >= gmax[i] else 0.0
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def shared_delta(expz, norm, n_labels, lab_ptr, lab_pos, scale):
-    """dL/dz of the softmax cross-entropy over a shared active set, in place of ``expz`` (the exps of
-    :func:`shared_softmax_stats`): ``scale * (expz / norm - [label] / n_labels)``; 0 for unlabelled samples."""
+    """dL/dz of the softmax cross-entropy over a shared active set, in place of ``expz`` (the corrected exps):
+    ``scale * (expz / norm - [label] / n_labels)``; 0 for unlabelled samples."""
     B, n = expz.shape
     for i in prange(B):
         f = np.float32(scale / norm[i]) if n_labels[i] > 0 else np.float32(0)

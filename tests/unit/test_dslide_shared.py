@@ -154,22 +154,24 @@ def test_shared_softmax_and_gradient_match_a_float64_reference() -> None:
     corr[[j for lab in labs for j in lab]] = 0
     lab_ptr = np.concatenate([[0], np.cumsum([len(lab) for lab in labs])]).astype(np.int64)
     lab_pos = np.array([j for lab in labs for j in lab], np.int64)
-    gmax = (z.max(axis=1) + 0.5).astype(np.float32)
-    stats = np.empty((B, 4))
+    z[1, 5] = z[3, 2] = z.max() + 1  # their top logits are labels
+    gmax = z.max(axis=1).astype(np.float32)
+    gmax[1] += 0.5  # another rank's logit is higher: this rank's top is not the top
     expz = z.copy()
-    kernels.shared_softmax_stats(expz, corr, lab_ptr, lab_pos, gmax, stats)
+    stats = SlideModel(ModelConfig(10, 10))._shared_stats(expz, corr, lab_ptr, lab_pos, z.argmax(axis=1), gmax)
     kernels.shared_delta(expz, stats[:, 0], stats[:, 2], lab_ptr, lab_pos, 1.0 / B)
     zz = z.astype(np.float64) + corr
     for i, lab in enumerate(labs):
         e = np.exp(zz[i] - gmax[i])
         np.testing.assert_allclose(stats[i, :3], [e.sum(), z[i, lab].sum(), len(lab)], rtol=1e-5)
-        assert stats[i, 3] == float(int(np.argmax(z[i])) in lab)
+        assert stats[i, 3] == float(int(np.argmax(z[i])) in lab and i != 1)
         want = np.zeros(n)
         if lab:  # the gradient of log-sum-exp minus the mean label logit, scaled by 1 / B
             want = e / e.sum()
             want[lab] -= 1.0 / len(lab)
             want /= B
         np.testing.assert_allclose(expz[i], want, rtol=1e-5, atol=1e-7)
+    assert stats[3, 3] == 1 and stats[1, 3] == 0
 
 
 def test_shared_training_learns_and_touches_only_the_shared_rows() -> None:
