@@ -408,8 +408,8 @@ def test_a_budget_of_every_label_is_the_exact_softmax(fill_power: float) -> None
     assert not corr.any()
 
 
-@pytest.mark.parametrize("batch_budget", [0, 24])
-def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int) -> None:
+@pytest.mark.parametrize(("batch_budget", "dense_adam_out"), [(0, False), (24, False), (24, True)])
+def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int, dense_adam_out: bool) -> None:
     """With the whole output layer active, dslide's steps -- selection, the softmax, the gradients, lazy Adam
     on W2, the caught-up Adam on W1, the lr schedule -- are dense Adam on the dense network (float64 reference):
     per-sample active sets, or one shared by the batch (``batch_budget``) whose products are BLAS's."""
@@ -418,7 +418,7 @@ def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int) 
         n_feat, n_lab = 400, 24
         data = generate(48, n_feat, n_lab, seed=8)
         cfg = ModelConfig(n_feat, n_lab, hidden=8, budget=24, tables=2, blocks=2, lr=1e-2, lr_decay=5.0,
-                          batch_budget=batch_budget)  # fmt: skip
+                          batch_budget=batch_budget, dense_adam_out=dense_adam_out)  # fmt: skip
         model = SlideModel(cfg)
         x = np.zeros((len(data), n_feat))
         for r in range(len(data)):
@@ -442,7 +442,7 @@ def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int) 
                 m[...] = cfg.beta1 * m + (1 - cfg.beta1) * g
                 v[...] = cfg.beta2 * v + (1 - cfg.beta2) * g * g
                 p -= lr_t * (m / (1 - cfg.beta1**t)) / (np.sqrt(v / (1 - cfg.beta2**t)) + cfg.eps)
-        got = (model._inference_W1(), model.b1, model.W2, model.b2)
+        got = (model._inference_W1(), model.b1, model._inference_W2(), model.b2)
         for name, a, want in zip(("W1", "b1", "W2", "b2"), got, params, strict=True):
             np.testing.assert_allclose(a, want, rtol=1e-4, atol=2e-5, err_msg=name)
         assert np.abs(params[0] - model.W1).max() > 1e-3  # W1 rows idle in the last steps had moved meanwhile

@@ -124,7 +124,7 @@ def dslide(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("extra", [[], ["--batch-budget", "24"]])
+@pytest.mark.parametrize("extra", [[], ["--batch-budget", "24", "--dense-adam-out"]])
 def test_cli_gen_train_eval(tmp_path: Path, extra: list[str]) -> None:
     r = dslide("gen", str(tmp_path / "d"), "--points", "600", "--features", "300", "--labels", "50", "--shards", "2")
     assert r.returncode == 0, r.stderr
@@ -135,6 +135,7 @@ def test_cli_gen_train_eval(tmp_path: Path, extra: list[str]) -> None:
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
     assert manifest["model"]["batch_budget"] == (24 if extra else 0)
+    assert manifest["model"]["dense_adam_out"] == bool(extra)
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     keys = {"epoch", "pass", "seconds", "samples_per_s", "loss", "p_at_1", "p_at_5", "comm_bytes"}
     assert len(lines) == 2 and keys <= lines[0].keys() and lines[1]["pass"] == 2
