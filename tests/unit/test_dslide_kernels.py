@@ -267,28 +267,58 @@ def test_caught_up_lazy_adam_follows_dense_adam(lr_decay: float) -> None:
     assert np.abs(out - W).max() > 3 * lr  # one Adam step moves a weight by about lr at most
 
 
+def trained_with_and_without_evaluations(cfg: ModelConfig) -> SlideModel:
+    """Train two models alike, one evaluated now and then; their states must be equal bit for bit (one thread):
+    evaluating reads caught-up copies and changes nothing in training.  Returns the one never evaluated."""
+    data = generate(400, 300, 200, seed=6)
+    quiet, evaluated = SlideModel(cfg), SlideModel(cfg)
+    for s in range(15):
+        rows = np.arange(s * 24, s * 24 + 24, dtype=np.int64) % 400
+        quiet.train_step(data, rows)
+        evaluated.train_step(data, rows)
+        if s % 4 == 1:
+            evaluated.evaluate(data, 50)
+    after = evaluated.state()
+    for name, arr in quiet.state().items():
+        np.testing.assert_array_equal(arr, after[name], err_msg=name)
+    return quiet
+
+
 def test_inference_reads_caught_up_input_rows_and_leaves_training_alone() -> None:
     """Evaluating between steps changes nothing in training (bit for bit, one thread), and inference reads W1
     as dense Adam has it now: rows of features absent from the last steps have still moved."""
     numba.set_num_threads(1)
     try:
-        data = generate(400, 300, 200, seed=6)
         cfg = ModelConfig(300, 200, hidden=16, budget=32, tables=2, blocks=2)
-        quiet, evaluated = SlideModel(cfg), SlideModel(cfg)
-        for s in range(15):
-            rows = np.arange(s * 24, s * 24 + 24, dtype=np.int64) % 400
-            quiet.train_step(data, rows)
-            evaluated.train_step(data, rows)
-            if s % 4 == 1:
-                evaluated.evaluate(data, 50)
-        after = evaluated.state()
-        for name, arr in quiet.state().items():
-            np.testing.assert_array_equal(arr, after[name], err_msg=name)
+        quiet = trained_with_and_without_evaluations(cfg)
         now = quiet._inference_W1()
         assert np.abs(now - quiet.W1).max() > 0.1 * cfg.lr  # momentum moved rows the last step did not touch
         quiet._catch_up(np.arange(300, dtype=np.int64))  # the same catch-up, committed
         np.testing.assert_allclose(now, quiet.W1, rtol=1e-6, atol=1e-7)
         assert quiet._inference_W1() is now  # computed once per step
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def test_dense_adam_out_moves_idle_output_rows_for_inference_and_leaves_training_alone() -> None:
+    """With a batch-shared set and ``dense_adam_out`` inference reads W2 as dense Adam has it now (rows outside
+    the last sets have still moved), evaluating changes nothing in training, and the catch-up committed gives the
+    same rows."""
+    numba.set_num_threads(1)
+    try:
+        cfg = ModelConfig(300, 200, hidden=16, tables=0, blocks=2, batch_budget=40, dense_adam_out=True)
+        quiet = trained_with_and_without_evaluations(cfg)
+        last, step = quiet.opt["T2"], quiet.step  # the step that last updated each row (0: never)
+        assert np.count_nonzero(last == step) == 40  # the last set, updated at the global step
+        now = quiet._inference_W2()
+        idle = (last > 0) & (last + 1 < step)
+        assert idle.any() and np.abs(now[idle] - quiet.W2[idle]).max() > 0.1 * cfg.lr  # momentum moved them
+        np.testing.assert_array_equal(now[last == 0], quiet.W2[last == 0])  # never touched: nothing to catch up
+        quiet._catch_up(np.arange(200, dtype=np.int64), layer=2)
+        np.testing.assert_allclose(now, quiet.W2, rtol=1e-6, atol=1e-7)
+        assert quiet._inference_W2() is now  # computed once per step
+        lazy = SlideModel(ModelConfig(300, 200, hidden=16, tables=0, blocks=2, batch_budget=40))
+        assert lazy._inference_W2() is lazy.W2
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 

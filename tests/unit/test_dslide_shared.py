@@ -199,39 +199,6 @@ def test_shared_training_learns_and_touches_only_the_shared_rows() -> None:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
-def test_dense_adam_out_moves_idle_rows_for_inference_and_leaves_training_alone() -> None:
-    """With ``dense_adam_out`` inference reads W2 as dense Adam has it now (rows outside the last sets have still
-    moved), evaluating between steps changes nothing in training (bit for bit, one thread), and the same catch-up
-    committed gives the same rows."""
-    numba.set_num_threads(1)
-    try:
-        data = generate(400, 300, 200, seed=6)
-        cfg = ModelConfig(300, 200, hidden=16, tables=0, blocks=2, batch_budget=40, dense_adam_out=True)
-        quiet, evaluated = SlideModel(cfg), SlideModel(cfg)
-        for s in range(15):
-            rows = np.arange(s * 24, s * 24 + 24, dtype=np.int64) % 400
-            quiet.train_step(data, rows)
-            evaluated.train_step(data, rows)
-            if s % 4 == 1:
-                evaluated.evaluate(data, 50)
-        after = evaluated.state()
-        for name, arr in quiet.state().items():
-            np.testing.assert_array_equal(arr, after[name], err_msg=name)
-        last, step = quiet.opt["T2"], quiet.step  # the step that last updated each row (0: never)
-        assert np.count_nonzero(last == step) == 40  # the last set, updated at the global step
-        now = quiet._inference_W2()
-        idle = (last > 0) & (last + 1 < step)
-        assert idle.any() and np.abs(now[idle] - quiet.W2[idle]).max() > 0.1 * cfg.lr  # momentum moved them
-        np.testing.assert_array_equal(now[last == 0], quiet.W2[last == 0])  # never touched: nothing to catch up
-        quiet._catch_up(np.arange(200, dtype=np.int64), layer=2)
-        np.testing.assert_allclose(now, quiet.W2, rtol=1e-6, atol=1e-7)
-        assert quiet._inference_W2() is now  # computed once per step
-        lazy = SlideModel(ModelConfig(300, 200, hidden=16, tables=0, blocks=2, batch_budget=40))
-        assert lazy._inference_W2() is lazy.W2
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-
-
 def test_batch_budget_is_checked_and_old_configs_have_none() -> None:
     with pytest.raises(ValueError, match="batch_budget must be >= 0"):
         ModelConfig(10, 10, batch_budget=-1)
