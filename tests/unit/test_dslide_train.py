@@ -65,8 +65,9 @@ def test_single_thread_runs_are_bit_for_bit_equal(planted: Path) -> None:
     assert not np.array_equal(c.W2, b.W2)
 
 
-def test_resume_continues_bit_for_bit(planted: Path, tmp_path: Path) -> None:
-    cfg = small_cfg(hash="dwta", k=2)
+@pytest.mark.parametrize("shared", [{}, {"batch_budget": 96, "dense_adam_out": True}])
+def test_resume_continues_bit_for_bit(planted: Path, tmp_path: Path, shared: dict) -> None:
+    cfg = small_cfg(hash="dwta", k=2, **shared)
     straight, rs = run_training(cfg, opts(planted, epochs=3, checkpoint=str(tmp_path / "a")), emit=lambda r: None)
     run_training(cfg, opts(planted, epochs=2, checkpoint=str(tmp_path / "b")), emit=lambda r: None)
     assert read_manifest(tmp_path / "b")["meta"]["passes"] == 2
