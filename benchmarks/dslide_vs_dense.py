@@ -51,8 +51,6 @@ def model_cfg(F: int, L: int, args: argparse.Namespace):
     for name in ("lr", "lr_decay", "fill_power", "lsh_frac", "batch_budget"):
         if getattr(args, f"dslide_{name}") is not None:
             kw[name] = getattr(args, f"dslide_{name}")
-    if args.dslide_dense_adam_out:
-        kw["dense_adam_out"] = True
     return ModelConfig(
         F, L, hidden=args.hidden, budget=args.budget, tables=args.tables, seed=args.seed,
         out_init=args.out_init, pool_factor=args.pool_factor, rehash=RehashSchedule(first=args.rehash_first),
@@ -322,8 +320,6 @@ def main() -> None:
     ap.add_argument("--dslide-lsh-frac", type=float, default=None, help="dslide: LSH share of the active set")
     ap.add_argument("--dslide-batch-budget", type=int, default=None,
                     help="dslide: one active set of N output neurons per batch (default: per sample)")  # fmt: skip
-    ap.add_argument("--dslide-dense-adam-out", action="store_true",
-                    help="dslide, with --dslide-batch-budget: output rows follow dense Adam")  # fmt: skip
     ap.add_argument("--no-lsh-center", action="store_true", help="dslide: hash the rows uncentred")
     ap.add_argument("--no-fill-correction", action="store_true", help="dslide: plain softmax over the active set")
     ap.add_argument("--dense-lr-decay", type=float, default=0.0, help="dense: dslide's lr schedule (0: constant)")

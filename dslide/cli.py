@@ -118,11 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="one active set of N output neurons shared by each batch instead of --budget per sample (0: off)",
     )
-    t.add_argument(
-        "--dense-adam-out",
-        action="store_true",
-        help="with --batch-budget: output rows follow dense Adam between the steps that touch them",
-    )
     t.add_argument("--bucket-cap", type=_positive_int, default=128)
     t.add_argument(
         "--lr-decay",
@@ -214,8 +209,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
     cfg = ModelConfig(
         n_features=n_features, n_labels=n_labels, hidden=a.hidden, budget=a.budget, blocks=a.blocks, hash=a.hash, k=a.k,
         tables=a.tables, bucket_cap=a.bucket_cap, lr=a.lr, seed=a.seed, rehash=RehashSchedule(),
-        batch_budget=a.batch_budget, dense_adam_out=a.dense_adam_out,
-        **{k: v for k, v in extra.items() if v is not None},
+        batch_budget=a.batch_budget, **{k: v for k, v in extra.items() if v is not None},
     )  # fmt: skip
     reporter = PassReporter(comm, a.control, list_train_files, a.feedback_score)
     run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister)

@@ -112,9 +112,6 @@ class ModelConfig:
     # ``budget`` per sample: the batch's labels, the LSH candidates most of its samples hash to, the fill.  A
     # batch then touches far fewer output rows, and its logits are a dense (B x batch_budget) product
     batch_budget: int = 0
-    # with batch_budget: output rows (W2) follow dense Adam as dense_adam_in makes W1's do (caught up before the
-    # step and inference read them, global bias correction); a shared set touches few rows a step
-    dense_adam_out: bool = False
     rehash: RehashSchedule = field(default_factory=RehashSchedule)
 
     def __post_init__(self) -> None:
@@ -125,8 +122,6 @@ class ModelConfig:
             raise ValueError(f"hash must be one of {sorted(FAMILIES)}, got {self.hash!r}")
         if self.batch_budget < 0:
             raise ValueError(f"batch_budget must be >= 0, got {self.batch_budget}")
-        if self.dense_adam_out and not self.batch_budget:
-            raise ValueError("dense_adam_out needs batch_budget > 0 (the batch-shared active set)")
         if self.tables < 0 or self.k < 0:
             raise ValueError(f"tables and k must be >= 0, got {self.tables}, {self.k}")
         if not (0 < self.lsh_frac <= 1 and self.fill_power >= 0 and self.lr_decay >= 0):
@@ -248,7 +243,7 @@ class SlideModel:
         self.rehash_count = 0
         self.next_rehash = cfg.rehash.interval(0)
         self._marks = np.zeros((0, n_local), np.uint8)
-        self._w_now: dict[int, tuple[int, np.ndarray]] = {}  # layer -> (step, its rows caught up to dense Adam)
+        self._w1_now: tuple[int, np.ndarray] | None = None
 
     # -- phases ---------------------------------------------------------------------------------------------
 
@@ -258,34 +253,23 @@ class SlideModel:
         kernels.hidden_forward(rows, data.x_indptr, data.x_indices, data.x_values, W1, self.b1, hl)
         return hl, np.ascontiguousarray(self.comm.allgather(hl), dtype=np.float32)
 
-    def _catch_up(self, rows: np.ndarray, out: np.ndarray | None = None, layer: int = 1) -> None:
-        """Move ``rows`` of W1 (``layer`` 1) or W2 (2) to where dense Adam has them now (in place, or into
-        ``out``, state untouched)."""
+    def _catch_up(self, rows: np.ndarray, out: np.ndarray | None = None) -> None:
+        """Move W1's ``rows`` to where dense Adam has them now (in place, or into ``out``, state untouched)."""
         cfg, o = self.cfg, self.opt
-        W = self.W1 if layer == 1 else self.W2
         kernels.catch_up_rows(
-            W, o[f"M{layer}"], o[f"V{layer}"], o[f"T{layer}"], rows, self.step + 1, cfg.lr, cfg.lr_decay, cfg.beta1,
-            cfg.beta2, cfg.eps, W[:0] if out is None else out, out is None,
+            self.W1, o["M1"], o["V1"], o["T1"], rows, self.step + 1, cfg.lr, cfg.lr_decay, cfg.beta1, cfg.beta2,
+            cfg.eps, self.W1[:0] if out is None else out, out is None,
         )  # fmt: skip
 
     def _inference_W1(self) -> np.ndarray:
         """W1 as dense Adam has it after the steps so far (what inference reads); computed once per step."""
-        return self._inference_W(1, self.cfg.dense_adam_in)
-
-    def _inference_W2(self) -> np.ndarray:
-        """W2 as inference reads it: with ``dense_adam_out`` as dense Adam has it now, like W1."""
-        return self._inference_W(2, self.cfg.dense_adam_out)
-
-    def _inference_W(self, layer: int, dense: bool) -> np.ndarray:
-        W = self.W1 if layer == 1 else self.W2
-        if not dense:
-            return W
-        now = self._w_now.get(layer)
-        if now is None or now[0] != self.step:
-            out = np.empty_like(W)
-            self._catch_up(np.arange(len(W), dtype=np.int64), out, layer)
-            now = self._w_now[layer] = (self.step, out)
-        return now[1]
+        if not self.cfg.dense_adam_in:
+            return self.W1
+        if self._w1_now is None or self._w1_now[0] != self.step:
+            out = np.empty_like(self.W1)
+            self._catch_up(np.arange(len(self.W1), dtype=np.int64), out)
+            self._w1_now = (self.step, out)
+        return self._w1_now[1]
 
     def _pools(self, key: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each own block's random-fill pool of ``sizes[g]`` draws for step ``key`` and its stream key, from (seed,
@@ -437,9 +421,6 @@ class SlideModel:
         B = len(rows)
         active, corr, lab_ptr, lab_pos = self._select_shared(data, rows, h)
         self._count_labels(data, rows)
-        set_rows = active.astype(np.int64)
-        if cfg.dense_adam_out:
-            self._catch_up(set_rows, layer=2)
         # the products run on column chunks of the active set, one per thread (numpy's BLAS releases the GIL)
         n = len(active)
         C = max(1, min(numba.get_num_threads(), n // 256))
@@ -469,9 +450,8 @@ class SlideModel:
         gb = logits.sum(axis=0)
         dh = comm.allreduce_sum(dh_parts.sum(axis=0))
         kernels.adam_rows(
-            self.W2, o["M2"], o["V2"], grad, self.b2, o["Mb2"], o["Vb2"], gb, o["T2"], set_rows,
-            kernels.step_lr(cfg.lr, cfg.lr_decay, self.step), cfg.beta1, cfg.beta2, cfg.eps,
-            self.step + 1 if cfg.dense_adam_out else 0, True,
+            self.W2, o["M2"], o["V2"], grad, self.b2, o["Mb2"], o["Vb2"], gb, o["T2"], active.astype(np.int64),
+            kernels.step_lr(cfg.lr, cfg.lr_decay, self.step), cfg.beta1, cfg.beta2, cfg.eps, 0, True,
         )  # fmt: skip
         self.dirty[active] = 1
         return dh, loss, top_is_label, int(labelled.sum())
@@ -547,7 +527,7 @@ class SlideModel:
         elif mode == "lsh":
             active, _, _ = self._select(data, rows, h, False, (1 << 40) + self.step)
             logits = np.empty(active.shape, np.float32)
-            kernels.active_logits(h, active, self._inference_W2(), self.b2, logits, np.empty(B, np.float32))
+            kernels.active_logits(h, active, self.W2, self.b2, logits, np.empty(B, np.float32))
             kk = min(k, logits.shape[1])
             order = np.argsort(-logits, axis=1, kind="stable")[:, :kk]
             top_s.fill(-np.inf)
@@ -565,14 +545,13 @@ class SlideModel:
 
     def _exact_topk(self, h: np.ndarray, k: int, top_s: np.ndarray, top_i: np.ndarray) -> None:
         """Score every own label with BLAS, a few rows at a time (the score block stays under ~64 MB)."""
-        W2 = self._inference_W2()
-        n = W2.shape[0]
+        n = self.W2.shape[0]
         kk = min(k, n)
         top_s.fill(-np.inf)
         top_i.fill(-1)
         step = max(1, (64 << 20) // (4 * n))
         for s in range(0, len(h), step):
-            scores = h[s : s + step] @ W2.T
+            scores = h[s : s + step] @ self.W2.T
             scores += self.b2
             kernels.top_k_rows(scores, top_s[s : s + step, :kk], top_i[s : s + step, :kk])
 
@@ -596,8 +575,8 @@ class SlideModel:
         out of it).  The loss moves smoothly where P@1 moves in steps of one point, so it is the held-out score
         ARF steers by (:mod:`dslide.feedback`).  Every rank gets the same figures."""
         n = len(data) if max_points is None else min(len(data), max_points)
-        W1, W2 = self._inference_W1(), self._inference_W2()
-        n_own = W2.shape[0]
+        W1 = self._inference_W1()
+        n_own = self.W2.shape[0]
         step = max(1, (64 << 20) // (4 * max(n_own, 1)))
         hits = loss_sum = 0.0
         labelled = 0
@@ -608,7 +587,7 @@ class SlideModel:
             st = np.empty((6, B), np.float64)  # max, sumexp, label sum, label count, top score, top label
             for s in range(0, B, step):
                 e = min(B, s + step)
-                scores = h[s:e] @ W2.T
+                scores = h[s:e] @ self.W2.T
                 scores += self.b2
                 top_i = np.empty(e - s, np.int64)
                 kernels.score_stats(scores, rows[s:e], data.y_indptr, data.y_indices, self.l_lo, st[0, s:e],
@@ -649,4 +628,4 @@ class SlideModel:
             self.opt[k][...] = state[f"opt_{k}"]
         self.index.load_state({k[4:]: v for k, v in state.items() if k.startswith("lsh_")})
         self.step, self.rehash_count, self.next_rehash = (int(v) for v in state["counters"])
-        self._w_now = {}
+        self._w1_now = None

@@ -267,58 +267,28 @@ def test_caught_up_lazy_adam_follows_dense_adam(lr_decay: float) -> None:
     assert np.abs(out - W).max() > 3 * lr  # one Adam step moves a weight by about lr at most
 
 
-def trained_with_and_without_evaluations(cfg: ModelConfig) -> SlideModel:
-    """Train two models alike, one evaluated now and then; their states must be equal bit for bit (one thread):
-    evaluating reads caught-up copies and changes nothing in training.  Returns the one never evaluated."""
-    data = generate(400, 300, 200, seed=6)
-    quiet, evaluated = SlideModel(cfg), SlideModel(cfg)
-    for s in range(15):
-        rows = np.arange(s * 24, s * 24 + 24, dtype=np.int64) % 400
-        quiet.train_step(data, rows)
-        evaluated.train_step(data, rows)
-        if s % 4 == 1:
-            evaluated.evaluate(data, 50)
-    after = evaluated.state()
-    for name, arr in quiet.state().items():
-        np.testing.assert_array_equal(arr, after[name], err_msg=name)
-    return quiet
-
-
 def test_inference_reads_caught_up_input_rows_and_leaves_training_alone() -> None:
     """Evaluating between steps changes nothing in training (bit for bit, one thread), and inference reads W1
     as dense Adam has it now: rows of features absent from the last steps have still moved."""
     numba.set_num_threads(1)
     try:
+        data = generate(400, 300, 200, seed=6)
         cfg = ModelConfig(300, 200, hidden=16, budget=32, tables=2, blocks=2)
-        quiet = trained_with_and_without_evaluations(cfg)
+        quiet, evaluated = SlideModel(cfg), SlideModel(cfg)
+        for s in range(15):
+            rows = np.arange(s * 24, s * 24 + 24, dtype=np.int64) % 400
+            quiet.train_step(data, rows)
+            evaluated.train_step(data, rows)
+            if s % 4 == 1:
+                evaluated.evaluate(data, 50)
+        after = evaluated.state()
+        for name, arr in quiet.state().items():
+            np.testing.assert_array_equal(arr, after[name], err_msg=name)
         now = quiet._inference_W1()
         assert np.abs(now - quiet.W1).max() > 0.1 * cfg.lr  # momentum moved rows the last step did not touch
         quiet._catch_up(np.arange(300, dtype=np.int64))  # the same catch-up, committed
         np.testing.assert_allclose(now, quiet.W1, rtol=1e-6, atol=1e-7)
         assert quiet._inference_W1() is now  # computed once per step
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-
-
-def test_dense_adam_out_moves_idle_output_rows_for_inference_and_leaves_training_alone() -> None:
-    """With a batch-shared set and ``dense_adam_out`` inference reads W2 as dense Adam has it now (rows outside
-    the last sets have still moved), evaluating changes nothing in training, and the catch-up committed gives the
-    same rows."""
-    numba.set_num_threads(1)
-    try:
-        cfg = ModelConfig(300, 200, hidden=16, tables=0, blocks=2, batch_budget=40, dense_adam_out=True)
-        quiet = trained_with_and_without_evaluations(cfg)
-        last, step = quiet.opt["T2"], quiet.step  # the step that last updated each row (0: never)
-        assert np.count_nonzero(last == step) == 40  # the last set, updated at the global step
-        now = quiet._inference_W2()
-        idle = (last > 0) & (last + 1 < step)
-        assert idle.any() and np.abs(now[idle] - quiet.W2[idle]).max() > 0.1 * cfg.lr  # momentum moved them
-        np.testing.assert_array_equal(now[last == 0], quiet.W2[last == 0])  # never touched: nothing to catch up
-        quiet._catch_up(np.arange(200, dtype=np.int64), layer=2)
-        np.testing.assert_allclose(now, quiet.W2, rtol=1e-6, atol=1e-7)
-        assert quiet._inference_W2() is now  # computed once per step
-        lazy = SlideModel(ModelConfig(300, 200, hidden=16, tables=0, blocks=2, batch_budget=40))
-        assert lazy._inference_W2() is lazy.W2
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
@@ -438,8 +408,8 @@ def test_a_budget_of_every_label_is_the_exact_softmax(fill_power: float) -> None
     assert not corr.any()
 
 
-@pytest.mark.parametrize(("batch_budget", "dense_adam_out"), [(0, False), (24, False), (24, True)])
-def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int, dense_adam_out: bool) -> None:
+@pytest.mark.parametrize("batch_budget", [0, 24])
+def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int) -> None:
     """With the whole output layer active, dslide's steps -- selection, the softmax, the gradients, lazy Adam
     on W2, the caught-up Adam on W1, the lr schedule -- are dense Adam on the dense network (float64 reference):
     per-sample active sets, or one shared by the batch (``batch_budget``) whose products are BLAS's."""
@@ -448,7 +418,7 @@ def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int, 
         n_feat, n_lab = 400, 24
         data = generate(48, n_feat, n_lab, seed=8)
         cfg = ModelConfig(n_feat, n_lab, hidden=8, budget=24, tables=2, blocks=2, lr=1e-2, lr_decay=5.0,
-                          batch_budget=batch_budget, dense_adam_out=dense_adam_out)  # fmt: skip
+                          batch_budget=batch_budget)  # fmt: skip
         model = SlideModel(cfg)
         x = np.zeros((len(data), n_feat))
         for r in range(len(data)):
@@ -472,7 +442,7 @@ def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int, 
                 m[...] = cfg.beta1 * m + (1 - cfg.beta1) * g
                 v[...] = cfg.beta2 * v + (1 - cfg.beta2) * g * g
                 p -= lr_t * (m / (1 - cfg.beta1**t)) / (np.sqrt(v / (1 - cfg.beta2**t)) + cfg.eps)
-        got = (model._inference_W1(), model.b1, model._inference_W2(), model.b2)
+        got = (model._inference_W1(), model.b1, model.W2, model.b2)
         for name, a, want in zip(("W1", "b1", "W2", "b2"), got, params, strict=True):
             np.testing.assert_allclose(a, want, rtol=1e-4, atol=2e-5, err_msg=name)
         assert np.abs(params[0] - model.W1).max() > 1e-3  # W1 rows idle in the last steps had moved meanwhile

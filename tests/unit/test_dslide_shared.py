@@ -202,8 +202,6 @@ def test_shared_training_learns_and_touches_only_the_shared_rows() -> None:
 def test_batch_budget_is_checked_and_old_configs_have_none() -> None:
     with pytest.raises(ValueError, match="batch_budget must be >= 0"):
         ModelConfig(10, 10, batch_budget=-1)
-    with pytest.raises(ValueError, match="dense_adam_out needs batch_budget > 0"):
-        ModelConfig(10, 10, dense_adam_out=True)
     old = ModelConfig(10, 10).to_json()
-    del old["batch_budget"], old["dense_adam_out"]
-    assert ModelConfig.from_json(old).batch_budget == 0 and not ModelConfig.from_json(old).dense_adam_out
+    del old["batch_budget"]
+    assert ModelConfig.from_json(old).batch_budget == 0
