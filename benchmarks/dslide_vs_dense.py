@@ -48,7 +48,7 @@ def model_cfg(F: int, L: int, args: argparse.Namespace):
     from dslide.model import ModelConfig
 
     kw = {}  # dslide's own defaults unless an option names another value
-    for name in ("lr", "lr_decay", "fill_power", "lsh_frac"):
+    for name in ("lr", "lr_decay", "fill_power", "lsh_frac", "batch_budget"):
         if getattr(args, f"dslide_{name}") is not None:
             kw[name] = getattr(args, f"dslide_{name}")
     return ModelConfig(
@@ -318,6 +318,8 @@ def main() -> None:
     ap.add_argument("--dslide-lr-decay", type=float, default=None, help="dslide: lr / sqrt(1 + step / this)")
     ap.add_argument("--dslide-fill-power", type=float, default=None, help="dslide: fill ~ (target count + 1)^this")
     ap.add_argument("--dslide-lsh-frac", type=float, default=None, help="dslide: LSH share of the active set")
+    ap.add_argument("--dslide-batch-budget", type=int, default=None,
+                    help="dslide: one active set of N output neurons per batch (default: per sample)")  # fmt: skip
     ap.add_argument("--no-lsh-center", action="store_true", help="dslide: hash the rows uncentred")
     ap.add_argument("--no-fill-correction", action="store_true", help="dslide: plain softmax over the active set")
     ap.add_argument("--dense-lr-decay", type=float, default=0.0, help="dense: dslide's lr schedule (0: constant)")

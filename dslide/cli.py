@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="label selection blocks; the rank count must divide it (default 8: 1, 2, 4 or 8 ranks)",
     )
+    t.add_argument(
+        "--batch-budget",
+        type=_nonneg_int,
+        default=0,
+        help="one active set of N output neurons shared by each batch instead of --budget per sample (0: off)",
+    )
     t.add_argument("--bucket-cap", type=_positive_int, default=128)
     t.add_argument(
         "--lr-decay",
@@ -203,7 +209,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
     cfg = ModelConfig(
         n_features=n_features, n_labels=n_labels, hidden=a.hidden, budget=a.budget, blocks=a.blocks, hash=a.hash, k=a.k,
         tables=a.tables, bucket_cap=a.bucket_cap, lr=a.lr, seed=a.seed, rehash=RehashSchedule(),
-        **{k: v for k, v in extra.items() if v is not None},
+        batch_budget=a.batch_budget, **{k: v for k, v in extra.items() if v is not None},
     )  # fmt: skip
     reporter = PassReporter(comm, a.control, list_train_files, a.feedback_score)
     run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister)

@@ -24,6 +24,7 @@ _TWO_M53 = 1.0 / 9007199254740992.0
 __all__ = [
     "active_logits",
     "adam_rows",
+    "batch_codes",
     "catch_up_rows",
     "group_by_row",
     "hidden_backward",
@@ -32,10 +33,14 @@ __all__ = [
     "output_rows_adam",
     "score_stats",
     "select_active",
+    "select_shared",
+    "shared_delta",
+    "shared_label_stats",
     "softmax_stats",
     "step_lr",
     "top_k_rows",
     "weighted_pool",
+    "weighted_pools",
 ]
 
 
@@ -170,56 +175,206 @@ def select_active(
                                     mark[j] = 1
                                     row[cnt + s] = j
                     cnt += got
-                fill_from = cnt
-                p0 = pool_ptr[g]
-                npool = pool_ptr[g + 1] - p0
-                weighted = pool_lw.shape[0] > 0
-                visited = 0  # pool entries (draws) read, repeats and already active neurons included
-                if cnt < goal and npool > 0:
-                    state, rv = next_u64(state)
-                    start = uniform_below(rv, npool)
-                    for q in range(npool):
-                        if cnt >= goal:
-                            break
-                        visited += 1
-                        pq = p0 + (start + q) % npool
-                        j = pools[pq]
-                        if mark[j] == 0:
-                            mark[j] = 1
-                            row[cnt] = j
-                            if weighted:
-                                corr[i, cnt] = pool_lw[pq]  # log(1 - q_j), turned into the correction below
-                            cnt += 1
-                if cnt < goal:
-                    lo = blocks[g]
-                    size = blocks[g + 1] - lo
-                    state, rv = next_u64(state)
-                    start = uniform_below(rv, size)
-                    q = 0
-                    while cnt < goal:
-                        j = lo + (start + q) % size
-                        if mark[j] == 0:
-                            mark[j] = 1
-                            row[cnt] = j
-                            cnt += 1
-                        q += 1
-                n_fill = goal - fill_from
-                rest = (blocks[g + 1] - blocks[g]) - in_block[g] - (fill_from - (goal - need))
-                if weighted:
-                    # the pool is i.i.d. draws from q and the fill is what `visited` of them hold: neuron j of the
-                    # rest is in it with P_j = 1 - (1 - q_j)^visited and stands for 1 / P_j (Horvitz-Thompson);
-                    # a fill that holds all of the rest stands for itself
-                    for q in range(fill_from, goal):
-                        v = 0.0
-                        if correct and rest > n_fill and corr[i, q] < 0:
-                            v = -math.log(-math.expm1(visited * corr[i, q]))
-                        corr[i, q] = np.float32(v) if v > 0 else np.float32(0.0)
-                elif correct and n_fill > 0 and rest > n_fill:
-                    c = np.float32(math.log(rest / n_fill))
-                    for q in range(fill_from, goal):
-                        corr[i, q] = c
+                rest = (blocks[g + 1] - blocks[g]) - in_block[g] - (cnt - (goal - need))
+                state = _fill(row, corr[i], mark, cnt, goal, blocks[g], blocks[g + 1], pools, pool_ptr[g],
+                              pool_ptr[g + 1], pool_lw, state, correct, rest)  # fmt: skip
+                cnt = goal
             for q in range(b):
                 mark[row[q]] = 0
+
+
+@njit(cache=True, inline="always")
+def _fill(row, corr, mark, cnt, goal, lo, hi, pools, p0, p1, pool_lw, state, correct, rest):
+    """Fill ``row[cnt:goal]`` with unmarked neurons of the block ``[lo, hi)`` (marking them): a window of the
+    pool ``pools[p0:p1]`` from a random start, then, if that runs dry, consecutive neurons from a random start;
+    ``corr[cnt:goal]`` gets their fill correction (see :func:`select_active`), ``rest`` being the block's
+    neurons that are neither labels nor LSH candidates.  Draws continue the stream ``state``; returns it."""
+    fill_from = cnt
+    npool = p1 - p0
+    weighted = pool_lw.shape[0] > 0
+    visited = 0  # pool entries (draws) read, repeats and already active neurons included
+    if cnt < goal and npool > 0:
+        state, rv = next_u64(state)
+        start = uniform_below(rv, npool)
+        for q in range(npool):
+            if cnt >= goal:
+                break
+            visited += 1
+            pq = p0 + (start + q) % npool
+            j = pools[pq]
+            if mark[j] == 0:
+                mark[j] = 1
+                row[cnt] = j
+                corr[cnt] = 0
+                if weighted:
+                    corr[cnt] = pool_lw[pq]  # log(1 - q_j), turned into the correction below
+                cnt += 1
+    if cnt < goal:
+        size = hi - lo
+        state, rv = next_u64(state)
+        start = uniform_below(rv, size)
+        q = 0
+        while cnt < goal:
+            j = lo + (start + q) % size
+            if mark[j] == 0:
+                mark[j] = 1
+                row[cnt] = j
+                corr[cnt] = 0
+                cnt += 1
+            q += 1
+    n_fill = goal - fill_from
+    if weighted:
+        # the pool is i.i.d. draws from q and the fill is what `visited` of them hold: neuron j of the rest is in
+        # it with P_j = 1 - (1 - q_j)^visited and stands for 1 / P_j (Horvitz-Thompson); a fill that holds all of
+        # the rest stands for itself
+        for q in range(fill_from, goal):
+            v = 0.0
+            if correct and rest > n_fill and corr[q] < 0:
+                v = -math.log(-math.expm1(visited * corr[q]))
+            corr[q] = np.float32(v) if v > 0 else np.float32(0.0)
+    elif correct and n_fill > 0 and rest > n_fill:
+        c = np.float32(math.log(rest / n_fill))
+        for q in range(fill_from, goal):
+            corr[q] = c
+    return state
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def batch_codes(family, srp, dwta, k, h, codes):
+    """``codes[i, t]`` = the bucket of ``h[i]`` in table t, for every sample and table."""
+    for i in prange(h.shape[0]):
+        for t in range(codes.shape[1]):
+            codes[i, t] = table_code(family, srp, dwta, k, t, h[i])
+
+
+@njit(parallel=True, cache=True)
+def select_shared(
+    rows, y_indptr, y_indices, use_labels, label_lo, blocks, share, codes, n_codes, offsets, fill, items, pools,
+    pool_ptr, pool_lw, keys, lsh_cap, correct, mark, pos, hits, cand, active, corr, lab_ptr, lab_pos,
+):  # fmt: skip
+    """One active set shared by the whole batch: ``active`` gets exactly ``sum(share)`` distinct local neurons,
+    block ``g`` the ``share[g]`` of them from ``sum(share[:g])`` on, chosen as the block would choose them on
+    any rank count.  Per block: the batch's labels in it (in sample order, at most ``share[g]``; the rest are not
+    active), then at most ``lsh_cap[g]`` LSH candidates -- the neurons that most (sample, table) pairs of the
+    batch hash to (``codes`` from :func:`batch_codes`; ties by first hit) -- then a fill from the block's pool
+    as in :func:`select_active` (a window of ``pools[pool_ptr[g]:pool_ptr[g + 1]]`` from a random start drawn
+    from ``keys[g]``; consecutive neurons if it runs dry).  ``corr[s]`` is the fill correction of entry s, as
+    :func:`select_active` computes it (0 for labels and LSH candidates).  Sample i's labels among the active
+    neurons are at ``active[lab_pos[lab_ptr[i]:lab_ptr[i + 1]]]``.  ``mark`` (0), ``pos`` (-1), ``hits`` (0) and
+    ``cand`` are scratch over the rank's neurons (a block uses only its own range), all but ``cand`` left as found.
+    """
+    n_blocks = blocks.shape[0] - 1
+    B = rows.shape[0]
+    n_tables = codes.shape[1]
+    for g in prange(n_blocks):
+        base = 0
+        for gg in range(g):
+            base += share[gg]
+        goal = base + share[g]
+        lo, hi = blocks[g], blocks[g + 1]
+        cnt = base
+        if use_labels:
+            for i in range(B):
+                r = rows[i]
+                for p in range(y_indptr[r], y_indptr[r + 1]):
+                    j = y_indices[p] - label_lo
+                    if cnt < goal and lo <= j < hi and mark[j] == 0:
+                        mark[j] = 1
+                        pos[j] = cnt
+                        active[cnt] = j
+                        corr[cnt] = 0
+                        cnt += 1
+        lneed = min(goal - cnt, lsh_cap[g])
+        if lneed > 0 and n_tables > 0:
+            # count the (sample, table) pairs of the batch that hash to each candidate, listed at its first hit
+            n_cand = 0
+            top = 0
+            for t in range(n_tables):
+                for i in range(B):
+                    bucket = g * n_codes + codes[i, t]
+                    start = offsets[t, bucket]
+                    for q in range(start, start + fill[t, bucket]):
+                        j = items[q]
+                        if mark[j] != 0:
+                            continue
+                        if hits[j] == 0:
+                            cand[lo + n_cand] = j
+                            n_cand += 1
+                        hits[j] += 1
+                        top = max(top, hits[j])
+            # keep the lneed most-hit (ties: first hit first): all above the threshold, then some at it
+            hist = np.zeros(top + 1, np.int64)
+            for s in range(n_cand):
+                hist[hits[cand[lo + s]]] += 1
+            thr = top
+            above = hist[top]
+            while thr > 1 and above < lneed:
+                thr -= 1
+                above += hist[thr]
+            for tie in range(2):
+                for s in range(n_cand):
+                    j = cand[lo + s]
+                    if (hits[j] > thr if tie == 0 else hits[j] == thr) and lneed > 0:
+                        mark[j] = 1
+                        active[cnt] = j
+                        corr[cnt] = 0
+                        cnt += 1
+                        lneed -= 1
+            for s in range(n_cand):
+                hits[cand[lo + s]] = 0
+        _fill(active, corr, mark, cnt, goal, lo, hi, pools, pool_ptr[g], pool_ptr[g + 1], pool_lw, key2(keys[g], 0),
+              correct, (hi - lo) - (cnt - base))  # fmt: skip
+    # every sample's labels among the active neurons
+    lab_ptr[0] = 0
+    n = 0
+    for i in range(B):
+        if use_labels:
+            r = rows[i]
+            for p in range(y_indptr[r], y_indptr[r + 1]):
+                j = y_indices[p] - label_lo
+                if 0 <= j < pos.shape[0] and pos[j] >= 0:
+                    dup = False
+                    for pp in range(lab_ptr[i], n):
+                        dup = dup or lab_pos[pp] == pos[j]
+                    if not dup:
+                        lab_pos[n] = pos[j]
+                        n += 1
+        lab_ptr[i + 1] = n
+    for s in range(active.shape[0]):
+        mark[active[s]] = 0
+        pos[active[s]] = -1
+
+
+@njit(parallel=True, cache=True)
+def shared_label_stats(logits, lab_ptr, lab_pos, top, gmax, stats):
+    """The label columns of :func:`softmax_stats`'s ``stats`` for an active set shared by the batch (``logits``
+    B x n over the same n neurons for every sample; sample i's labels at the columns ``lab_pos[lab_ptr[i]:
+    lab_ptr[i + 1]]``, ``top[i]`` its best column): ``stats[i, 1:4]`` = (sum of its label logits, their number,
+    1 if its top logit is a label and the global maximum ``gmax[i]``).  The sums of exps are numpy's."""
+    for i in prange(logits.shape[0]):
+        ls = 0.0
+        is_top = False
+        for p in range(lab_ptr[i], lab_ptr[i + 1]):
+            ls += logits[i, lab_pos[p]]
+            is_top = is_top or lab_pos[p] == top[i]
+        stats[i, 1] = ls
+        stats[i, 2] = lab_ptr[i + 1] - lab_ptr[i]
+        stats[i, 3] = 1.0 if is_top and logits[i, top[i]] >= gmax[i] else 0.0
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def shared_delta(expz, norm, n_labels, lab_ptr, lab_pos, scale):
+    """dL/dz of the softmax cross-entropy over a shared active set, in place of ``expz`` (the corrected exps):
+    ``scale * (expz / norm - [label] / n_labels)``; 0 for unlabelled samples."""
+    B, n = expz.shape
+    for i in prange(B):
+        f = np.float32(scale / norm[i]) if n_labels[i] > 0 else np.float32(0)
+        for q in range(n):
+            expz[i, q] *= f
+        if n_labels[i] > 0:
+            pull = np.float32(scale / n_labels[i])
+            for p in range(lab_ptr[i], lab_ptr[i + 1]):
+                expz[i, lab_pos[p]] -= pull
 
 
 @njit(cache=True, inline="always")
@@ -267,6 +422,16 @@ def weighted_pool(weights, key, pool, log1m_q):
         j = col if np.float64(rv >> np.uint64(11)) * _TWO_M53 < prob[col] else alias[col]
         pool[s] = j
         log1m_q[s] = math.log1p(-min(weights[j] / total, 0.5))
+
+
+@njit(parallel=True, cache=True)
+def weighted_pools(weights, bounds, keys, ptr, pool, log1m_q):
+    """:func:`weighted_pool` for every block at once (in parallel): block g draws ``pool[ptr[g]:ptr[g + 1]]``
+    (indices local to the block) from ``weights[bounds[g]:bounds[g + 1]]`` with the stream ``keys[g]``."""
+    for g in prange(bounds.shape[0] - 1):
+        weighted_pool(
+            weights[bounds[g] : bounds[g + 1]], keys[g], pool[ptr[g] : ptr[g + 1]], log1m_q[ptr[g] : ptr[g + 1]]
+        )
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -441,24 +606,26 @@ def _adam_bias(bW, bM, bV, j, gd, t, lr, beta1, beta2, eps):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps, step=0):
+def adam_rows(W, M, V, G, bW, bM, bV, bG, T, rows, lr, beta1, beta2, eps, step=0, gathered=False):
     """Adam on the rows ``rows`` only (lazy), then clear their gradients.
 
     ``step`` = 0: each row counts its own updates in ``T`` and its bias correction uses that count (a row's
     moments are averages over the steps it was touched).  ``step`` > 0: this is global Adam step ``step``,
     the bias correction is the dense one and ``T[j]`` records ``step`` -- with :func:`catch_up_rows` before
     the rows are read, the rows then follow dense Adam exactly.  ``bW``... are the matching bias entries
-    (length 0: none).  The output layer's rows are updated by :func:`output_rows_adam` instead.
+    (length 0: none).  ``gathered``: row ``rows[r]``'s gradient is ``G[r]`` (and ``bG[r]``), not ``G[rows[r]]``.
+    The output layer's rows are updated by :func:`output_rows_adam` unless the active set is shared by the batch.
     """
     has_bias = bW.shape[0] > 0
     for r in prange(rows.shape[0]):
         j = rows[r]
         t = step if step > 0 else T[j] + 1
         T[j] = t
-        _adam_row(W[j], M[j], V[j], G[j], t, lr, beta1, beta2, eps, True)
+        gj = np.int64(r) if gathered else np.int64(j)
+        _adam_row(W[j], M[j], V[j], G[gj], t, lr, beta1, beta2, eps, True)
         if has_bias:
-            _adam_bias(bW, bM, bV, j, bG[j], t, lr, beta1, beta2, eps)
-            bG[j] = 0
+            _adam_bias(bW, bM, bV, j, bG[gj], t, lr, beta1, beta2, eps)
+            bG[gj] = 0
 
 
 @njit(cache=True)

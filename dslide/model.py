@@ -30,6 +30,7 @@ rounding of sums over ranks.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numba
@@ -43,6 +44,7 @@ from dslide.rand import seed_key
 
 __all__ = ["ModelConfig", "SlideModel", "auto_k", "block_bounds", "block_shares", "initial_weights", "shard_bounds"]
 
+_SHARED_POOL = 4  # with a shared active set, each block's fill pool holds 4 x its share of draws
 _W2_INIT_BLOCK = 4096  # rows of W2 drawn from one seeded stream, so any slicing gives the same weights
 
 
@@ -62,9 +64,10 @@ def block_bounds(n_labels: int, blocks: int) -> np.ndarray:
     return np.array([n_labels * g // blocks for g in range(blocks + 1)], np.int64)
 
 
-def block_shares(cfg: ModelConfig) -> np.ndarray:
-    """Active neurons per sample of every selection block: ``budget // blocks`` (at least 1), at most the block."""
-    per_block = max(1, cfg.budget // cfg.blocks)
+def block_shares(cfg: ModelConfig, budget: int | None = None) -> np.ndarray:
+    """Active neurons of every selection block: ``budget // blocks`` (at least 1), at most the block; the budget
+    is ``cfg.budget`` (per sample) unless given (``cfg.batch_budget``: per batch)."""
+    per_block = max(1, (cfg.budget if budget is None else budget) // cfg.blocks)
     return np.minimum(np.diff(block_bounds(cfg.n_labels, cfg.blocks)), per_block)
 
 
@@ -105,6 +108,10 @@ class ModelConfig:
     # keeps moving it in the steps between its features' appearances (caught up in closed form before it is
     # next read) and its bias correction is the global step's.  False: plain lazy Adam, per-row bias correction
     dense_adam_in: bool = True
+    # > 0: one active set of this many output neurons (all ranks together) shared by the whole batch instead of
+    # ``budget`` per sample: the batch's labels, the LSH candidates most of its samples hash to, the fill.  A
+    # batch then touches far fewer output rows, and its logits are a dense (B x batch_budget) product
+    batch_budget: int = 0
     rehash: RehashSchedule = field(default_factory=RehashSchedule)
 
     def __post_init__(self) -> None:
@@ -113,6 +120,8 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.hash not in FAMILIES:
             raise ValueError(f"hash must be one of {sorted(FAMILIES)}, got {self.hash!r}")
+        if self.batch_budget < 0:
+            raise ValueError(f"batch_budget must be >= 0, got {self.batch_budget}")
         if self.tables < 0 or self.k < 0:
             raise ValueError(f"tables and k must be >= 0, got {self.tables}, {self.k}")
         if not (0 < self.lsh_frac <= 1 and self.fill_power >= 0 and self.lr_decay >= 0):
@@ -223,6 +232,12 @@ class SlideModel:
             cfg.lsh_center,
         )  # fmt: skip
         self.lsh_caps = np.maximum(1, np.floor(cfg.lsh_frac * self.shares)).astype(np.int64)
+        self.batch_shares = np.ascontiguousarray(
+            block_shares(cfg, max(cfg.batch_budget, 1))[self.block_lo : self.block_hi], np.int64
+        )
+        self.batch_lsh_caps = np.floor(cfg.lsh_frac * self.batch_shares).astype(np.int64)
+        self._scratch: tuple[np.ndarray, ...] | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self.index.rebuild(self.W2)
         self.step = 0
         self.rehash_count = 0
@@ -256,49 +271,79 @@ class SlideModel:
             self._w1_now = (self.step, out)
         return self._w1_now[1]
 
+    def _pools(self, key: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each own block's random-fill pool of ``sizes[g]`` draws for step ``key`` and its stream key, from (seed,
+        block, key): the same for every P.  Returns the pools (concatenated, local ids), their bounds, each
+        entry's log(1 - q_j) (empty for a uniform pool) and the stream keys."""
+        cfg = self.cfg
+        g0 = self.block_lo
+        keys = np.array([seed_key(cfg.seed, 3, g0 + g, key) for g in range(len(sizes))], np.uint64)
+        pool_ptr = np.zeros(len(sizes) + 1, np.int64)
+        pool_ptr[1:] = np.cumsum(sizes)
+        if cfg.fill_power > 0:
+            # i.i.d. draws by q_j ~ (times label j was a target so far + 1)^fill_power, each with log(1 - q_j)
+            pools, pool_lw = np.empty(pool_ptr[-1], np.int32), np.empty(pool_ptr[-1], np.float32)
+            pool_keys = np.array([seed_key(cfg.seed, 4, g0 + g, key) for g in range(len(sizes))], np.uint64)
+            kernels.weighted_pools(self._fill_weight, self.blocks_local, pool_keys, pool_ptr, pools, pool_lw)
+            pools += np.repeat(self.blocks_local[:-1], sizes).astype(np.int32)
+            return pools, pool_ptr, pool_lw, keys
+        parts = []
+        for g, n in enumerate(sizes):
+            lo, size = self.blocks_local[g], self.blocks_local[g + 1] - self.blocks_local[g]
+            rng = np.random.default_rng((cfg.seed, 4, g0 + g, key))
+            parts.append(rng.choice(size, min(size, int(n)), replace=False) + lo)
+        pool_ptr[1:] = np.cumsum([len(p) for p in parts])
+        return np.concatenate(parts).astype(np.int32), pool_ptr, np.zeros(0, np.float32), keys
+
     def _select(self, data: XCData, rows: np.ndarray, h: np.ndarray, use_labels: bool, key: int) -> tuple:
         cfg, ix = self.cfg, self.index
         n_local = self.l_hi - self.l_lo
         chunks = max(1, numba.get_num_threads())
         if self._marks.shape[0] != chunks:
             self._marks = np.zeros((chunks, n_local), np.uint8)
-        # each own block's fill pool and stream key, from (seed, block, key): the same for every P
-        pools, keys = [], np.empty(len(self.shares), np.uint64)
-        lws = []
-        for g, share in enumerate(self.shares):
-            lo, size = self.blocks_local[g], self.blocks_local[g + 1] - self.blocks_local[g]
-            if cfg.fill_power <= 0:
-                rng = np.random.default_rng((cfg.seed, 4, self.block_lo + g, key))
-                pools.append(rng.choice(size, min(size, cfg.pool_factor * int(share)), replace=False) + lo)
-            else:
-                # i.i.d. draws by q_j ~ (times label j was a target so far + 1)^fill_power, each with log(1 - q_j)
-                n = cfg.pool_factor * int(share)
-                pool, lw = np.empty(n, np.int32), np.empty(n, np.float32)
-                kernels.weighted_pool(self._fill_weight[lo : lo + size], seed_key(cfg.seed, 4, self.block_lo + g, key),
-                                      pool, lw)  # fmt: skip
-                pools.append(pool + lo)
-                lws.append(lw)
-            keys[g] = seed_key(cfg.seed, 3, self.block_lo + g, key)
-        pool_lw = np.concatenate(lws).astype(np.float32) if lws else np.zeros(0, np.float32)
-        pool_ptr = np.zeros(len(pools) + 1, np.int64)
-        pool_ptr[1:] = np.cumsum([len(p) for p in pools])
+        pools, pool_ptr, pool_lw, keys = self._pools(key, cfg.pool_factor * self.shares)
         active = np.empty((len(rows), self.budget_local), np.int32)
         n_own = np.empty(len(rows), np.int32)
         corr = np.empty((len(rows), self.budget_local), np.float32)
         kernels.select_active(
             h, rows, data.y_indptr, data.y_indices, use_labels, self.l_lo, self.blocks_local, self.shares,
             ix.family_id, ix.srp, ix.dwta, ix.k, ix.n_tables, ix.n_codes, ix.offsets, ix.fill, ix.items,
-            np.concatenate(pools).astype(np.int32), pool_ptr, pool_lw, keys, self._marks,
+            pools, pool_ptr, pool_lw, keys, self._marks,
             np.empty((chunks, max(ix.n_tables, 1)), np.int64), np.empty((chunks, len(self.shares)), np.int64),
             self.lsh_caps, cfg.fill_correction, active, n_own, corr,
         )  # fmt: skip
         return active, n_own, corr
 
+    def _select_shared(self, data: XCData, rows: np.ndarray, h: np.ndarray) -> tuple:
+        """The batch's shared active set (``batch_budget``): own neurons, their fill corrections, and every
+        sample's labels as positions in it (CSR)."""
+        cfg, ix = self.cfg, self.index
+        if self._scratch is None:
+            n_local = self.l_hi - self.l_lo
+            self._scratch = (
+                np.zeros(n_local, np.uint8), np.full(n_local, -1, np.int64), np.zeros(n_local, np.int64),
+                np.empty(n_local, np.int32),
+            )  # fmt: skip
+        mark, pos, hits, cand = self._scratch
+        pools, pool_ptr, pool_lw, keys = self._pools(self.step, _SHARED_POOL * self.batch_shares)
+        codes = np.zeros((len(rows), ix.n_tables), np.int64)
+        if ix.n_tables:
+            kernels.batch_codes(ix.family_id, ix.srp, ix.dwta, ix.k, h, codes)
+        n = int(self.batch_shares.sum())
+        active, corr = np.empty(n, np.int32), np.empty(n, np.float32)
+        lab_ptr = np.empty(len(rows) + 1, np.int64)
+        lab_pos = np.empty(int((data.y_indptr[rows + 1] - data.y_indptr[rows]).sum()), np.int64)
+        kernels.select_shared(
+            rows, data.y_indptr, data.y_indices, True, self.l_lo, self.blocks_local, self.batch_shares, codes,
+            ix.n_codes, ix.offsets, ix.fill, ix.items, pools, pool_ptr, pool_lw, keys, self.batch_lsh_caps,
+            cfg.fill_correction, mark, pos, hits, cand, active, corr, lab_ptr, lab_pos,
+        )  # fmt: skip
+        return active, corr, lab_ptr, lab_pos
+
     def train_step(self, data: XCData, rows: np.ndarray) -> StepResult:
         """One step of SLIDE on the points ``rows`` of ``data`` (every rank passes the same rows)."""
-        cfg, comm, o = self.cfg, self.comm, self.opt
+        cfg, o = self.cfg, self.opt
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        B = len(rows)
         # 1. hidden forward (the batch's W1 rows first moved as dense Adam has moved them since last touched)
         in_rows = None
         if cfg.dense_adam_in:
@@ -306,33 +351,13 @@ class SlideModel:
             in_rows = np.flatnonzero(self.touched_in)
             self._catch_up(in_rows)
         hl, h = self._hidden(data, rows)
-        # 2. active sets, logits, softmax normaliser over all ranks
-        active, n_own, corr = self._select(data, rows, h, True, self.step)
-        self._count_labels(data, rows)
-        logits = np.empty(active.shape, np.float32)
-        rowmax = np.empty(B, np.float32)
-        kernels.active_logits(h, active, self.W2, self.b2, logits, rowmax)
-        gmax = np.ascontiguousarray(comm.allreduce_max(rowmax), dtype=np.float32)
-        stats = np.empty((B, 4), np.float64)
-        kernels.softmax_stats(logits, corr, n_own, gmax, stats)
-        stats = comm.allreduce_sum(stats)
-        labelled = stats[:, 2] > 0
-        loss = np.log(stats[labelled, 0]) + gmax[labelled] - stats[labelled, 1] / stats[labelled, 2]
-        top_is_label = int(np.count_nonzero(stats[labelled, 3] > 0))
-        # 3. output backward fused with the lazy Adam of the touched rows (row by row), dL/dh summed over ranks
-        lr = kernels.step_lr(cfg.lr, cfg.lr_decay, self.step)
-        entries = np.empty(active.size, np.int32)
-        kernels.group_by_row(active, labelled, self._row_ptr, entries)
-        out_rows = np.flatnonzero(np.diff(self._row_ptr))
-        dh_parts = np.empty((max(1, numba.get_num_threads()), B, cfg.hidden), np.float32)
-        kernels.output_rows_adam(
-            h, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B, self._row_ptr, entries, out_rows,
-            self.W2, self.b2, o["M2"], o["V2"], o["Mb2"], o["Vb2"], o["T2"], lr, cfg.beta1, cfg.beta2, cfg.eps,
-            dh_parts,
-        )  # fmt: skip
-        dh = comm.allreduce_sum(dh_parts.sum(axis=0))
-        self.dirty[out_rows] = 1
+        # 2.-3. active sets, logits, softmax normaliser over all ranks; the output layer's backward and Adam
+        if cfg.batch_budget:
+            dh, loss, top_is_label, n_labelled = self._output_shared(data, rows, h)
+        else:
+            dh, loss, top_is_label, n_labelled = self._output_per_sample(data, rows, h)
         # 4. hidden backward of the own slice
+        lr = kernels.step_lr(cfg.lr, cfg.lr_decay, self.step)
         delta = np.ascontiguousarray(dh[:, self.h_lo : self.h_hi] * (hl > 0), dtype=np.float32)
         kernels.hidden_backward(rows, data.x_indptr, data.x_indices, data.x_values, delta, o["G1"], self.touched_in)
         if in_rows is None:
@@ -350,7 +375,114 @@ class SlideModel:
         )  # fmt: skip
         self.step += 1
         self._maybe_rehash()
-        return StepResult(float(loss.sum()), int(labelled.sum()), top_is_label)
+        return StepResult(float(loss.sum()), n_labelled, top_is_label)
+
+    def _softmax_loss(self, stats: np.ndarray, gmax: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """Sum the per-sample softmax statistics over ranks: the stats, the labelled samples' losses, how many
+        have a label on top, the labelled mask."""
+        stats = self.comm.allreduce_sum(stats)
+        labelled = stats[:, 2] > 0
+        loss = np.log(stats[labelled, 0]) + gmax[labelled] - stats[labelled, 1] / stats[labelled, 2]
+        return stats, loss, int(np.count_nonzero(stats[labelled, 3] > 0)), labelled
+
+    def _output_per_sample(self, data: XCData, rows: np.ndarray, h: np.ndarray) -> tuple:
+        """The output layer with ``budget`` active neurons per sample: logits, softmax, the fused row-by-row
+        backward and lazy Adam; dL/dh summed over ranks, the losses, the top-is-label and labelled counts."""
+        cfg, comm, o = self.cfg, self.comm, self.opt
+        B = len(rows)
+        active, n_own, corr = self._select(data, rows, h, True, self.step)
+        self._count_labels(data, rows)
+        logits = np.empty(active.shape, np.float32)
+        rowmax = np.empty(B, np.float32)
+        kernels.active_logits(h, active, self.W2, self.b2, logits, rowmax)
+        gmax = np.ascontiguousarray(comm.allreduce_max(rowmax), dtype=np.float32)
+        stats = np.empty((B, 4), np.float64)
+        kernels.softmax_stats(logits, corr, n_own, gmax, stats)
+        stats, loss, top_is_label, labelled = self._softmax_loss(stats, gmax)
+        # 3. output backward fused with the lazy Adam of the touched rows (row by row), dL/dh summed over ranks
+        lr = kernels.step_lr(cfg.lr, cfg.lr_decay, self.step)
+        entries = np.empty(active.size, np.int32)
+        kernels.group_by_row(active, labelled, self._row_ptr, entries)
+        out_rows = np.flatnonzero(np.diff(self._row_ptr))
+        dh_parts = np.empty((max(1, numba.get_num_threads()), B, cfg.hidden), np.float32)
+        kernels.output_rows_adam(
+            h, logits, n_own, stats[:, 0], stats[:, 2], 1.0 / B, self._row_ptr, entries, out_rows,
+            self.W2, self.b2, o["M2"], o["V2"], o["Mb2"], o["Vb2"], o["T2"], lr, cfg.beta1, cfg.beta2, cfg.eps,
+            dh_parts,
+        )  # fmt: skip
+        dh = comm.allreduce_sum(dh_parts.sum(axis=0))
+        self.dirty[out_rows] = 1
+        return dh, loss, top_is_label, int(labelled.sum())
+
+    def _output_shared(self, data: XCData, rows: np.ndarray, h: np.ndarray) -> tuple:
+        """The output layer with one active set shared by the batch (``batch_budget``): its logits and both
+        gradient products are dense BLAS products over the gathered rows; Adam on those rows only."""
+        cfg, comm, o = self.cfg, self.comm, self.opt
+        B = len(rows)
+        active, corr, lab_ptr, lab_pos = self._select_shared(data, rows, h)
+        self._count_labels(data, rows)
+        # the products run on column chunks of the active set, one per thread (numpy's BLAS releases the GIL)
+        n = len(active)
+        C = max(1, min(numba.get_num_threads(), n // 256))
+        cuts = [(n * c // C, n * (c + 1) // C) for c in range(C)]
+        logits = np.empty((B, n), np.float32)
+        Ws = np.empty((n, cfg.hidden), np.float32)
+
+        def forward(lo: int, hi: int) -> None:
+            np.take(self.W2, active[lo:hi], axis=0, out=Ws[lo:hi])
+            np.matmul(h, Ws[lo:hi].T, out=logits[:, lo:hi])
+            logits[:, lo:hi] += self.b2[active[lo:hi]]
+
+        self._on_chunks(forward, cuts)
+        top = logits.argmax(axis=1)
+        gmax = np.ascontiguousarray(comm.allreduce_max(logits[np.arange(B), top]), dtype=np.float32)
+        stats = self._shared_stats(logits, corr, lab_ptr, lab_pos, top, gmax)
+        stats, loss, top_is_label, labelled = self._softmax_loss(stats, gmax)
+        kernels.shared_delta(logits, stats[:, 0], stats[:, 2], lab_ptr, lab_pos, 1.0 / B)
+        grad = np.empty((n, cfg.hidden), np.float32)
+        dh_parts = np.empty((C, B, cfg.hidden), np.float32)
+
+        def backward(lo: int, hi: int) -> None:
+            np.matmul(logits[:, lo:hi].T, h, out=grad[lo:hi])
+            np.matmul(logits[:, lo:hi], Ws[lo:hi], out=dh_parts[cuts.index((lo, hi))])
+
+        self._on_chunks(backward, cuts)
+        gb = logits.sum(axis=0)
+        dh = comm.allreduce_sum(dh_parts.sum(axis=0))
+        kernels.adam_rows(
+            self.W2, o["M2"], o["V2"], grad, self.b2, o["Mb2"], o["Vb2"], gb, o["T2"], active.astype(np.int64),
+            kernels.step_lr(cfg.lr, cfg.lr_decay, self.step), cfg.beta1, cfg.beta2, cfg.eps, 0, True,
+        )  # fmt: skip
+        self.dirty[active] = 1
+        return dh, loss, top_is_label, int(labelled.sum())
+
+    def _shared_stats(self, logits, corr, lab_ptr, lab_pos, top, gmax) -> np.ndarray:
+        """This rank's softmax statistics over a shared active set (:func:`kernels.softmax_stats`'s ``stats``),
+        turning ``logits`` into ``exp(z + corr - gmax)`` in place: numpy's vectorised float32 exp on row chunks,
+        one per thread (numba's exp is a scalar call per entry, ~3x slower here)."""
+        stats = np.empty((len(logits), 4), np.float64)
+        kernels.shared_label_stats(logits, lab_ptr, lab_pos, top, gmax, stats)
+
+        def exps(lo: int, hi: int) -> None:
+            z = logits[lo:hi]
+            z += corr
+            z -= gmax[lo:hi, None]
+            np.exp(z, out=z)
+            stats[lo:hi, 0] = z.sum(axis=1)
+
+        B, C = len(logits), max(1, min(numba.get_num_threads(), len(logits) // 32))
+        self._on_chunks(exps, [(B * c // C, B * (c + 1) // C) for c in range(C)])
+        return stats
+
+    def _on_chunks(self, fn, cuts: list[tuple[int, int]]) -> None:
+        """``fn(lo, hi)`` for every cut, on a pool of threads (inline when there is one cut)."""
+        if len(cuts) == 1:
+            fn(*cuts[0])
+            return
+        if self._pool is None or self._pool._max_workers < len(cuts):
+            self._pool = ThreadPoolExecutor(len(cuts), thread_name_prefix="dslide-blas")
+        for f in [self._pool.submit(fn, lo, hi) for lo, hi in cuts]:
+            f.result()
 
     def _count_labels(self, data: XCData, rows: np.ndarray) -> None:
         """Count the batch's targets among the own labels (the frequency fill's weights)."""

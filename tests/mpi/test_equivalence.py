@@ -25,8 +25,8 @@ STEPS, LABELS, BUDGET = 25, 128, 16
 RTOL = 1e-6  # float32 sums in another order; a different active set moves the loss by ~1e-3 or more
 
 
-def trajectory(size: int, budget: int = BUDGET, seed_by_rank: bool = False) -> dict:
-    argv = [PROGRAM, STEPS, budget, int(seed_by_rank)]
+def trajectory(size: int, budget: int = BUDGET, seed_by_rank: bool = False, batch_budget: int = 0) -> dict:
+    argv = [PROGRAM, STEPS, budget, int(seed_by_rank), batch_budget]
     if size == 1:  # a plain process: SerialComm, no MPI at all
         out = subprocess.run([sys.executable, *map(str, argv)], env=job_env(),
                              capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
@@ -53,6 +53,16 @@ def test_p_ranks_follow_the_one_process_trajectory(sampled_runs, size):
     assert parallel["top_label"] == serial["top_label"]  # train_err's counts: the same active sets
     assert parallel["p_at_1"] == serial["p_at_1"]
     assert serial["step_bytes"] == 0 and parallel["step_bytes"] > 0
+
+
+def test_a_batch_shared_active_set_follows_the_one_process_trajectory(sampled_runs):
+    """With ``batch_budget`` (one active set per batch, 16 of each block's 32 labels) the blocks choose the same
+    neurons on any P as well; the logits and gradients are BLAS products over each rank's columns."""
+    serial, parallel = trajectory(1, batch_budget=64), trajectory(2, batch_budget=64)
+    np.testing.assert_allclose(parallel["losses"], serial["losses"], rtol=RTOL, atol=0)
+    assert parallel["top_label"] == serial["top_label"] and parallel["p_at_1"] == serial["p_at_1"]
+    assert serial["losses"][-1] < serial["losses"][0]
+    assert not np.allclose(serial["losses"], sampled_runs[1]["losses"], rtol=1e-3)  # not the per-sample one
 
 
 def test_the_trajectory_moves(sampled_runs):

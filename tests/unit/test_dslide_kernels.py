@@ -408,14 +408,17 @@ def test_a_budget_of_every_label_is_the_exact_softmax(fill_power: float) -> None
     assert not corr.any()
 
 
-def test_every_label_active_trains_exactly_the_dense_network() -> None:
+@pytest.mark.parametrize("batch_budget", [0, 24])
+def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int) -> None:
     """With the whole output layer active, dslide's steps -- selection, the softmax, the gradients, lazy Adam
-    on W2, the caught-up Adam on W1, the lr schedule -- are dense Adam on the dense network (float64 reference)."""
+    on W2, the caught-up Adam on W1, the lr schedule -- are dense Adam on the dense network (float64 reference):
+    per-sample active sets, or one shared by the batch (``batch_budget``) whose products are BLAS's."""
     numba.set_num_threads(1)
     try:
         n_feat, n_lab = 400, 24
         data = generate(48, n_feat, n_lab, seed=8)
-        cfg = ModelConfig(n_feat, n_lab, hidden=8, budget=24, tables=2, blocks=2, lr=1e-2, lr_decay=5.0)
+        cfg = ModelConfig(n_feat, n_lab, hidden=8, budget=24, tables=2, blocks=2, lr=1e-2, lr_decay=5.0,
+                          batch_budget=batch_budget)  # fmt: skip
         model = SlideModel(cfg)
         x = np.zeros((len(data), n_feat))
         for r in range(len(data)):

@@ -65,8 +65,9 @@ def test_single_thread_runs_are_bit_for_bit_equal(planted: Path) -> None:
     assert not np.array_equal(c.W2, b.W2)
 
 
-def test_resume_continues_bit_for_bit(planted: Path, tmp_path: Path) -> None:
-    cfg = small_cfg(hash="dwta", k=2)
+@pytest.mark.parametrize("shared", [{}, {"batch_budget": 96}])
+def test_resume_continues_bit_for_bit(planted: Path, tmp_path: Path, shared: dict) -> None:
+    cfg = small_cfg(hash="dwta", k=2, **shared)
     straight, rs = run_training(cfg, opts(planted, epochs=3, checkpoint=str(tmp_path / "a")), emit=lambda r: None)
     run_training(cfg, opts(planted, epochs=2, checkpoint=str(tmp_path / "b")), emit=lambda r: None)
     assert read_manifest(tmp_path / "b")["meta"]["passes"] == 2
@@ -124,14 +125,17 @@ def dslide(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_gen_train_eval(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], ["--batch-budget", "24"]])
+def test_cli_gen_train_eval(tmp_path: Path, extra: list[str]) -> None:
     r = dslide("gen", str(tmp_path / "d"), "--points", "600", "--features", "300", "--labels", "50", "--shards", "2")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "d" / "train").iterdir()) == ["part-00000.txt", "part-00001.txt"]
     r = dslide("train", "--train", str(tmp_path / "d" / "train"), "--test", str(tmp_path / "d" / "test.txt"),
                "--epochs", "2", "--hidden", "16", "--budget", "16", "--tables", "2", "--checkpoint",
-               str(tmp_path / "ck"), "--batch", "64")  # fmt: skip
+               str(tmp_path / "ck"), "--batch", "64", *extra)  # fmt: skip
     assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
+    assert manifest["model"]["batch_budget"] == (24 if extra else 0)
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     keys = {"epoch", "pass", "seconds", "samples_per_s", "loss", "p_at_1", "p_at_5", "comm_bytes"}
     assert len(lines) == 2 and keys <= lines[0].keys() and lines[1]["pass"] == 2
