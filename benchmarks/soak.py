@@ -3,7 +3,9 @@
 Rows (``--rows i,ii,iii``; i and ii run at the same time, each on its own mount, for ``--minutes``; iii after
 them for ``--stall-minutes``):
 
-* **i**  8 reader threads read files of the whole dataset (in view or not) and check every byte by hash while
+* **i**  8 reader threads (2 of them through batch plans, as ``tierfs.loaders`` reads: the copies checked and
+  read directly, the rest through the mount, the reads reported) read files of the whole dataset (in view or
+  not) and check every byte by hash while
   mini-epochs turn over (``next-pass``/``advance`` written to the control file, >= 20 switches) and a writer
   replaces (``os.replace`` of a new version), grows, shrinks and deletes backing files, ``revalidate=open``.
   The writer registers each version's hash *before* it replaces the file, and a reader notes the version
@@ -42,9 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from netbacking import net_backing
 from slowtier import install_sigterm, require_root
+from tierfs.loaders import read_plan, read_sample
 from tierfs.testing import Mounted, abort_connection, mounted
 
 KiB = 1 << 10
+PLAN_READERS = 2  # row i: readers 0 and 1 read through batch plans
 
 
 def digest(data: bytes) -> bytes:
@@ -63,6 +67,8 @@ class Tally:
     minutes: float = 0.0
     switches: int = 0
     reads: int = 0
+    plan_reads: int = 0  # of ``reads``: read through a batch plan (row i's plan readers), from the copy or not
+    plan_copy_reads: int = 0  # of those: from the copy the plan named (checked), not through the mount
     bytes_verified: int = 0
     mismatches: int = 0
     stale: int = 0
@@ -319,7 +325,25 @@ def row_i(tally: Tally, work: Path, duration: float, deadline: float, files: int
             vs.commit(rel)
             tally.add(writer_ops=1)
 
+    def verify(rel: str, before: int, data: bytes, **counts: int) -> None:
+        """``data`` must be the version current at ``before`` or a later one: else stale, short or mismatch."""
+        ok = [v for v in vs.since(rel, before) if v is not None]
+        h = digest(data)
+        if any(v[0] == h for v in ok):
+            tally.add(reads=1, bytes_verified=len(data), **counts)
+        elif any(v is not None and v[0] == h for v in vs.older(rel, before)):
+            tally.add(stale=1)
+            tally.note(f"STALE: {rel} served an older version ({len(data)} bytes)")
+        elif ok and all(len(data) < v[1] for v in ok):
+            tally.add(short_reads=1)
+            tally.note(f"SHORT: {rel} {len(data)} bytes, expected one of {[v[1] for v in ok]}")
+        else:
+            tally.add(mismatches=1)
+            tally.note(f"MISMATCH: {rel} {len(data)} bytes, expected one of {[v[1] for v in ok]}")
+
     def reader(m: Mounted, wd: Watchdog, stop: threading.Event, k: int) -> None:
+        if k < PLAN_READERS:
+            return plan_reader(m, wd, stop, k)
         rrng = random.Random(seed * 100 + k)
         listing: list[str] = []
         n = 0
@@ -339,21 +363,43 @@ def row_i(tally: Tally, work: Path, duration: float, deadline: float, files: int
                 if not wd.failed.is_set():
                     classify_error(e, tally, rel, deleted_ok=None in vs.since(rel, before))
                 continue
-            ok = [v for v in vs.since(rel, before) if v is not None]
-            h = digest(data)
             with tally.lock:
                 tally.open_lat.append(t_open)
-            if any(v[0] == h for v in ok):
-                tally.add(reads=1, bytes_verified=len(data))
-            elif any(v is not None and v[0] == h for v in vs.older(rel, before)):
-                tally.add(stale=1)
-                tally.note(f"STALE: {rel} served an older version ({len(data)} bytes)")
-            elif ok and all(len(data) < v[1] for v in ok):
-                tally.add(short_reads=1)
-                tally.note(f"SHORT: {rel} {len(data)} bytes, expected one of {[v[1] for v in ok]}")
-            else:
-                tally.add(mismatches=1)
-                tally.note(f"MISMATCH: {rel} {len(data)} bytes, expected one of {[v[1] for v in ok]}")
+            verify(rel, before, data)
+
+    def plan_reader(m: Mounted, wd: Watchdog, stop: threading.Event, k: int) -> None:
+        """A loader on batch plans (``tierfs.loaders``): a plan, up to 64 of its files read as ``read_sample``
+        reads them (the copy checked, else through the mount), the copies reported; again.  A plan read after a
+        change never names the old copy (``revalidate=open``), so the same rule holds: the version current
+        before the plan was read, or a later one."""
+        rrng = random.Random(seed * 100 + k)
+        while not stop.is_set():
+            with vs.lock:
+                before = dict(vs.current)
+            try:
+                with wd.op("plan"):
+                    p = read_plan(m.mountpoint)
+            except OSError as e:
+                if not wd.failed.is_set():
+                    classify_error(e, tally, "plan")
+                continue
+            picked = rrng.sample(range(len(p.samples)), min(64, len(p.samples)))
+            copied = []
+            for i in picked:
+                s = p.samples[i]
+                rel = os.path.relpath(s.path, m.mountpoint)
+                try:
+                    with wd.op(f"plan read {rel}"):
+                        data, from_copy = read_sample(s)
+                except OSError as e:
+                    if not wd.failed.is_set():
+                        classify_error(e, tally, rel, deleted_ok=None in vs.since(rel, before[rel]))
+                    continue
+                if from_copy:
+                    copied.append(i)
+                verify(rel, before[rel], data, plan_reads=1, plan_copy_reads=int(from_copy))
+            with contextlib.suppress(OSError), wd.op("report"):
+                p.report(copied)
 
     def control(m: Mounted, wd: Watchdog, stop: threading.Event) -> None:
         i = 0
@@ -563,10 +609,10 @@ def row_iii(tally: Tally, work: Path, duration: float, deadline: float, seed: in
 # --------------------------------------------------------------------------------------------- main
 
 
-COLUMNS = ["readers", "minutes", "switches", "reads", "bytes_verified", "mismatches", "stale", "short_reads", "eio",
-           "enoent_real", "enoent_deleted", "other_errors", "hangs", "daemon_deaths", "daemon_restarts",
-           "writer_ops", "open_p50_ms", "open_p99_ms", "open_max_ms", "stalls", "status_samples",
-           "status_over_1s", "status_max_ms"]
+COLUMNS = ["readers", "minutes", "switches", "reads", "plan_reads", "plan_copy_reads", "bytes_verified",
+           "mismatches", "stale", "short_reads", "eio", "enoent_real", "enoent_deleted", "other_errors", "hangs",
+           "daemon_deaths", "daemon_restarts", "writer_ops", "open_p50_ms", "open_p99_ms", "open_max_ms", "stalls",
+           "status_samples", "status_over_1s", "status_max_ms"]
 
 
 def render(rows: list[dict]) -> str:
