@@ -8,7 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numba
 import numpy as np
 import pytest
 
@@ -31,9 +30,8 @@ def assert_states_equal(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("family", ["srp", "dwta"])
-def test_reshard_round_trips_and_matches_what_ranks_build(family: str) -> None:
-    numba.set_num_threads(1)
-    try:
+def test_reshard_round_trips_and_matches_what_ranks_build(numba_threads, family: str) -> None:
+    with numba_threads(1):
         cfg = ModelConfig(300, 242, hidden=18, budget=24, tables=4, bucket_cap=8, blocks=4, hash=family)
         full = SlideModel(cfg)
         rng = np.random.default_rng(0)
@@ -61,8 +59,6 @@ def test_reshard_round_trips_and_matches_what_ranks_build(family: str) -> None:
         cut = reshard([fresh.state()], cfg, 2, 1)
         for k, v in rank1.index.state().items():
             np.testing.assert_array_equal(v, cut[f"lsh_{k}"], err_msg=k)
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 def saved_files(directory: Path) -> set[str]:

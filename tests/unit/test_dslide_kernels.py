@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
 
@@ -107,18 +106,14 @@ def output_gradients(h, expz, active, n_own, stats, W2, b2, chunks: int = 1):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_sparse_layer_gradients_match_dense_reference(seed: int) -> None:
+def test_sparse_layer_gradients_match_dense_reference(numba_threads, seed: int) -> None:
     data, W1, b1, W2, b2, active, n_own = make_problem(seed)
     x = dense_x(data)
     args64 = [a.astype(np.float64) for a in (W1, b1, W2, b2)]
     # one thread: the accumulations are HOGWILD by design (threads may race on a row and lose an update), which
     # an exact comparison must not see; a busy machine made that happen here
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
+    with numba_threads(1):
         loss, gW1, gb1, gW2, gb2, dh, touched, touched_in = run_kernels(data, W1, b1, W2, b2, active, n_own)
-    finally:
-        numba.set_num_threads(threads)
     ref = reference_grads(x, *args64, active, n_own)
     assert loss == pytest.approx(reference_loss(x, *args64, active, n_own), rel=1e-5)
     for got, want in zip((gW1, gb1, gW2, gb2, dh), ref, strict=True):
@@ -267,11 +262,10 @@ def test_caught_up_lazy_adam_follows_dense_adam(lr_decay: float) -> None:
     assert np.abs(out - W).max() > 3 * lr  # one Adam step moves a weight by about lr at most
 
 
-def test_inference_reads_caught_up_input_rows_and_leaves_training_alone() -> None:
+def test_inference_reads_caught_up_input_rows_and_leaves_training_alone(numba_threads) -> None:
     """Evaluating between steps changes nothing in training (bit for bit, one thread), and inference reads W1
     as dense Adam has it now: rows of features absent from the last steps have still moved."""
-    numba.set_num_threads(1)
-    try:
+    with numba_threads(1):
         data = generate(400, 300, 200, seed=6)
         cfg = ModelConfig(300, 200, hidden=16, budget=32, tables=2, blocks=2)
         quiet, evaluated = SlideModel(cfg), SlideModel(cfg)
@@ -289,16 +283,14 @@ def test_inference_reads_caught_up_input_rows_and_leaves_training_alone() -> Non
         quiet._catch_up(np.arange(300, dtype=np.int64))  # the same catch-up, committed
         np.testing.assert_allclose(now, quiet.W1, rtol=1e-6, atol=1e-7)
         assert quiet._inference_W1() is now  # computed once per step
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 @pytest.mark.parametrize(
     ("budget", "threads", "fill_power"), [(12, 1, 1.0), (12, 2, 1.0), (64, 1, 1.0), (200, 2, 1.0), (64, 2, 0.0)]
 )
-def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int, threads: int, fill_power: float):
-    numba.set_num_threads(threads)
-    try:
+def test_selection_is_exact_distinct_labels_first_and_deterministic(numba_threads, budget: int, threads: int,
+                                                                    fill_power: float):
+    with numba_threads(threads):
         data = generate(64, 300, 200, seed=2)
         cfg = ModelConfig(300, 200, hidden=16, budget=budget, tables=4, bucket_cap=8, blocks=4, fill_power=fill_power)
         model = SlideModel(cfg)
@@ -324,8 +316,6 @@ def test_selection_is_exact_distinct_labels_first_and_deterministic(budget: int,
             assert np.all(corr[i, : n_own[i]] == 0) and np.all(corr[i] >= 0)
         assert active.min() >= 0 and active.max() < 200
         assert not model._marks.any()
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 class _RankOf:
@@ -336,11 +326,10 @@ class _RankOf:
 
 
 @pytest.mark.parametrize("family", ["srp", "dwta"])
-def test_ranks_select_what_one_process_selects(family: str) -> None:
+def test_ranks_select_what_one_process_selects(numba_threads, family: str) -> None:
     """The union of P ranks' active sets is the one-process active set, sample by sample, after a rehash too
     (tables, pools and streams are keyed by block, never by rank)."""
-    numba.set_num_threads(1)
-    try:
+    with numba_threads(1):
         data = generate(64, 300, 240, seed=4)
         cfg = ModelConfig(300, 240, hidden=16, budget=24, tables=4, bucket_cap=8, blocks=4, hash=family)
         rows = np.arange(64, dtype=np.int64)
@@ -364,16 +353,13 @@ def test_ranks_select_what_one_process_selects(family: str) -> None:
                     parts.append(got + m.l_lo)
                 union = np.sort(np.concatenate(parts, axis=1), axis=1)
                 np.testing.assert_array_equal(union, np.sort(want, axis=1), err_msg=f"P={size} rehash={rehash}")
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
-def test_lsh_candidates_take_at_most_their_share_and_the_fill_is_corrected() -> None:
+def test_lsh_candidates_take_at_most_their_share_and_the_fill_is_corrected(numba_threads) -> None:
     """With lsh_frac f a block takes at most floor(f * share) LSH candidates; the rest of its share is fill,
     whose correction log(rest / fill) is positive (uniform fill): LSH candidates are exactly the
     uncorrected non-labels."""
-    numba.set_num_threads(1)
-    try:
+    with numba_threads(1):
         data = generate(64, 300, 400, seed=3)
         cfg = ModelConfig(300, 400, hidden=16, budget=64, tables=8, k=3, blocks=2, fill_power=0.0, lsh_frac=0.25)
         model = SlideModel(cfg)
@@ -389,8 +375,6 @@ def test_lsh_candidates_take_at_most_their_share_and_the_fill_is_corrected() -> 
             assert np.all(per_block <= 8)  # floor(0.25 * 32)
             n_lsh.append(len(lsh))
         assert max(n_lsh) == 16  # 3-bit codes over 200 neurons per block: the tables find plenty
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 @pytest.mark.parametrize("fill_power", [0.0, 1.0])
@@ -409,12 +393,11 @@ def test_a_budget_of_every_label_is_the_exact_softmax(fill_power: float) -> None
 
 
 @pytest.mark.parametrize("batch_budget", [0, 24])
-def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int) -> None:
+def test_every_label_active_trains_exactly_the_dense_network(numba_threads, batch_budget: int) -> None:
     """With the whole output layer active, dslide's steps -- selection, the softmax, the gradients, lazy Adam
     on W2, the caught-up Adam on W1, the lr schedule -- are dense Adam on the dense network (float64 reference):
     per-sample active sets, or one shared by the batch (``batch_budget``) whose products are BLAS's."""
-    numba.set_num_threads(1)
-    try:
+    with numba_threads(1):
         n_feat, n_lab = 400, 24
         data = generate(48, n_feat, n_lab, seed=8)
         cfg = ModelConfig(n_feat, n_lab, hidden=8, budget=24, tables=2, blocks=2, lr=1e-2, lr_decay=5.0,
@@ -446,13 +429,10 @@ def test_every_label_active_trains_exactly_the_dense_network(batch_budget: int) 
         for name, a, want in zip(("W1", "b1", "W2", "b2"), got, params, strict=True):
             np.testing.assert_allclose(a, want, rtol=1e-4, atol=2e-5, err_msg=name)
         assert np.abs(params[0] - model.W1).max() > 1e-3  # W1 rows idle in the last steps had moved meanwhile
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
-def test_frequency_fill_counts_targets_and_draws_frequent_labels_more() -> None:
-    numba.set_num_threads(1)
-    try:
+def test_frequency_fill_counts_targets_and_draws_frequent_labels_more(numba_threads) -> None:
+    with numba_threads(1):
         data = generate(256, 300, 400, seed=4)
         cfg = ModelConfig(300, 400, hidden=16, budget=32, tables=0, blocks=2, fill_power=1.0)
         model = SlideModel(cfg)
@@ -474,8 +454,6 @@ def test_frequency_fill_counts_targets_and_draws_frequent_labels_more() -> None:
         f = [c_of[j] for j in np.flatnonzero(frequent) if j in c_of]
         z = [c_of[j] for j in np.flatnonzero(never) if j in c_of]
         assert f and z and max(f) < min(z)
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 def test_lr_decay_scales_the_adam_step() -> None:

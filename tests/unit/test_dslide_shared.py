@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
 
@@ -42,9 +41,9 @@ def lsh_hits(model: SlideModel, h: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("threads", "fill_power", "tables"), [(1, 1.0, 4), (2, 1.0, 4), (2, 0.0, 4), (1, 1.0, 0)])
-def test_shared_selection_is_exact_labels_first_and_deterministic(threads: int, fill_power: float, tables: int):
-    numba.set_num_threads(threads)
-    try:
+def test_shared_selection_is_exact_labels_first_and_deterministic(numba_threads, threads: int, fill_power: float,
+                                                                  tables: int):
+    with numba_threads(threads):
         data = generate(64, 300, 400, seed=2)
         cfg = ModelConfig(300, 400, hidden=16, tables=tables, bucket_cap=8, blocks=4, fill_power=fill_power,
                           batch_budget=200)  # fmt: skip
@@ -72,13 +71,10 @@ def test_shared_selection_is_exact_labels_first_and_deterministic(threads: int, 
             assert (corr > 0).sum() > 0
         mark, pos, hits, _ = model._scratch
         assert not mark.any() and (pos == -1).all() and not hits.any()  # scratch left as found
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
-def test_shared_lsh_candidates_are_the_most_hit_and_take_at_most_their_share() -> None:
-    numba.set_num_threads(1)
-    try:
+def test_shared_lsh_candidates_are_the_most_hit_and_take_at_most_their_share(numba_threads) -> None:
+    with numba_threads(1):
         data = generate(64, 300, 400, seed=3)
         cfg = ModelConfig(300, 400, hidden=16, tables=8, k=4, blocks=2, fill_power=0.0, lsh_frac=0.25,
                           batch_budget=160)  # fmt: skip
@@ -96,8 +92,6 @@ def test_shared_lsh_candidates_are_the_most_hit_and_take_at_most_their_share() -
             assert len(chosen) == 20  # floor(0.25 * 80): 4-bit codes over 200 neurons find far more than that
             others = np.setdiff1d(np.arange(bounds[g], bounds[g + 1]), np.concatenate([chosen, batch_labels]))
             assert hits[chosen].min() >= hits[others].max() > 0  # the most-hit candidates, never a lesser one
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 def test_labels_beyond_a_block_share_are_not_active() -> None:
@@ -122,9 +116,8 @@ def test_labels_beyond_a_block_share_are_not_active() -> None:
 
 
 @pytest.mark.parametrize("tables", [4, 0])
-def test_ranks_select_the_shared_set_one_process_selects(tables: int) -> None:
-    numba.set_num_threads(1)
-    try:
+def test_ranks_select_the_shared_set_one_process_selects(numba_threads, tables: int) -> None:
+    with numba_threads(1):
         data = generate(64, 300, 240, seed=4)
         cfg = ModelConfig(300, 240, hidden=16, tables=tables, bucket_cap=8, blocks=4, batch_budget=96)
         rows = np.arange(48, dtype=np.int64)
@@ -140,8 +133,6 @@ def test_ranks_select_the_shared_set_one_process_selects(tables: int) -> None:
                 got_corr.append(c)
             np.testing.assert_array_equal(np.concatenate(got), want, err_msg=f"P={size}")
             np.testing.assert_array_equal(np.concatenate(got_corr), want_corr, err_msg=f"P={size}")
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 def test_shared_softmax_and_gradient_match_a_float64_reference() -> None:
@@ -174,9 +165,8 @@ def test_shared_softmax_and_gradient_match_a_float64_reference() -> None:
     assert stats[3, 3] == 1 and stats[1, 3] == 0
 
 
-def test_shared_training_learns_and_touches_only_the_shared_rows() -> None:
-    numba.set_num_threads(2)
-    try:
+def test_shared_training_learns_and_touches_only_the_shared_rows(numba_threads) -> None:
+    with numba_threads(2):
         data = generate(2048, 600, 3000, seed=9)
         cfg = ModelConfig(600, 3000, hidden=32, tables=4, batch_budget=512, lr_decay=0)
         model = SlideModel(cfg)
@@ -195,8 +185,6 @@ def test_shared_training_learns_and_touches_only_the_shared_rows() -> None:
         last = np.mean([model.train_step(data, np.arange(s, s + 128)).loss_sum / 128 for s in range(0, 1024, 128)])
         assert last < first - 1.0
         assert model.evaluate(data, 512)["p_at_1"] > 0.3  # the most frequent label alone scores ~0.05
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 def test_batch_budget_is_checked_and_old_configs_have_none() -> None:
