@@ -220,7 +220,7 @@ class BatchPlans:
                 return ok
             for f, st in zip(batch, answers, strict=True):
                 if isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode) \
-                        and fingerprint(st) == fingerprint(self.tree.file_node(f).st):
+                        and fingerprint(st) == self.tree.fingerprint_of(f):
                     self.reval.confirm(f)
                     ok.add(f)
         return ok
