@@ -10,10 +10,11 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from tierfs.testing import force_unmount, mounted
+from tierfs.testing import force_unmount, mounted, wait_until
 
 
 def _listed_files(mnt: str) -> list[str]:
@@ -229,9 +230,9 @@ def test_data_path_tuning_keeps_reads_whole(tierfs_mount, dataset):
     backing, files = dataset
     with tierfs_mount(capacity="4M", policy="lru", view="full") as m:
         dev = os.stat(m.mountpoint).st_dev
-        if os.geteuid() == 0:
-            with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
-                assert int(f.read()) == 4096
+        if os.geteuid() == 0:  # (set by a worker thread once the kernel has the INIT reply: wait for it)
+            ra = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+            wait_until(lambda: Path(ra).read_text().strip() == "4096", timeout=30, what=f"{ra} to read 4096")
         for rel in files:  # the first reads stage the copies (lru: read-through)
             assert _digest(m.path(rel)) == _digest(os.path.join(backing, rel))
         assert m.status()["reads"]["misses"] == len(files)
