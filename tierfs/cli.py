@@ -236,7 +236,9 @@ def cmd_status(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     except OSError as exc:
-        raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}") from None
+        hint = (" (status names files: it is for the mount's owner and root; .tierfs/metrics has the figures for "
+                "everyone)") if isinstance(exc, PermissionError) else ""
+        raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}{hint}") from None
 
 
 def cmd_set(argv: Sequence[str]) -> int:

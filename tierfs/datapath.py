@@ -2,9 +2,11 @@
 
 It owns the open handles and everything tied to them: the handles that read through the kernel's page cache
 (per file), the files whose kernel attributes and pages are another version's, the copies lent to direct
-readers (leases), and the read counters.  The engine gives it the parts it reads from (tree, cache, backing,
-revalidator, stager, pusher, schedule) and four things to tell: a file was opened (pass accounting), a file
-changed, a file needs staging again, the cache's ``data/`` is gone.
+readers (leases), the read counters, and the descriptors the handles hold per user (a
+:class:`~tierfs.users.FdBudget`: one user's opens cannot exhaust the daemon's descriptors).  The engine gives
+it the parts it reads from (tree, cache, backing, revalidator, stager, pusher, schedule) and four things to
+tell: a file was opened, and by whom (pass accounting), a file changed, a file needs staging again, the cache's
+``data/`` is gone.
 
 **Versions.**  A file changed in the backing dir has attributes and pages in the kernel that belong to the old
 version, which handles opened before the change may still be reading through the page cache: they are
@@ -44,6 +46,7 @@ from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.stats import DataPathStatistics, Reads
 from tierfs.tree import Node, Tree, fingerprint
+from tierfs.users import OWNER_UID, FdBudget
 
 __all__ = ["LEND_SECONDS", "DataPath", "FileHandle"]
 
@@ -54,13 +57,15 @@ LEND_SECONDS = 2.0  # a lent copy stays pinned this long: the reader opens it ri
 
 @dataclass(eq=False)
 class FileHandle:
-    """One open dataset file: a descriptor of the cached copy (``entry``) or of the backing file."""
+    """One open dataset file: a descriptor of the cached copy (``entry``) or of the backing file, held for the
+    user ``uid`` (counted in the data path's :class:`~tierfs.users.FdBudget`)."""
 
     fidx: int
     fd: int
     entry: CacheEntry | None
     keep_cache: bool
-    direct_io: bool = False
+    direct_io: bool
+    uid: int
 
 
 def _pread_rest(fd: int, buf: bytearray, done: int, offset: int) -> int:
@@ -79,7 +84,7 @@ class DataPath:
 
     def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
                  reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule, policy: CachePolicy,
-                 settings: Callable[[], Settings], opened: Callable[[int, int], None],
+                 settings: Callable[[], Settings], opened: Callable[[int, int, int], None],
                  changed: Callable[[int, os.stat_result], None], restage: Callable[[int], None],
                  data_dir_lost: Callable[[], Awaitable[None]]) -> None:
         self.tree = tree
@@ -112,6 +117,7 @@ class DataPath:
         self.opened_bytes = 0  # sizes of dataset files opened: what loaders consume
         self.stall_seconds = 0.0
         self.handles = 0  # dataset files open now
+        self.fd_budget = FdBudget()  # the descriptors those handles hold, per user
         #: batch plans for direct readers (plans.py), their copies pinned until their pass ends
         self.batch = BatchPlans(tree=tree, cache=cache, backing=backing, reval=reval, schedule=schedule,
                                 settings=settings, timeout=self._timeout, return_leases=self._return_leases,
@@ -121,19 +127,19 @@ class DataPath:
     def settings(self) -> Settings:
         return self._settings()
 
-    def _opened(self, fidx: int, size: int) -> None:
+    def _opened(self, fidx: int, size: int, uid: int) -> None:
         self.stager.serving()  # staging yields to readers
         self.opened_bytes += size
         view = self.schedule.view
         if view is None or not view.mask[fidx]:
             self.out_of_view += 1
-        self._opened_cb(fidx, size)
+        self._opened_cb(fidx, size, uid)
 
     def statistics(self) -> DataPathStatistics:
         plans = self.batch.statistics()
         return DataPathStatistics(Reads(self.hits, self.misses, self.out_of_view, self.lent, plans.reported),
                                   self.backing_bytes_read, self.served_bytes, self.opened_bytes, self.stall_seconds,
-                                  self.handles, plans)
+                                  self.handles, plans, self.fd_budget.statistics())
 
     def mark_stale(self, fidx: int) -> None:
         """The kernel's attributes and pages of ``fidx`` are another version's: drop them as soon as no handle
@@ -218,8 +224,17 @@ class DataPath:
         self._on_changed(fidx, st)
         return st
 
-    async def open_file(self, fidx: int) -> FileHandle:
-        """Open dataset file ``fidx`` for reading: from the cache if a valid copy is there, else the backing."""
+    async def open_file(self, fidx: int, uid: int = OWNER_UID) -> FileHandle:
+        """Open dataset file ``fidx`` for reading by user ``uid``: from the cache if a valid copy is there, else the
+        backing; ``EMFILE`` for that user alone once it holds its share of the daemon's descriptors."""
+        self.fd_budget.take(uid)
+        try:
+            return await self._open_file(fidx, uid)
+        except BaseException:
+            self.fd_budget.give(uid)
+            raise
+
+    async def _open_file(self, fidx: int, uid: int) -> FileHandle:
         if not self.reval.fresh(fidx) and self.cache.get(fidx) is not None:
             # (an uncached file needs no separate check: its copy, or its backing open, compares fingerprints)
             await self._confirm(fidx)
@@ -260,7 +275,7 @@ class DataPath:
             self._page_handles[fidx] = self._page_handles.get(fidx, 0) + 1
         # (a changed file can change again between this open and its reads, and the kernel keeps one size and
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
-        handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct)
+        handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct, uid=uid)
         self.handles += 1
         if entry is not None and entry.size <= ADVISE_WHOLE:
             # Start reading a small copy into the page cache now, while the open's reply travels: the read that
@@ -268,7 +283,7 @@ class DataPath:
             # WILLNEED on a local copy only queues read-ahead on the fast tier and returns: never the backing.
             with contextlib.suppress(OSError):
                 os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_WILLNEED)
-        self._opened(fidx, size)
+        self._opened(fidx, size, uid)
         return handle
 
     async def _open_backing(self, fidx: int, node: Node) -> tuple[int, int]:
@@ -320,7 +335,7 @@ class DataPath:
         await self.repair(entry, self.stager.error)
         return None
 
-    async def lend(self, fidx: int) -> bytes | None:
+    async def lend(self, fidx: int, uid: int = OWNER_UID) -> bytes | None:
         """The absolute path of a valid cached copy of ``fidx``, for a reader that opens it itself; or None.
 
         The copy is complete and never changes (copies land by rename under a fresh name), so a reader that
@@ -328,7 +343,7 @@ class DataPath:
         an open checks it (fingerprint within ``revalidate``, the copy as committed, ``verify=xxhash`` done) and
         pinned for ``LEND_SECONDS`` so an eviction cannot unlink it between this answer and the reader's open.
         None (read through the mount) when the file is not cached, changed, or awaits its xxhash check.
-        Counted as an open served from the cache, like :meth:`open_file`.
+        Counted as an open by ``uid`` served from the cache, like :meth:`open_file`.
         """
         self._return_leases()
         entry = self.cache.get(fidx)
@@ -359,17 +374,18 @@ class DataPath:
             self._lent_recently[fidx] = (now + 0.2, entry)
             self.hits += 1
             self.lent += 1
-            self._opened(fidx, entry.size)
+            self._opened(fidx, entry.size, uid)
         return os.fsencode(os.path.join(self.cache.data_path, entry.name))
 
     def served_from_copies(self, reads: list[tuple[int, CacheEntry]]) -> None:
         """Direct reads of copies were reported (a batch plan's): count each as an open served from the cache,
-        in the order given (a pass that ends on one of them has the rest in the next)."""
+        in the order given (a pass that ends on one of them has the rest in the next).  Reported over
+        ``control``, which only the owner and root may write: theirs."""
         self.hits += len(reads)
         touch, opened = self.cache.touch, self._opened
         for fidx, entry in reads:
             touch(entry)
-            opened(fidx, entry.size)
+            opened(fidx, entry.size, OWNER_UID)
 
     def _return_leases(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -442,9 +458,12 @@ class DataPath:
                 del self._page_handles[handle.fidx]
                 if handle.fidx in self._stale:
                     self.mark_stale(handle.fidx)
-        if handle.entry is not None:
-            self.release_copy(handle.entry, handle.fd)
-        else:
-            # a network filesystem may talk to its server on close: a backing thread, never the trio thread
-            with contextlib.suppress(OSError):
-                await self.backing.call(os.close, handle.fd, timeout=None)
+        try:
+            if handle.entry is not None:
+                self.release_copy(handle.entry, handle.fd)
+            else:
+                # a network filesystem may talk to its server on close: a backing thread, never the trio thread
+                with contextlib.suppress(OSError):
+                    await self.backing.call(os.close, handle.fd, timeout=None)
+        finally:
+            self.fd_budget.give(handle.uid)  # once the descriptor is closed: it counts while a close hangs

@@ -17,7 +17,9 @@ waits on the backing dir or the kernel (see datapath.py, pusher.py, backing.py).
 
 How a mount moves (policy ``met``): the *current* mini-epoch is what the root shows; the *next* one is staged
 meanwhile, behind any file of the current one that is not cached yet.  A pass ends when every file of the
-view was opened since it began, on ``next-pass``, or when the root is listed again after at least one open.
+view was opened since it began, on ``next-pass``, or when the root is listed again after at least one open --
+opens and listings by the mount's owner or root, who may write ``control`` (users.py); other users are served
+without moving anyone's schedule.
 After ``rf`` passes the next mini-epoch takes over: with ``advance=ready`` only once it is fully cached, with
 ``strict`` at once; ``advance`` (the command, or ARF) leaves as soon as the next one is cached.  On a switch
 the previous mini-epoch is evicted, except open files, which go on their last release.  ``lru``: policy.py.
@@ -47,6 +49,7 @@ from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.stats import Status, build_status
+from tierfs.users import privileged
 
 __all__ = ["Engine"]
 
@@ -116,7 +119,7 @@ class Engine:
                              policy=self.policy, settings=lambda: self.settings, opened=self._opened_file,
                              changed=self._changed, restage=self._restage, data_dir_lost=self._data_dir_lost)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
-        self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self.end_pass)
+        self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self._root_relisted)
         if self.trees.scanned:
             self.reval.confirm_all()  # the scan just read every fingerprint
         # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
@@ -246,8 +249,14 @@ class Engine:
         if self._nursery is None:
             self.journal.flush()
 
-    def _opened_file(self, fidx: int, size: int) -> None:
-        if self.schedule.record_open(fidx, size):
+    def _opened_file(self, fidx: int, size: int, uid: int) -> None:
+        # Only those who may write ``control`` move the schedule: another user's reads are served, not counted.
+        if privileged(uid) and self.schedule.record_open(fidx, size):
+            self.end_pass()
+
+    def _root_relisted(self, uid: int) -> None:
+        # (the same rule for listings: another user's ``ls`` of the root never ends everyone's pass)
+        if privileged(uid):
             self.end_pass()
 
     # ==================================================================== what files mean for the parts

@@ -13,7 +13,11 @@ Caveats worth knowing:
   read sees the new size and bytes.
 * ``/.tierfs/status``, ``order``, ``metrics``, ``control`` and ``plan`` are rendered once per open into a buffer
   (``direct_io``, size 0 like /proc files), so one ``cat`` sees one consistent snapshot.  Opening ``plan``
-  pins the copies it names until the pass ends (see :mod:`tierfs.plans`).
+  pins the copies it names until the pass ends (see :mod:`tierfs.plans`).  Those that name files (``status``,
+  ``order``, ``order0``, ``plan``) are the mount's owner's and root's, and so are writes to ``control``
+  (:mod:`tierfs.users`).
+* The requester (``ctx.uid``) goes with every open and listing to the part that answers it: who may steer the
+  schedule, and how many descriptors a user may hold, are decided there.
 * ``getxattr(user.tierfs.cache_path)`` on a dataset file answers the path of its cached copy (see
   :mod:`tierfs.direct`); every other attribute does not exist, and the kernel asks again each time.
 * Writes to ``control`` are applied per ``write()`` call: ``echo rf=8 > control`` is one write; a bad one fails
@@ -28,7 +32,6 @@ import functools
 import itertools
 import logging
 import os
-import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,9 +42,9 @@ import trio
 from tierfs.datapath import FileHandle
 from tierfs.direct import CACHE_PATH_XATTR
 from tierfs.engine import Engine
-from tierfs.plans import may_read_directly
 from tierfs.pusher import KernelCache
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, mountinfo
+from tierfs.users import CONTROL_MODES, may_open_control_file, privileged
 
 __all__ = ["ATTR_TIMEOUT", "TierOperations"]
 
@@ -60,6 +63,7 @@ READ_AHEAD_KB = 4096
 _CTL_DIR = CONTROL_INODES[b".tierfs"]
 _CTL_CONTROL = CONTROL_INODES[b"control"]
 _CTL_PLAN = CONTROL_INODES[b"plan"]
+_CTL_NAMES = {inode: name for name, inode in CONTROL_INODES.items()}
 _VIRTUAL = {CONTROL_INODES[n] for n in (b"control", b"status", b"order", b"order0", b"metrics", b"plan")}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
@@ -141,8 +145,7 @@ class TierOperations(pyfuse3.Operations):
         a.entry_timeout = ATTR_TIMEOUT
         a.attr_timeout = ATTR_TIMEOUT
         if inode >= _CTL_DIR:
-            a.st_mode = (stat.S_IFDIR | 0o555) if inode == _CTL_DIR else (
-                stat.S_IFREG | {_CTL_CONTROL: 0o644, _CTL_PLAN: 0o400}.get(inode, 0o444))
+            a.st_mode = CONTROL_MODES[_CTL_NAMES[inode]]  # (the files that name files: the owner's, see users.py)
             a.st_nlink = 2 if inode == _CTL_DIR else 1
             a.st_uid, a.st_gid = self._uid, self._gid
             a.st_size = 0
@@ -208,7 +211,7 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        listing = self.engine.names.list_dir(inode)
+        listing = self.engine.names.list_dir(inode, ctx.uid)
         fh = next(self._fh)
         self._dirs[fh] = (inode, listing)
         return fh
@@ -235,7 +238,9 @@ class TierOperations(pyfuse3.Operations):
         eng = self.engine
         if inode in _VIRTUAL:
             writes = bool(flags & _WRITE_FLAGS)
-            if writes and inode != _CTL_CONTROL:
+            # The modes we report, checked here too: the kernel checks them only under default_permissions
+            # (always with allow_other), and lets root write a 0444 file.
+            if not may_open_control_file(_CTL_NAMES[inode], ctx.uid, write=writes):
                 raise pyfuse3.FUSEError(errno.EACCES)
             if inode == _CTL_CONTROL:
                 data = eng.control_text()
@@ -256,7 +261,7 @@ class TierOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         if inode == _CTL_DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        handle = await eng.data.open_file(eng.names.file_index(inode))
+        handle = await eng.data.open_file(eng.names.file_index(inode), ctx.uid)
         fh = next(self._fh)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
@@ -310,12 +315,12 @@ class TierOperations(pyfuse3.Operations):
         # The one attribute: the path of a dataset file's cached copy, for a reader that opens it itself
         # (tierfs.direct).  Only for readers that may open the cache dir (0700): the daemon's user and root; for
         # anyone else, and for a file that must go through the mount, there is no such attribute.
-        if name != CACHE_PATH_XATTR or inode >= _CTL_DIR or not may_read_directly(ctx.uid):
+        if name != CACHE_PATH_XATTR or inode >= _CTL_DIR or not privileged(ctx.uid):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         node = self.engine.names.node(inode)
         if node is None or node.kind != KIND_FILE:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        path = await self.engine.data.lend(node.fidx)
+        path = await self.engine.data.lend(node.fidx, ctx.uid)
         if path is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return path

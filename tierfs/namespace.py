@@ -3,8 +3,8 @@
 It owns no state of its own: the tree (fixed for the mount's life) says what exists, the schedule's view what
 the root lists in this pass.  Every name of the tree can be looked up and opened, in view or not; only the
 view is listed.  Two things here are news for other parts: a lookup or a listing tells the pusher the kernel
-now has an inode (pushes wait for one), and listing the root again after reads ends the pass
-(``root_relisted``, the engine's).
+now has an inode (pushes wait for one), and listing the root again after reads may end the pass
+(``root_relisted``: the engine decides, by who listed).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tierfs.backing import BackingError
 from tierfs.pusher import Pusher
 from tierfs.schedule import Schedule
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
+from tierfs.users import OWNER_UID
 
 __all__ = ["Namespace"]
 
@@ -26,7 +27,8 @@ class Namespace:
     """See the module docstring.  Inodes are tree node + 1 (the root is 1); ``.tierfs`` and its files have
     fixed inodes above the tree's (``CONTROL_INODES``)."""
 
-    def __init__(self, tree: Tree, schedule: Schedule, pusher: Pusher, *, root_relisted: Callable[[], None]) -> None:
+    def __init__(self, tree: Tree, schedule: Schedule, pusher: Pusher, *,
+                 root_relisted: Callable[[int], None]) -> None:
         self.tree = tree
         self.schedule = schedule
         self.pusher = pusher
@@ -55,15 +57,16 @@ class Namespace:
             self.pusher.looked_up(parent_inode - 1, child.fidx)
         return i + 1
 
-    def list_dir(self, inode: int) -> list[tuple[bytes, int]]:
-        """A frozen listing (name, inode) for one ``opendir``; listing the root again ends a pass with reads."""
+    def list_dir(self, inode: int, uid: int = OWNER_UID) -> list[tuple[bytes, int]]:
+        """A frozen listing (name, inode) for one ``opendir`` by user ``uid``; listing the root again after reads
+        may end the pass (the engine's ``root_relisted(uid)`` decides)."""
         if inode == _CTL_DIR:
             return [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
         node = self.node(inode)
         if node is None or node.kind != KIND_DIR:
             raise BackingError(errno.ENOTDIR, "not a directory")
         if inode == 1 and self.schedule.reads_in_pass:
-            self._root_relisted()
+            self._root_relisted(uid)
         view = self.schedule.view
         assert view is not None
         return [(name, i + 1) for name, i in view.listing(inode - 1)]

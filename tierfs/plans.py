@@ -47,8 +47,9 @@ from tierfs.options import Settings
 from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
 from tierfs.tree import Tree, fingerprint
+from tierfs.users import privileged
 
-__all__ = ["KEEP_PLANS", "BatchPlans", "Plan", "PlanBook", "PlanRenderer", "PlanStatistics", "may_read_directly"]
+__all__ = ["KEEP_PLANS", "BatchPlans", "Plan", "PlanBook", "PlanRenderer", "PlanStatistics"]
 
 #: Plans kept for late reports once their pass is over (a report about an older one fails with EINVAL); the
 #: plans of the pass that runs are all kept.
@@ -132,11 +133,6 @@ class PlanBook:
                               self.reported)
 
 
-def may_read_directly(uid: int) -> bool:
-    """Whether a reader with ``uid`` may be given cached copies (the cache dir is 0700: ours, or root)."""
-    return uid in (0, os.getuid())
-
-
 class BatchPlans:
     """Renders the ``plan`` file of the current pass and counts the reports about it; owns the :class:`PlanBook`.
 
@@ -177,7 +173,7 @@ class BatchPlans:
         does not answer), ``verify=xxhash`` done.  The copy's own identity (``copy_id``, its size) goes with
         it: the cache dir is not trusted, and the reader checks what it opens against it (``tierfs.loaders``
         does), as an open checks a copy with ``fstat`` -- no ``lstat`` per copy here, on every plan."""
-        if not may_read_directly(uid):
+        if not privileged(uid):
             raise PermissionError(errno.EACCES, "the batch plan is for the mount's user and root")
         self._return_leases()
         verify = self.settings.verify == "xxhash"

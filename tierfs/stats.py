@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tierfs.revalidate import RevalidatorStatistics
     from tierfs.schedule import ScheduleStatistics
     from tierfs.staging import StagerStatistics
+    from tierfs.users import FdBudgetStatistics
 
 __all__ = ["ArfStatus", "DataPathStatistics", "Prefetch", "Reads", "Status", "build_status"]
 
@@ -67,6 +68,7 @@ class DataPathStatistics:
     stall_seconds: float
     handles: int
     plans: PlanStatistics
+    fd_budget: FdBudgetStatistics
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class Status:
     plans: dict[str, Any] = field(default_factory=dict)  # batch plans: issued, pinned (plans.py)
     fds: int = 0
     fd_limit: int = 0
+    fd_budget: dict[str, Any] = field(default_factory=dict)  # the handles' descriptors per user (users.py)
     tree: dict[str, Any] = field(default_factory=dict)  # where the tree came from (scan/saved), its rescan
     arf: ArfStatus = field(default_factory=ArfStatus)
     last_error: str | None = None
@@ -204,6 +207,9 @@ class Status:
         metric("open_handles", "gauge", "Dataset files open now.", self.handles)
         metric("open_fds", "gauge", "File descriptors the daemon holds.", self.fds)
         metric("fd_limit", "gauge", "The daemon's descriptor limit.", self.fd_limit)
+        metric("fd_refused_total", "counter",
+               "Opens refused with EMFILE because their user held its share of the descriptors.",
+               self.fd_budget.get("refused", 0))
         metric("arf_score", "gauge", "Last ARF score reported through feedback.", self.arf.score)
         metric("last_error", "gauge", "1 if a control write or staging error is on record.",
                0 if self.last_error is None else 1)
@@ -217,10 +223,7 @@ def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: Sch
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        fds = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        fds = -1
+    fd_limit = soft if soft != resource.RLIM_INFINITY else hard
     return Status(
         epoch=sch.epoch, mini_epoch=sch.mini_epoch, pass_=sch.pass_index, passes_total=sch.passes_total,
         nm=sch.nm, rf=rf, rf_setting=s.rf, rf_effective=sch.rf_effective, advance=s.advance, policy=s.policy,
@@ -235,10 +238,21 @@ def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: Sch
         backing_bytes_read=data.backing_bytes_read + stager.bytes_staged, served_bytes=data.served_bytes,
         opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
         stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s,
-        handles=data.handles, plans=asdict(data.plans), fds=fds,
-        fd_limit=soft if soft != resource.RLIM_INFINITY else hard, tree=asdict(tree),
+        handles=data.handles, plans=asdict(data.plans), fds=_open_fds(fd_limit), fd_limit=fd_limit,
+        fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
     )
+
+
+def _open_fds(limit: int) -> int:
+    """The descriptors this process holds, also when it holds all it may: ``stat`` of /proc/self/fd needs no
+    descriptor and counts them (Linux 6.2+); a listing (older kernels) needs one, and with none left the count
+    is the limit."""
+    try:
+        n = os.stat("/proc/self/fd").st_size
+        return n if n > 0 else len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return limit
 
 
 def _clean(v: Any) -> Any:

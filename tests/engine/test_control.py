@@ -46,7 +46,7 @@ def test_bad_write_is_einval_changes_nothing_and_shows_in_status(open_engine, t)
     ops = TierOperations(e)
 
     async def main():
-        fi = await ops.open(CONTROL_INODES[b"control"], os.O_WRONLY | os.O_TRUNC, None)
+        fi = await ops.open(CONTROL_INODES[b"control"], os.O_WRONLY | os.O_TRUNC, pyfuse3.RequestContext())
         with pytest.raises(pyfuse3.FUSEError) as exc:
             await ops.write(fi.fh, 0, b"rf=8\nnm=zero\n")  # one bad item: nothing applies
         assert exc.value.errno == errno.EINVAL
@@ -101,7 +101,7 @@ def test_status_always_complete_valid_json_and_metrics_from_same_snapshot(open_e
             await read_once()
 
     async def read_once():
-        fi = await ops.open(CONTROL_INODES[b"status"], os.O_RDONLY, None)
+        fi = await ops.open(CONTROL_INODES[b"status"], os.O_RDONLY, pyfuse3.RequestContext())
         chunks, off = [], 0
         while True:
             part = await ops.read(fi.fh, off, 7)  # tiny reads across engine changes

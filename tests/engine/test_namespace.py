@@ -14,7 +14,7 @@ import pytest
 from tierfs.fs import TierOperations
 from tierfs.tree import CONTROL_INODES
 
-CTX = None  # the engine never looks at the request context
+CTX = pyfuse3.RequestContext()  # a request by root (uid 0): who may see and steer everything
 
 
 async def _walk(ops: TierOperations, inode: int, prefix: str = "") -> dict[str, int]:

@@ -1,0 +1,131 @@
+"""Who asks: the mount's owner and root steer it and see what it names; other users are served, within a budget.
+
+An ``allow_other`` mount (always with ``default_permissions``: the kernel checks the backing's modes on dataset
+paths) is shared, and three things must hold for the users who are not the mount's (docs/tierfs.md, "Several
+users"):
+
+* **Nothing names a file they could not list.**  ``/.tierfs/status``, ``order``, ``order0`` and ``plan`` name
+  files (``status`` in its errors) and ``plan`` also cached paths: they are the owner's, mode 0400
+  (:data:`CONTROL_MODES`, the one table the modes are reported from and opens are checked against).  ``metrics``
+  holds numbers only and stays readable by all; ``control`` shows the settings to all and takes writes from the
+  owner only.
+* **They cannot steer.**  Whoever cannot write ``control`` cannot end a pass either: only :func:`privileged`
+  readers' opens and root listings count (the engine asks, see ``Engine``); everyone else is served uncounted.
+* **They cannot starve the others of descriptors.**  Every open dataset file holds one descriptor in the daemon
+  (its copy or its backing file).  :class:`FdBudget` keeps a reserve of the descriptor limit for the daemon's own
+  work and caps what the other users hold: one of them gets ``EMFILE`` past its share, nobody else does.
+
+The owner is the daemon's user, which never changes while it runs; root is privileged because the kernel lets
+root read every file anyway.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import stat
+from collections import Counter
+from dataclasses import dataclass
+
+__all__ = ["CONTROL_MODES", "OWNER_UID", "FdBudget", "FdBudgetStatistics", "may_open_control_file",
+           "privileged"]
+
+#: The daemon's user: the mount's owner.
+OWNER_UID = os.getuid()
+
+#: Modes of ``/.tierfs`` and its files (owned by the daemon's user): what the kernel checks other users against
+#: (``default_permissions``) and what :func:`may_open_control_file` checks again on open.
+CONTROL_MODES: dict[bytes, int] = {
+    b".tierfs": stat.S_IFDIR | 0o555,
+    b"control": stat.S_IFREG | 0o644,  # the settings, no names; written by the owner only
+    b"metrics": stat.S_IFREG | 0o444,  # numbers only: for monitoring by anyone
+    b"status": stat.S_IFREG | 0o400,  # last_error and staging errors name files
+    b"order": stat.S_IFREG | 0o400,
+    b"order0": stat.S_IFREG | 0o400,
+    b"plan": stat.S_IFREG | 0o400,  # names files and the paths of their cached copies
+}
+
+#: Share of the descriptor limit kept for the daemon's own work (staging streams, pushes, cache and backing
+#: threads, the journal, the log), at most :data:`_RESERVE_MAX`: dataset handles never take it.
+_RESERVE_SHARE = 4
+_RESERVE_MAX = 1024
+
+
+def privileged(uid: int) -> bool:
+    """The mount's owner or root: may read cached paths and the files that name files, write ``control``, and
+    move the schedule by reading (the cache dir is 0700: theirs)."""
+    return uid in (0, OWNER_UID)
+
+
+def may_open_control_file(name: bytes, uid: int, *, write: bool) -> bool:
+    """Whether ``uid`` may open ``/.tierfs/<name>`` (for writing if ``write``): the modes of
+    :data:`CONTROL_MODES` as the kernel reads them, for the owner, root (who reads everything) and the others."""
+    mode = CONTROL_MODES[name]
+    if privileged(uid):
+        return not write or bool(mode & stat.S_IWUSR)
+    return bool(mode & (stat.S_IWOTH if write else stat.S_IROTH))
+
+
+@dataclass(frozen=True)
+class FdBudgetStatistics:
+    """What ``status`` shows under ``fd_budget``."""
+
+    reserve: int  # kept for the daemon's own work: no dataset handle takes it
+    others_limit: int  # handles all users other than the owner and root may hold together
+    per_user_limit: int  # ... and any one of them
+    others_held: int  # handles they hold now
+    refused: int  # opens refused with EMFILE by this budget since mount
+
+
+def _limits() -> tuple[int, int, int, int]:
+    """(limit, reserve, others' limit, one other user's limit), from the limit in force now (an operator may
+    change it on a running daemon with ``prlimit``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = soft if soft != resource.RLIM_INFINITY else hard
+    limit = limit if limit != resource.RLIM_INFINITY else 1 << 20
+    reserve = min(limit // _RESERVE_SHARE, _RESERVE_MAX)
+    handles = limit - reserve
+    return limit, reserve, handles // 2, handles // 4
+
+
+class FdBudget:
+    """Descriptors held by open dataset handles, per requesting user (see the module docstring).
+
+    Every handle may hold one descriptor; all handles together stay out of the daemon's reserve, those of users
+    other than the owner and root within half of the rest, and each such user within a quarter -- so a user who
+    opens without end gets ``EMFILE`` alone, and the owner always has half the handles and the daemon its
+    reserve.  Owned by the data path: :meth:`take` before a handle opens its descriptor, :meth:`give` when it
+    is released (or its open failed)."""
+
+    def __init__(self) -> None:
+        self._held: Counter[int] = Counter()  # uid -> handles held
+        self._total = 0
+        self._others = 0
+        self._refused = 0
+
+    def take(self, uid: int) -> None:
+        """Count one more handle for ``uid``; ``OSError(EMFILE)`` (nothing counted) past its share."""
+        limit, reserve, others_limit, per_user = _limits()
+        other = not privileged(uid)
+        if self._total >= limit - reserve or (other and (self._others >= others_limit
+                                                         or self._held[uid] >= per_user)):
+            self._refused += 1
+            raise OSError(errno.EMFILE, "too many files open by this user on the mount")
+        self._held[uid] += 1
+        self._total += 1
+        self._others += other
+
+    def give(self, uid: int) -> None:
+        """A handle of ``uid`` let go of its descriptor."""
+        left = self._held[uid] - 1
+        if left:
+            self._held[uid] = left
+        else:
+            del self._held[uid]
+        self._total -= 1
+        self._others -= not privileged(uid)
+
+    def statistics(self) -> FdBudgetStatistics:
+        _, reserve, others_limit, per_user = _limits()
+        return FdBudgetStatistics(reserve, others_limit, per_user, self._others, self._refused)
