@@ -49,7 +49,7 @@ from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.stats import Status, build_status
-from tierfs.users import privileged
+from tierfs.users import Steering
 
 __all__ = ["Engine"]
 
@@ -79,6 +79,7 @@ class Engine:
         """Load or scan the backing tree, refuse configurations that cannot work, open the cache, wire the
         parts, resume the journalled position."""
         cfg, s = self.config, self.settings
+        self.steering = Steering.of_group(s.group)  # (who moves the schedule; a group that is not: refused now)
         backing = check_dirs(cfg)
         self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         journalled = load_position(cfg.cache)
@@ -251,12 +252,12 @@ class Engine:
 
     def _opened_file(self, fidx: int, size: int, uid: int) -> None:
         # Only those who may write ``control`` move the schedule: another user's reads are served, not counted.
-        if privileged(uid) and self.schedule.record_open(fidx, size):
+        if self.steering.steers(uid) and self.schedule.record_open(fidx, size):
             self.end_pass()
 
     def _root_relisted(self, uid: int) -> None:
         # (the same rule for listings: another user's ``ls`` of the root never ends everyone's pass)
-        if privileged(uid):
+        if self.steering.steers(uid):
             self.end_pass()
 
     # ==================================================================== what files mean for the parts

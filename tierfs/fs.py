@@ -44,7 +44,7 @@ from tierfs.direct import CACHE_PATH_XATTR
 from tierfs.engine import Engine
 from tierfs.pusher import KernelCache
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, mountinfo
-from tierfs.users import CONTROL_MODES, may_open_control_file, privileged
+from tierfs.users import privileged
 
 __all__ = ["ATTR_TIMEOUT", "TierOperations"]
 
@@ -145,9 +145,10 @@ class TierOperations(pyfuse3.Operations):
         a.entry_timeout = ATTR_TIMEOUT
         a.attr_timeout = ATTR_TIMEOUT
         if inode >= _CTL_DIR:
-            a.st_mode = CONTROL_MODES[_CTL_NAMES[inode]]  # (the files that name files: the owner's, see users.py)
+            steering = self.engine.steering  # (the files that name files: the owner's and its group's, users.py)
+            a.st_mode = steering.mode(_CTL_NAMES[inode])
             a.st_nlink = 2 if inode == _CTL_DIR else 1
-            a.st_uid, a.st_gid = self._uid, self._gid
+            a.st_uid, a.st_gid = self._uid, self._gid if steering.gid is None else steering.gid
             a.st_size = 0
             # (their attributes never change -- size 0, fixed modes, the root's times -- so the kernel may keep
             # them like any other: an open of ``status`` or a ``consumed`` report costs no GETATTR; what changes
@@ -240,7 +241,7 @@ class TierOperations(pyfuse3.Operations):
             writes = bool(flags & _WRITE_FLAGS)
             # The modes we report, checked here too: the kernel checks them only under default_permissions
             # (always with allow_other), and lets root write a 0444 file.
-            if not may_open_control_file(_CTL_NAMES[inode], ctx.uid, write=writes):
+            if not eng.steering.may_open(_CTL_NAMES[inode], ctx.uid, write=writes):
                 raise pyfuse3.FUSEError(errno.EACCES)
             if inode == _CTL_CONTROL:
                 data = eng.control_text()

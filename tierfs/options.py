@@ -162,6 +162,13 @@ def _size(text: str) -> int:
     return v
 
 
+def _group(text: str) -> str:
+    """A group's name or number (resolved at mount time, see tierfs.users.Steering); empty: none."""
+    if text and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?", text):
+        raise ValueError(f"expected a group name or number, got {text[:32]!r}")
+    return text
+
+
 def _bandwidth(text: str) -> int:
     v = parse_size(text)
     if v > _MAX_BANDWIDTH:
@@ -209,6 +216,8 @@ OPTIONS: dict[str, Option] = {
         Option("verify", _choice("size-mtime", "xxhash"), False, "how cached copies are checked"),
         Option("allow_other", _bool, False, "let other users read the mount (implies default_permissions)",
                flag=True),
+        Option("group", _group, False, "a group whose members steer the mount like its owner: their reads and "
+               "listings move the schedule, they read status and order and write control (default: none)"),
         Option("ro", _bool, False, "read-only at the kernel (statfs says ST_RDONLY, findmnt ro); the control "
                "file then refuses writes too", flag=True),
         Option("log_level", _choice("debug", "info", "warning", "error"), False, "daemon log level"),
@@ -258,6 +267,7 @@ class Settings:
     view: str = "mini-epoch"
     verify: str = "size-mtime"
     allow_other: bool = False
+    group: str = ""
     ro: bool = False
     log_level: str = "info"
 

@@ -9,26 +9,33 @@ users"):
   (:data:`CONTROL_MODES`, the one table the modes are reported from and opens are checked against).  ``metrics``
   holds numbers only and stays readable by all; ``control`` shows the settings to all and takes writes from the
   owner only.
-* **They cannot steer.**  Whoever cannot write ``control`` cannot end a pass either: only :func:`privileged`
-  readers' opens and root listings count (the engine asks, see ``Engine``); everyone else is served uncounted.
+* **They cannot steer.**  Whoever cannot write ``control`` cannot end a pass either: only the opens and root
+  listings of those who may (:meth:`Steering.steers`) count (the engine asks); everyone else is served uncounted.
 * **They cannot starve the others of descriptors.**  Every open dataset file holds one descriptor in the daemon
   (its copy or its backing file).  :class:`FdBudget` keeps a reserve of the descriptor limit for the daemon's own
   work and caps what the other users hold: one of them gets ``EMFILE`` past its share, nobody else does.
 
 The owner is the daemon's user, which never changes while it runs; root is privileged because the kernel lets
-root read every file anyway.
+root read every file anyway.  A mount run by root for others (systemd's units) names a **steering group**
+(``group=trainers``): its members steer like the owner -- their opens and root listings move the schedule, they
+read ``status``, ``order`` and ``order0`` and write ``control`` (the files are then that group's, modes 0440 and
+0664, so the kernel's ``default_permissions`` check agrees) -- while cached paths (``plan``, the ``cache_path``
+attribute) stay the owner's and root's: the cache dir is 0700.  Membership is read once, at mount time
+(:meth:`Steering.of_group`): a user added to the group later steers from the next mount.
 """
 
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import resource
 import stat
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["CONTROL_MODES", "OWNER_UID", "FdBudget", "FdBudgetStatistics", "may_open_control_file",
+__all__ = ["CONTROL_MODES", "OWNER_UID", "FdBudget", "FdBudgetStatistics", "Steering", "may_open_control_file",
            "privileged"]
 
 #: The daemon's user: the mount's owner.
@@ -59,12 +66,55 @@ def privileged(uid: int) -> bool:
 
 
 def may_open_control_file(name: bytes, uid: int, *, write: bool) -> bool:
-    """Whether ``uid`` may open ``/.tierfs/<name>`` (for writing if ``write``): the modes of
-    :data:`CONTROL_MODES` as the kernel reads them, for the owner, root (who reads everything) and the others."""
-    mode = CONTROL_MODES[name]
-    if privileged(uid):
-        return not write or bool(mode & stat.S_IWUSR)
-    return bool(mode & (stat.S_IWOTH if write else stat.S_IROTH))
+    """Whether ``uid`` may open ``/.tierfs/<name>`` (for writing if ``write``) on a mount without a steering
+    group: :meth:`Steering.may_open` of the owner and root alone."""
+    return Steering().may_open(name, uid, write=write)
+
+
+#: What a steering group may do with each file that is the owner's alone otherwise (``plan`` stays theirs).
+_GROUP_BITS = {b"status": stat.S_IRGRP, b"order": stat.S_IRGRP, b"order0": stat.S_IRGRP,
+               b"control": stat.S_IRGRP | stat.S_IWGRP}
+
+
+@dataclass(frozen=True)
+class Steering:
+    """Who may steer the mount: its owner, root, and the members (``uids``) of the steering group ``gid``
+    (none by default).  See the module docstring."""
+
+    gid: int | None = None
+    uids: frozenset[int] = frozenset()
+
+    @classmethod
+    def of_group(cls, group: str) -> Steering:
+        """The steering group named ``group`` (a name or a number; ``""``: none), its members as of now: those
+        listed in it and those whose primary group it is.  ``ValueError`` for a group that does not exist."""
+        if not group:
+            return cls()
+        try:
+            g = grp.getgrgid(int(group)) if group.isdigit() else grp.getgrnam(group)
+        except KeyError:
+            raise ValueError(f"group: no such group {group!r} (see getent group)") from None
+        uids = {p.pw_uid for p in pwd.getpwall() if p.pw_gid == g.gr_gid or p.pw_name in g.gr_mem}
+        return cls(g.gr_gid, frozenset(uids))
+
+    def steers(self, uid: int) -> bool:
+        """Whether ``uid``'s opens and root listings move the schedule (and it may write ``control``)."""
+        return privileged(uid) or uid in self.uids
+
+    def mode(self, name: bytes) -> int:
+        """The mode ``/.tierfs/<name>`` shows: :data:`CONTROL_MODES`, plus the group's bits when there is one."""
+        mode = CONTROL_MODES[name]
+        return mode | _GROUP_BITS.get(name, 0) if self.gid is not None else mode
+
+    def may_open(self, name: bytes, uid: int, *, write: bool) -> bool:
+        """The modes of :meth:`mode` as the kernel reads them, for the owner, root (who reads everything), the
+        group's members and the others."""
+        mode = self.mode(name)
+        if privileged(uid):
+            return not write or bool(mode & stat.S_IWUSR)
+        if uid in self.uids:
+            return bool(mode & (stat.S_IWGRP if write else stat.S_IRGRP))
+        return bool(mode & (stat.S_IWOTH if write else stat.S_IROTH))
 
 
 @dataclass(frozen=True)

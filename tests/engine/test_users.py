@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from tierfs.users import CONTROL_MODES, OWNER_UID, may_open_control_file
+from tierfs.users import CONTROL_MODES, OWNER_UID, Steering, may_open_control_file
 
 NOBODY = 65534
 
@@ -85,3 +85,27 @@ def test_the_control_files_modes_are_what_opens_are_checked_against():
         assert may_open_control_file(name, NOBODY, write=False) == (name in (b"control", b"metrics"))
         assert not may_open_control_file(name, NOBODY, write=True)
     assert os.getuid() == OWNER_UID
+
+
+def test_a_steering_groups_members_steer_and_read_what_the_owner_does(open_engine, t):
+    """group=nogroup: nobody (whose primary group it is) steers like the owner and gets the group's bits of the
+    files that name files; cached paths (plan) stay the owner's; a group that does not exist is refused."""
+    steering = Steering.of_group("nogroup")
+    assert steering.gid == 65534 and NOBODY in steering.uids and steering.steers(NOBODY)
+    assert Steering.of_group(str(steering.gid)) == steering
+    for name in (b"status", b"order", b"order0"):
+        assert steering.mode(name) == CONTROL_MODES[name] | stat.S_IRGRP
+        assert steering.may_open(name, NOBODY, write=False) and not Steering().may_open(name, NOBODY, write=False)
+    assert steering.may_open(b"control", NOBODY, write=True)
+    assert not steering.may_open(b"plan", NOBODY, write=False) and steering.mode(b"plan") == CONTROL_MODES[b"plan"]
+    with pytest.raises(ValueError, match="no such group 'no-such-group-here'"):
+        Steering.of_group("no-such-group-here")
+
+    e = open_engine(rf=10, group="nogroup")
+
+    async def main():
+        for f in e.schedule.view.order.tolist():
+            await e.data.release(await e.data.open_file(f, NOBODY))
+        assert e.schedule.pos.passes_total == 1  # nobody's reads of the whole view ended the pass
+
+    t.run(main)

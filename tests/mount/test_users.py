@@ -142,3 +142,28 @@ def test_other_users_reads_and_listings_do_not_move_the_schedule(dataset, tmp_pa
                              timeout=60)
         assert out.stdout.split() == ["done"], out.stderr
         assert m.status()["passes_total"] == before["passes_total"] + 1
+
+
+def test_a_steering_groups_members_steer_a_mount_run_by_root(dataset, tmp_path, other_user):
+    """A mount run by root for its users (systemd's way) with group=nogroup: nobody's listings and reads move the
+    schedule, nobody reads status and order and writes control; plan stays root's."""
+    backing, files = dataset
+    mnt, as_nobody = other_user
+    with mounted(backing, mnt, tmp_path / "cache", sum(files.values()), nm=4, rf=2, allow_other=True,
+                 group="nogroup") as m:
+        before = m.status()
+        seen = json.loads(" ".join(as_nobody(_READ_CONTROL_FILES, mnt, *_CONTROL_FILES)))
+        assert seen["plan"] == "EACCES" and json.loads(seen["status"])["epoch"] == before["epoch"]
+        assert seen["order"].splitlines() and seen["order0"]
+        assert as_nobody(_LIST_AND_READ, mnt, "3") == ["done"]
+        assert m.status()["passes_total"] == before["passes_total"] + 3  # each listing after a read ended one
+        assert as_nobody(_WRITE_CONTROL, mnt, "rf=3") == ["ok"]
+        assert m.status()["rf"] == 3
+
+
+_WRITE_CONTROL = """
+import os, sys
+with open(os.path.join(sys.argv[1], '.tierfs', 'control'), 'w') as f:
+    f.write(sys.argv[2] + '\\n')
+print('ok')
+"""
