@@ -1,10 +1,11 @@
 """A read-only passthrough FUSE filesystem of a directory: a backing dir that tests and benchmarks can kill.
 
-``python -m tierfs.passthrough SOURCE MOUNTPOINT [--hang NAME]`` shows ``SOURCE`` at ``MOUNTPOINT`` until it is
+``python -m tierfs.passthrough SOURCE MOUNTPOINT [--hang LIST]`` shows ``SOURCE`` at ``MOUNTPOINT`` until it is
 stopped -- as sshfs or rclone show a remote tree.  Killed with SIGKILL, its mount answers ``ENOTCONN`` to every
 call (a network FUSE daemon that crashed); started again at the same mountpoint (after ``fusermount3 -uz``) it
 shows the same inode numbers, sizes and times, so a tree scanned through the first one still matches.
-``--hang NAME``: opens of files called ``NAME`` never answer (a file whose server hangs).
+``--hang LIST``: opens of the files whose paths (relative to ``SOURCE``) are lines of the file ``LIST``, read at
+every open, never answer (a file whose server hangs).
 
 Not part of a mount: tierfs never imports it (see :func:`tierfs.testing.passthrough`).
 """
@@ -27,8 +28,18 @@ class Passthrough(pyfuse3.Operations):
 
     def __init__(self, source: str, hang: str | None) -> None:
         super().__init__()
+        self.source = source
         self.paths: dict[int, str] = {pyfuse3.ROOT_INODE: source}
         self.hang = hang
+
+    def _hangs(self, path: str) -> bool:
+        if self.hang is None:
+            return False
+        try:
+            with open(self.hang) as f:
+                return os.path.relpath(path, self.source) in f.read().split("\n")
+        except FileNotFoundError:
+            return False
 
     def _path(self, inode: int) -> str:
         try:
@@ -84,7 +95,7 @@ class Passthrough(pyfuse3.Operations):
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         path = self._path(inode)
-        if self.hang is not None and os.path.basename(path) == self.hang:
+        if self._hangs(path):
             await trio.sleep_forever()
         if flags & os.O_ACCMODE != os.O_RDONLY:
             raise pyfuse3.FUSEError(errno.EROFS)
@@ -113,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source")
     ap.add_argument("mountpoint")
-    ap.add_argument("--hang", help="opens of files with this name never answer")
+    ap.add_argument("--hang", help="a file listing paths (one a line) whose opens never answer")
     args = ap.parse_args(argv)
     if not stat.S_ISDIR(os.stat(args.source).st_mode):
         ap.error(f"{args.source} is not a directory")

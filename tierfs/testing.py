@@ -164,7 +164,8 @@ def mounted(backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
 @dataclass
 class PassthroughMount:
     """A read-only passthrough FUSE mount of ``source`` at ``mountpoint`` (:mod:`tierfs.passthrough`): a backing
-    dir whose daemon a test can kill (its mount then answers ENOTCONN) and start again at the same path."""
+    dir whose daemon a test can kill (its mount then answers ENOTCONN) and start again at the same path.
+    ``hang``: a file listing paths (relative to ``source``, one a line) whose opens never answer."""
 
     source: str
     mountpoint: str
@@ -173,6 +174,8 @@ class PassthroughMount:
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the daemon and wait until the mount answers (``fusermount3 -uz`` a dead one first)."""
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()  # (the daemon before, killed)
         cmd = [sys.executable, "-m", "tierfs.passthrough", self.source, self.mountpoint]
         if self.hang is not None:
             cmd += ["--hang", self.hang]
