@@ -67,7 +67,7 @@ def test_a_fifo_in_a_later_mini_epoch_never_stops_staging_the_schedule_or_other_
                 deadline = time.monotonic() + 30
                 while True:
                     st = _status(m)
-                    named |= any(u["file"] == fifo and "FIFO" in u["why"] for u in st["staging"]["unstaged"]) \
+                    named |= any(u["file"] == fifo and "FIFO" in u["why"] for u in st["staging"].get("unstaged", ())) \
                         and fifo in (st["last_error"] or "")
                     if (st["epoch"], st["mini_epoch"]) != seen[-1]:
                         break
@@ -75,7 +75,7 @@ def test_a_fifo_in_a_later_mini_epoch_never_stops_staging_the_schedule_or_other_
                     _within(str(mnt), lambda: m.control("next-pass\n"))
                     time.sleep(0.05)
                 seen.append((st["epoch"], st["mini_epoch"]))
-            assert named and st["staging"]["skipped"] >= 1, st["staging"]
+            assert named and st["staging"].get("skipped", 0) >= 1, st["staging"]
             # ~40 reads of the FIFO's name: each fails at once, none holds a thread
             for _ in range(40):
                 got = _within(str(mnt), lambda: _read(m.path(fifo)), 10)
