@@ -1,7 +1,7 @@
 """Soak tierfs against real mounts: the reader rows of issue 11 and the stall row of issue 19, with figures.
 
-Rows (``--rows i,ii,iii``; i and ii run at the same time, each on its own mount, for ``--minutes``; iii after
-them for ``--stall-minutes``):
+Rows (``--rows i,ii,iii,iv``; i and ii run at the same time, each on its own mount, for ``--minutes``; iii after
+them for ``--stall-minutes``, iv after that for ``--fault-minutes``):
 
 * **i**  8 reader threads (2 of them through batch plans, as ``tierfs.loaders`` reads: the copies checked and
   read directly, the rest through the mount, the reads reported) read files of the whole dataset (in view or
@@ -17,6 +17,12 @@ them for ``--stall-minutes``):
 * **iii** 8 readers over the network backing of :mod:`netbacking`, everything cached, while the backing stalls
   (the relay SIGSTOPped) for 20 s every minute: 0 wrong bytes, 0 daemon deaths, ``status`` sampled every
   0.5 s and always answering within 1 s.
+* **iv** (issue 22) 8 readers of a dataset whose backing is a FUSE mount (:mod:`tierfs.passthrough`, as sshfs or
+  rclone would be) while its daemon is SIGKILLed every ``--kill-every`` seconds (the mount answers ENOTCONN),
+  left dead for ``--kill-for`` seconds, unmounted and started again at the same path; a file of a later
+  mini-epoch is replaced by a FIFO; ``advance``/``next-pass`` every 1.5 s.  0 wrong bytes, 0 hangs, 0 daemon
+  deaths, the schedule advancing; ENOENT only on the FIFO, EIO only on uncached files while the backing is away
+  (or until tierfs has taken it back: ``--recover-grace`` seconds).
 
 Every read has a deadline (``--deadline``, 30 s): a watchdog aborts the mount's FUSE connection when an
 operation exceeds it, counts a hang, and the row remounts (a daemon restart).  A daemon that dies is counted
@@ -45,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from netbacking import net_backing
 from slowtier import install_sigterm, require_root
 from tierfs.loaders import read_plan, read_sample
-from tierfs.testing import Mounted, abort_connection, mounted
+from tierfs.testing import Mounted, abort_connection, mounted, passthrough
 
 KiB = 1 << 10
 PLAN_READERS = 2  # row i: readers 0 and 1 read through batch plans
@@ -89,6 +95,10 @@ class Tally:
     status_max_ms: float = 0.0
     stalls: int = 0
     backing_states_in_stall: list[str] = field(default_factory=list)
+    backing_deaths: int = 0  # row iv: the FUSE backing's daemon SIGKILLed
+    eio_backing_away: int = 0  # row iv: EIO while the backing was away (or being taken back): expected
+    fifo_reads: int = 0  # row iv: reads of the FIFO's name (ENOENT at once: expected)
+    recoveries: int = 0  # row iv: times tierfs took the backing back (status backing.recoveries)
     examples: list[str] = field(default_factory=list)
     open_lat: list[float] = field(default_factory=list, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -606,13 +616,113 @@ def row_iii(tally: Tally, work: Path, duration: float, deadline: float, seed: in
                    f"p99 {s[int(len(s) * 0.99)] * 1e3:.2f} ms, max {s[-1] * 1e3:.1f} ms")
 
 
+# --------------------------------------------------------------------------------------------- row iv
+
+
+def row_iv(tally: Tally, work: Path, duration: float, deadline: float, seed: int, kill_every: float,
+           kill_for: float, grace: float) -> None:
+    import errno
+
+    data, inner = work / "row-iv-data", work / "row-iv-inner"
+    expect = make_static_data(data, 400, 4 * KiB, 64 * KiB, 8, seed)
+    rels = sorted(expect)
+    inner.mkdir()
+    away = threading.Event()  # the backing's daemon is dead, or was started again less than ``grace`` s ago
+    fifo: list[str] = []
+
+    with passthrough(data, inner) as pt:
+
+        def ready(m: Mounted) -> None:
+            deadline_t = time.monotonic() + 120
+            while not m.status()["next_ready"]:
+                if time.monotonic() > deadline_t:
+                    raise TimeoutError("row iv: the next mini-epoch was not staged")
+                time.sleep(0.1)
+            if not fifo:  # a file of a later mini-epoch (neither the view nor, likely, the next) becomes a FIFO
+                view = set(Path(m.path(".tierfs", "order")).read_text().split())
+                fifo.append(sorted(set(rels) - view)[-1])
+                os.unlink(data / fifo[0])
+                os.mkfifo(data / fifo[0])
+
+        def reader(m: Mounted, wd: Watchdog, stop: threading.Event, k: int) -> None:
+            rrng = random.Random(seed * 11 + k)
+            while not stop.is_set():
+                rel = rrng.choice(rels)
+                try:
+                    data_, t_open = read_whole(m.path(rel), wd)
+                except OSError as e:
+                    if wd.failed.is_set():
+                        continue
+                    if fifo and rel == fifo[0] and e.errno == errno.ENOENT:
+                        tally.add(fifo_reads=1)
+                    elif e.errno == errno.EIO and away.is_set():
+                        tally.add(eio_backing_away=1)
+                    else:
+                        classify_error(e, tally, f"{rel} (backing away: {away.is_set()})")
+                    continue
+                with tally.lock:
+                    tally.open_lat.append(t_open)
+                if digest(data_) == expect[rel]:
+                    tally.add(reads=1, bytes_verified=len(data_))
+                else:
+                    tally.add(mismatches=1)
+                    tally.note(f"MISMATCH: {rel} {len(data_)} bytes")
+
+        def killer(m: Mounted, stop: threading.Event) -> None:
+            while not stop.wait(kill_every - kill_for):
+                away.set()
+                pt.kill()
+                tally.add(backing_deaths=1)
+                stop.wait(kill_for)
+                s, _ = timed_status(m, 5)
+                if s is not None:
+                    with tally.lock:
+                        if s["backing"]["state"] not in tally.backing_states_in_stall:
+                            tally.backing_states_in_stall.append(s["backing"]["state"])
+                pt.unmount()
+                pt.start()
+                stop.wait(grace)
+                away.clear()
+            if pt.process is None or pt.process.poll() is not None:
+                pt.unmount()
+                pt.start()  # (the next mount of the row needs it)
+
+        def control(m: Mounted, wd: Watchdog, stop: threading.Event) -> None:
+            i = 0
+            while not stop.wait(1.5):
+                i += 1
+                with contextlib.suppress(OSError), wd.op("control"):
+                    m.control("advance\n" if i % 2 else "next-pass\n")
+                s, _ = timed_status(m, 5)
+                if s is not None:
+                    with tally.lock:
+                        tally.recoveries = max(tally.recoveries, s["backing"]["recoveries"])
+
+        def start(m: Mounted, wd: Watchdog, stop: threading.Event) -> list[threading.Thread]:
+            ts = [threading.Thread(target=reader, args=(m, wd, stop, k)) for k in range(tally.readers)]
+            ts += [threading.Thread(target=killer, args=(m, stop)),
+                   threading.Thread(target=control, args=(m, wd, stop))]
+            for t in ts:
+                t.start()
+            return ts
+
+        try:
+            run_row(tally, inner, work, duration, deadline, start, ready=ready, capacity="64M", nm=4, rf=2,
+                    revalidate=2, backing_timeout=5)
+        finally:
+            if fifo:
+                with contextlib.suppress(OSError):
+                    os.close(os.open(data / fifo[0], os.O_WRONLY | os.O_NONBLOCK))
+
+
 # --------------------------------------------------------------------------------------------- main
 
 
 COLUMNS = ["readers", "minutes", "switches", "reads", "plan_reads", "plan_copy_reads", "bytes_verified",
            "mismatches", "stale", "short_reads", "eio", "enoent_real", "enoent_deleted", "other_errors", "hangs",
            "daemon_deaths", "daemon_restarts", "writer_ops", "open_p50_ms", "open_p99_ms", "open_max_ms", "stalls",
-           "status_samples", "status_over_1s", "status_max_ms"]
+           "status_samples", "status_over_1s", "status_max_ms", "backing_deaths", "recoveries", "eio_backing_away",
+           "fifo_reads"]
 
 
 def render(rows: list[dict]) -> str:
@@ -630,7 +740,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=1.0, help="duration of rows i and ii (together)")
     ap.add_argument("--stall-minutes", type=float, help="duration of row iii (default: --minutes, at most 3)")
-    ap.add_argument("--rows", default="i,ii,iii")
+    ap.add_argument("--rows", default="i,ii,iii,iv")
+    ap.add_argument("--fault-minutes", type=float, help="duration of row iv (default: --minutes, at most 3)")
+    ap.add_argument("--kill-every", type=float, default=40.0, help="row iv: seconds between backing deaths")
+    ap.add_argument("--kill-for", type=float, default=15.0, help="row iv: seconds the backing stays dead")
+    ap.add_argument("--recover-grace", type=float, default=10.0,
+                    help="row iv: seconds after a restart that EIO on uncached files still counts as expected")
     ap.add_argument("--deadline", type=float, default=30.0, help="seconds an operation may take before a hang")
     ap.add_argument("--files", type=int, default=600, help="row i: files (1 KiB - 512 KiB)")
     ap.add_argument("--deletes", type=float, default=0.04, help="row i: share of writer operations that delete")
@@ -673,6 +788,12 @@ def main(argv: list[str] | None = None) -> None:
             minutes = args.stall_minutes if args.stall_minutes is not None else min(args.minutes, 3.0)
             row_iii(t3, work, minutes * 60, max(args.deadline, 60.0), args.seed, args.delay_ms / 1e3,
                     args.stall_every, args.stall_for)
+        if "iv" in rows:
+            t4 = Tally("iv: 8 readers, FIFO, dying FUSE backing", 8)
+            tallies.append(t4)
+            minutes = args.fault_minutes if args.fault_minutes is not None else min(args.minutes, 3.0)
+            row_iv(t4, work, minutes * 60, args.deadline, args.seed, args.kill_every, args.kill_for,
+                   args.recover_grace)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results = [t.finish() for t in tallies]
@@ -682,15 +803,16 @@ def main(argv: list[str] | None = None) -> None:
     md = render(results)
     print("\n" + head + "\n\n" + md)
     for r in results:
-        if r["stalls"]:
-            print(f"  [{r['row'][:3].strip(':')}] backing.state seen during stalls: {r['backing_states_in_stall']}")
+        if r["stalls"] or r["backing_deaths"]:
+            print(f"  [{r['row'][:3].strip(':')}] backing.state seen during stalls or deaths: "
+                  f"{r['backing_states_in_stall']}")
         for e in r["examples"]:
             print(f"  [{r['row'][:3].strip(':')}] {e}")
     (args.out / "soak.json").write_text(json.dumps({"head": head, "rows": results}, indent=1))
     (args.out / "soak.md").write_text(head + "\n\n" + md + "\n")
     print(f"wrote {args.out}/soak.json and soak.md")
     bad = sum(r["mismatches"] + r["stale"] + r["short_reads"] + r["hangs"] + r["daemon_deaths"] + r["enoent_real"]
-              for r in results)
+              + (r["eio"] if r["backing_deaths"] else 0) for r in results)
     sys.exit(1 if bad else 0)
 
 

@@ -4,15 +4,21 @@ Every access to a backing file after the scan goes through :func:`open_beneath`:
 ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`` relative to a descriptor of the backing root held
 for the life of the mount, or, where the kernel lacks ``openat2`` (or a seccomp filter refuses it), a
 component-by-component walk with ``O_NOFOLLOW`` that checks the device of every step.
+
+Dataset files are opened by :func:`open_regular`: with ``O_NONBLOCK | O_NOCTTY``, so that whatever has taken a
+file's name in the backing dir since the scan (a FIFO, which blocks an open until a writer comes; a device) is
+opened without waiting and refused by its type, never read.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
+import stat
 
-__all__ = ["open_beneath"]
+__all__ = ["open_beneath", "open_regular"]
 
 _RESOLVE_NO_XDEV = 0x01
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -34,8 +40,12 @@ except (OSError, AttributeError):  # pragma: no cover - no libc symbol table
 _have_openat2 = _libc is not None
 
 
-def _openat2(root_fd: int, relpath: bytes) -> int:
-    how = _OpenHow(os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0,
+_NOT_REGULAR = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
+
+
+def _openat2(root_fd: int, relpath: bytes, flags: int) -> int:
+    how = _OpenHow(os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | flags, 0,
                    _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_XDEV | _RESOLVE_NO_MAGICLINKS)
     fd = _syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root_fd), ctypes.c_char_p(relpath),
                   ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
@@ -45,7 +55,7 @@ def _openat2(root_fd: int, relpath: bytes) -> int:
     return int(fd)
 
 
-def _open_walk(root_fd: int, relpath: bytes, dev: int) -> int:
+def _open_walk(root_fd: int, relpath: bytes, dev: int, flags: int) -> int:
     parts = relpath.split(b"/")
     fd = root_fd
     try:
@@ -53,8 +63,8 @@ def _open_walk(root_fd: int, relpath: bytes, dev: int) -> int:
             if part in (b"", b".", b".."):
                 raise OSError(errno.EINVAL, "bad path component", os.fsdecode(relpath))
             last = i == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
-            nfd = os.open(part, flags, dir_fd=fd)
+            how = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (flags if last else os.O_DIRECTORY)
+            nfd = os.open(part, how, dir_fd=fd)
             if fd != root_fd:
                 os.close(fd)
             fd = nfd
@@ -67,17 +77,39 @@ def _open_walk(root_fd: int, relpath: bytes, dev: int) -> int:
         raise
 
 
-def open_beneath(root_fd: int, relpath: bytes, dev: int) -> int:
-    """Open ``relpath`` read-only beneath ``root_fd`` without following any symlink or crossing filesystems.
+def open_beneath(root_fd: int, relpath: bytes, dev: int, flags: int = 0) -> int:
+    """Open ``relpath`` read-only beneath ``root_fd`` without following any symlink or crossing filesystems;
+    ``flags`` are added to the last component's open.
 
     A symlink anywhere on the way fails with ``ELOOP``, a mount point with ``EXDEV``.
     """
     global _have_openat2
     if _have_openat2:
         try:
-            return _openat2(root_fd, relpath)
+            return _openat2(root_fd, relpath, flags)
         except OSError as exc:
             if exc.errno not in (errno.ENOSYS, errno.EPERM):
                 raise
             _have_openat2 = False  # old kernel or a seccomp filter: walk instead
-    return _open_walk(root_fd, relpath, dev)
+    return _open_walk(root_fd, relpath, dev, flags)
+
+
+def open_regular(root_fd: int, relpath: bytes, dev: int) -> tuple[int, os.stat_result]:
+    """Open the regular file ``relpath`` as :func:`open_beneath` does, without ever blocking on what is not one;
+    returns the descriptor and its ``fstat``.
+
+    Anything else at that name fails with ``ENOENT`` (the dataset file is gone), its type in the message.
+    ``O_NONBLOCK`` is cleared again on the regular file: a hierarchical storage manager's filesystem answers a
+    non-blocking read of a file on tape with ``EAGAIN`` instead of fetching it.
+    """
+    fd = open_beneath(root_fd, relpath, dev, os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = _NOT_REGULAR.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise OSError(errno.ENOENT, f"{what}, no longer a regular file", os.fsdecode(relpath))
+        fcntl.fcntl(fd, fcntl.F_SETFL, 0)  # (of the flags F_SETFL changes, only O_NONBLOCK was set)
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise

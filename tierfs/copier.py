@@ -1,13 +1,15 @@
 """One backing file copied into the cache, in a worker thread: the only code that writes copies.
 
-A copy reads through :func:`~tierfs.beneath.open_beneath` (no symlink followed, no filesystem crossed), writes a
-``.tmp-`` file in the cache's ``data/`` and renames it into place only once complete and only if the backing
-file is, after the last read, still the version the tree knows (size, mtime, inode and ctime: any write in
-between moves ctime), so a partial or torn copy is never visible.  Holes of a sparse backing file stay holes.
+A copy reads through :func:`~tierfs.beneath.open_regular` (no symlink followed, no filesystem crossed, never a
+wait on a FIFO or a device that took the file's name), writes a ``.tmp-`` file in the cache's ``data/`` and
+renames it into place only once complete and only if the backing file is, after the last read, still the
+version the tree knows (size, mtime, inode and ctime: any write in between moves ctime), so a partial or torn
+copy is never visible.  Holes of a sparse backing file stay holes.
 
-Round trips to the backing: one ``open``, the reads (exactly the file's size: no read at EOF, the ``fstat``
-after them sees a file that grew) and one ``fstat`` -- on a network filesystem each is a request, and a
-latency-bound tier is paid per request.
+Round trips to the backing: one ``open`` (the ``fstat`` that checks its type is answered from the attributes
+the open brought), the reads (exactly the file's size: no read at EOF, the ``fstat`` after them sees a file
+that grew) and one ``fstat`` -- on a network filesystem each is a request, and a latency-bound tier is paid
+per request.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import xxhash
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.beneath import open_beneath
+from tierfs.beneath import open_regular
 from tierfs.cache import COPY_MTIME_NS, allocated, entry_name
 from tierfs.tree import Fingerprint, fingerprint
 
@@ -58,7 +60,7 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
     read or written.
     """
     size = expected[0]
-    src = open_beneath(root_fd, relpath, dev)
+    src, _ = open_regular(root_fd, relpath, dev)
     tmp: str | None = f"{TEMP_PREFIX}{os.getpid()}-{serial}"
     try:
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import trio
 
-from tierfs.backing import Backing, BackingError
+from tierfs.backing import Backing, BackingError, answered_gone
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copies import CopyDamaged, hash_copy, open_copy
 from tierfs.options import Settings
@@ -201,19 +201,21 @@ class DataPath:
         """Ask the backing for ``fidx``'s stat before an open uses a fingerprint older than ``revalidate``.
 
         Returns the new stat if the file changed (the tree is updated, the old copy dropped); None if it did
-        not, or if the backing did not answer within ``backing_timeout`` while a copy is there to serve."""
+        not, or if the backing could not say (stalled, lost, an error other than "gone") while a copy is there to
+        serve: a copy is dropped only on the backing's answer that the file changed or is gone."""
         node = self.tree.file_node(fidx)
         self.reval.open_checks += 1  # (the revalidator's counters; only the engine knows when an open asks)
         try:
             st = await self.backing.stat(node.path, timeout=self._timeout())
-        except BackingError:
-            if self.cache.get(fidx) is not None:
-                self.reval.unconfirmed += 1  # the backing is stalled: the copy is whole, and the last word we had
-                return None
-            raise
         except OSError as exc:
-            self.cache.evict(fidx)
-            raise await self.backing.error_for(exc, node.path, timeout=self._timeout()) from None
+            err = await self.backing.error_for(exc, node.path, timeout=self._timeout())
+            if answered_gone(exc):  # (the file, or its directory or the whole dataset, is not there)
+                self.cache.evict(fidx)
+                raise err from None
+            if self.cache.get(fidx) is not None:
+                self.reval.unconfirmed += 1  # the copy is whole, and the last word we had
+                return None
+            raise err from None
         if not stat.S_ISREG(st.st_mode):
             self.cache.evict(fidx)
             raise BackingError(errno.ENOENT, "no longer a regular file in the backing dir")
@@ -429,7 +431,8 @@ class DataPath:
         await self.backing.throttle(size)
         t0 = time.monotonic()
         try:
-            data = await self.backing.pread(handle.fd, size, offset, timeout=self._timeout())
+            data = await self.backing.pread(handle.fd, size, offset, timeout=self._timeout(),
+                                            file=self.tree.file_path(handle.fidx))
         except OSError as exc:
             raise BackingError(errno.EIO, f"backing read failed: {exc.strerror or exc}") from None
         finally:
@@ -462,8 +465,6 @@ class DataPath:
             if handle.entry is not None:
                 self.release_copy(handle.entry, handle.fd)
             else:
-                # a network filesystem may talk to its server on close: a backing thread, never the trio thread
-                with contextlib.suppress(OSError):
-                    await self.backing.call(os.close, handle.fd, timeout=None)
+                await self.backing.close(handle.fd)  # (a backing thread: a network filesystem may ask its server)
         finally:
             self.fd_budget.give(handle.uid)  # once the descriptor is closed: it counts while a close hangs

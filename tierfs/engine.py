@@ -98,7 +98,7 @@ class Engine:
             self.root_fd = -1
             self.cache.close()
             raise
-        self.backing = Backing(self.root_fd, tree.dev, bandwidth=lambda: self.settings.bandwidth)
+        self.backing = Backing(self.root_fd, backing, tree, bandwidth=lambda: self.settings.bandwidth)
         self.arf = Arf(Arf.controller_for(s), pos.arf_history)
         self.stager = Stager(tree, self.cache, self.backing, streams=s.staging_streams,
                              hash_content=s.verify == "xxhash", throttle=self.backing.throttle_from_thread,
@@ -137,7 +137,8 @@ class Engine:
         self.data.kernel = kernel
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Stage, push, revalidate, rescan and return leases in the background until cancelled."""
+        """Stage, push, revalidate, rescan, watch for a lost backing and return leases in the background until
+        cancelled."""
         rescan = functools.partial(self.trees.run, self.tree, limiter=self.cache_limiter,
                                    confirm_all=self.reval.confirm_all, changed=self._changed, gone=self._gone)
         try:
@@ -148,6 +149,7 @@ class Engine:
                 nursery.start_soon(supervised, "journal writer", functools.partial(self.journal.run,
                                                                                    self.cache_limiter))
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
+                nursery.start_soon(supervised, "backing watch", self.backing.run)
                 if self.policy.walks_plans:
                     nursery.start_soon(supervised, "pusher", self.pusher.run)
                     nursery.start_soon(supervised, "stager", self.stager.run)

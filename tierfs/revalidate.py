@@ -14,6 +14,9 @@ backing threads: the files of the view not yet opened this pass (in serving orde
 mini-epoch, every one whose confirmation is older than half of ``revalidate``.  So an open finds a fingerprint
 checked moments ago and makes no backing call at all, and a change in the backing is still seen within
 ``revalidate`` seconds.
+
+While the backing is lost (see backing.py) nothing is asked -- an open serves its copy, unconfirmed -- and once
+it is back every fingerprint counts as unconfirmed: it may have changed while nobody could see it.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Revalidator:
         self.changed = 0
         self.open_checks = 0
         self.unconfirmed = 0
+        self._recoveries = backing.recoveries  # the backing's recoveries seen so far
 
     def set(self, setting: float | str) -> None:
         self.setting = setting
@@ -107,6 +111,11 @@ class Revalidator:
         slots = trio.Semaphore(PARALLEL)
         async with trio.open_nursery() as nursery:
             while True:
+                if self.backing.lost:
+                    await self.backing.wait_answering()  # (no re-stat storm against a backing that is gone)
+                if self.backing.recoveries != self._recoveries:
+                    self._recoveries = self.backing.recoveries
+                    self.confirmed[:] = -math.inf
                 wake = self._wake
                 s = self.setting
                 if s in ("open", "never"):

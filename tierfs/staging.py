@@ -20,12 +20,20 @@ the readers runs at full speed, so that the next mini-epoch is ready when the cu
 to many requests at once; a disk that reads best sequentially wants few.  With ``staging_streams=auto`` the
 stager climbs: it doubles the number of copies in flight while the measured rate rises by at least 10 %,
 steps back when it falls, and probes again later (:class:`StreamTuner`); ``staging_streams=N`` fixes it.
+
+**A file that cannot be staged is skipped, never waited for** (gone, no longer a regular file -- a FIFO, a
+device --, unreadable, no room): it is served from the backing dir meanwhile, tried again after
+:data:`RETRY_AFTER` seconds, and its mini-epoch counts as staged without it.  ``status`` counts the skips and
+names the files whose last try failed, with the reason (``staging.unstaged``); the newest of those reasons stays
+the staging error (``last_error``) until each of them is staged.  A backing that is *lost* (backing.py) is not
+a reason to skip anything: staging waits for it to come back and goes on where it was.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import os
 import stat
 import time
@@ -40,13 +48,14 @@ from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copier import BackingChanged, Copied, copy_into_cache, run_copies
 from tierfs.tree import Tree, fingerprint
 
-__all__ = ["Stager", "StagerStatistics", "StreamTuner"]
+__all__ = ["Stager", "StagerStatistics", "StreamTuner", "Unstaged"]
 
 MAX_STREAMS = 64
 AUTO_START = 16  # a latency-bound tier is served well from the start; a disk that wants fewer steps down
 RETRY_AFTER = 5.0  # seconds before a file that failed to stage (ENOSPC, EMFILE, EIO) is tried again
 SMALL_FILE = 256 << 10  # files below this are copied several to a thread hop
 BATCH_FILES = 16  # at most this many to one hop
+UNSTAGED_SHOWN = 8  # files status names under staging.unstaged
 READERS_ACTIVE_S = 0.5  # readers count as active this long after an open
 SHARE_WHILE_SERVING = 0.15  # of one core: what the copies may use while readers are active
 
@@ -114,6 +123,14 @@ class StreamTuner:
 
 
 @dataclass(frozen=True)
+class Unstaged:
+    """A file whose last staging try failed: its path in the backing dir and why."""
+
+    file: str
+    why: str
+
+
+@dataclass(frozen=True)
 class StagerStatistics:
     streams: int
     streams_limit: int | str
@@ -125,7 +142,10 @@ class StagerStatistics:
     bytes_per_s: float
     files_per_s: float
     yielded_seconds: float  # waited so that readers kept the CPU (see "Readers first")
-    error: str | None  # the last staging error, kept until a copy succeeds again
+    skipped: int  # times a file could not be staged and was skipped (since mount)
+    unstaged: tuple[Unstaged, ...]  # the files whose last try failed, newest first (at most UNSTAGED_SHOWN)
+    unstaged_files: int  # how many files that is in all
+    error: str | None  # the last staging error, kept while a file it names is not staged (or a copy succeeds)
 
 
 class Stager:
@@ -163,6 +183,8 @@ class Stager:
         self.queue: deque[int] = deque()
         self.inflight: dict[int, trio.Event] = {}
         self.failed: dict[int, float] = {}  # fidx -> monotonic time it may be tried again
+        self.unstaged: dict[int, str] = {}  # fidx -> why its last try failed (insertion order: oldest first)
+        self.skipped = 0
         self.blocked = False
         self.error: str | None = None
         self._jobs = 0  # copy jobs (threads) running: what ``streams`` bounds
@@ -182,6 +204,7 @@ class Stager:
         """Stage these files, in this order, instead of whatever was queued (copies in flight go on)."""
         self.queue = deque(f for f in files if self.cache.get(f) is None)
         self.failed.clear()
+        self.unstaged = {f: why for f, why in self.unstaged.items() if self._wanted(f)}  # (what status names)
         self.blocked = False
         self.notify()
 
@@ -218,6 +241,9 @@ class Stager:
             nursery.start_soon(self._retry_timer)
             task_status.started()
             while True:
+                if self.backing.lost:
+                    await self.backing.wait_answering()  # (its files are not skipped: they are staged after)
+                    continue
                 wake = self._wake
                 if self._jobs >= self.tuner.streams:
                     await wake.wait()
@@ -315,7 +341,7 @@ class Stager:
         if ev is not None:
             await ev.wait()
             return self.cache.get(fidx)
-        if self.failed.get(fidx, 0.0) > time.monotonic():
+        if self.failed.get(fidx, 0.0) > time.monotonic() or self.backing.lost:
             return None  # it failed moments ago (a full cache disk, say): not again for every reader
         reserved = self._reserve(fidx)
         if reserved is None:
@@ -366,7 +392,7 @@ class Stager:
                     self._fail(fidx, "changed while staged")
                 return
             if isinstance(outcome, OSError):
-                await self._copy_failed(fidx, self.tree.file_path(fidx), outcome)
+                await self._copy_failed(fidx, outcome)
                 return
             assert isinstance(outcome, Copied)
             if fingerprint(self.tree.file_node(fidx).st) != outcome.fp:
@@ -380,7 +406,8 @@ class Stager:
             if entry is None:
                 self._fail(fidx, "the copy took more disk than reserved and the cache is full")
                 return
-            self.error = None
+            self.unstaged.pop(fidx, None)
+            self.error = self._persistent_error()
             self._bytes += outcome.fp[0]
             self._files += 1
             self.tuner.done(outcome.fp[0], len(self.queue))
@@ -398,21 +425,34 @@ class Stager:
             self._busy += time.monotonic() - self._since
             self._since = None
 
-    async def _copy_failed(self, fidx: int, relpath: bytes, exc: OSError) -> None:
+    async def _copy_failed(self, fidx: int, exc: OSError) -> None:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR) and await trio.to_thread.run_sync(self.cache.data_dir_lost):
             self.error = "the cache dir's data/ was removed: recreated"
             await self._data_dir_lost()  # the engine recreates it and queues everything again
             return
+        if await self.backing.lost_by(exc):
+            self.queue.appendleft(fidx)  # staged once the backing is back: never skipped for its absence
+            return
         if exc.errno in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ETIMEDOUT):
             self.tuner.back_off()
-        self._fail(fidx, f"staging {os.fsdecode(relpath)}: {exc.strerror or exc}")
+        self._fail(fidx, exc.strerror or str(exc))
 
-    def _fail(self, fidx: int, reason: str) -> None:
-        """This file cannot be staged now (unreadable, ENOSPC, EMFILE, ...): it is served from the backing dir
-        and tried again after RETRY_AFTER seconds; the error stays in status until a copy succeeds."""
+    def _fail(self, fidx: int, why: str) -> None:
+        """This file cannot be staged now (gone, not a regular file, unreadable, ENOSPC, EMFILE, ...): skipped --
+        served from the backing dir, tried again after RETRY_AFTER seconds; the error stays in status while the
+        file is not staged."""
         self.failed[fidx] = time.monotonic() + RETRY_AFTER
-        self.error = reason
+        self.unstaged.pop(fidx, None)
+        self.unstaged[fidx] = why
+        self.skipped += 1
+        self.error = self._persistent_error()
         self._gave_up(fidx)
+
+    def _persistent_error(self) -> str | None:
+        """The staging error to show: the newest failure of a file still not staged."""
+        for fidx, why in reversed(self.unstaged.items()):
+            return f"staging {os.fsdecode(self.tree.file_path(fidx))}: {why}"
+        return None
 
     # ------------------------------------------------------------------------------------------- figures
 
@@ -433,5 +473,9 @@ class Stager:
             bytes_per_s=self._bytes / busy if busy > 0 else 0.0,
             files_per_s=self._files / busy if busy > 0 else 0.0,
             yielded_seconds=round(self.yielded_s, 3),
+            skipped=self.skipped,
+            unstaged=tuple(Unstaged(os.fsdecode(self.tree.file_path(f)), why)
+                           for f, why in itertools.islice(reversed(self.unstaged.items()), UNSTAGED_SHOWN)),
+            unstaged_files=len(self.unstaged),
             error=self.error,
         )

@@ -173,6 +173,9 @@ class Status:
         metric("staged_files_total", "counter", "Files copied into the cache.", st.get("files_staged", 0))
         metric("staging_streams", "gauge", "Copies allowed in flight now.", st.get("streams", 0))
         metric("staging_failed_files", "gauge", "Files waiting to retry staging.", st.get("failed", 0))
+        metric("staging_skipped_total", "counter", "Times a file could not be staged and was skipped.",
+               st.get("skipped", 0))
+        metric("staging_unstaged_files", "gauge", "Files whose last staging try failed.", st.get("unstaged_files", 0))
         metric("staging_yielded_seconds_total", "counter", "Seconds staging waited so that readers kept the CPU.",
                st.get("yielded_seconds", 0))
         metric("reads_total", "counter", "Opens of dataset files by where they were served from.", r.hits,
@@ -187,6 +190,11 @@ class Status:
         metric("backing_read_bytes_total", "counter", "Bytes read from the backing dir.", self.backing_bytes_read)
         metric("backing_stalled", "gauge", "1 while a backing request is outstanding for over a second.",
                int(b.get("state") == "stalled"))
+        metric("backing_lost", "gauge", "1 while the backing filesystem is gone (e.g. a dead FUSE daemon).",
+               int(b.get("state") == "lost"))
+        metric("backing_refused_total", "counter",
+               "Backing calls failed at once: the backing lost, or a file whose calls are stuck.", b.get("refused", 0))
+        metric("backing_recoveries_total", "counter", "Times a lost backing was re-opened.", b.get("recoveries", 0))
         metric("backing_waiting_requests", "gauge", "Backing requests outstanding now.", b.get("waiting", 0))
         metric("backing_requests_total", "counter", "Requests made to the backing dir.", b.get("requests", 0))
         metric("backing_timeouts_total", "counter", "Backing requests abandoned after backing_timeout.",

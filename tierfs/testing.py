@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from tierfs.client import Client
 
-__all__ = ["Mounted", "abort_connection", "force_unmount", "is_mounted", "mounted", "wait_until"]
+__all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "is_mounted", "mounted", "passthrough",
+           "wait_until"]
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -158,6 +159,69 @@ def mounted(backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
         errfile.close()
         with contextlib.suppress(OSError):
             os.unlink(errfile.name)
+
+
+@dataclass
+class PassthroughMount:
+    """A read-only passthrough FUSE mount of ``source`` at ``mountpoint`` (:mod:`tierfs.passthrough`): a backing
+    dir whose daemon a test can kill (its mount then answers ENOTCONN) and start again at the same path.
+    ``hang``: a file listing paths (relative to ``source``, one a line) whose opens never answer."""
+
+    source: str
+    mountpoint: str
+    hang: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the daemon and wait until the mount answers (``fusermount3 -uz`` a dead one first)."""
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()  # (the daemon before, killed)
+        cmd = [sys.executable, "-m", "tierfs.passthrough", self.source, self.mountpoint]
+        if self.hang is not None:
+            cmd += ["--hang", self.hang]
+        self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while not is_mounted(self.mountpoint):
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                raise RuntimeError(f"passthrough exited with {self.process.returncode}: {err}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"passthrough did not mount {self.mountpoint} within {timeout} s")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL the daemon: its mount stays, and answers every call with ENOTCONN (a crashed sshfs)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def unmount(self) -> None:
+        """Detach the mount (lazily: a dead one cannot be unmounted otherwise), leaving the empty mountpoint."""
+        force_unmount(self.mountpoint)
+
+
+@contextlib.contextmanager
+def passthrough(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
+                hang: str | None = None) -> Iterator[PassthroughMount]:
+    """Mount a :class:`PassthroughMount`; on the way out kill it, abort its connection and unmount it."""
+    pt = PassthroughMount(os.path.realpath(source), os.path.realpath(mountpoint), hang)
+    try:
+        pt.start()
+        yield pt
+    finally:
+        if pt.process is not None and pt.process.poll() is None:
+            pt.process.terminate()
+            try:
+                pt.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pt.process.kill()
+                pt.process.wait(timeout=10)
+        if is_mounted(pt.mountpoint):
+            abort_connection(pt.mountpoint)
+        pt.unmount()
+        if pt.process is not None and pt.process.stderr is not None:
+            pt.process.stderr.close()
 
 
 def make_dataset(root: str | os.PathLike[str], *, dirs: int = 4, files_per_dir: int = 8, min_size: int = 1,

@@ -1,0 +1,183 @@
+"""Issue 22: no backing object can hold a thread forever -- through real mounts.
+
+A FIFO that takes a dataset file's name, a file whose opens hang, a FUSE backing whose daemon dies and comes
+back: every read has a deadline (a reader still waiting after it is a hang: the FUSE connection is aborted and
+the test fails), and ``mounted``/``passthrough`` unmount whatever is left.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tierfs.testing import abort_connection, make_dataset, mounted, passthrough, wait_until
+
+
+def _within(mnt: str, fn: Callable[[], object], seconds: float = 20.0) -> object:
+    """``fn()`` (its result, or the OSError it raised) in a thread; one still running after ``seconds`` is a
+    hang: the mount's FUSE connection is aborted (so it lets go) and the test fails."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except OSError as exc:
+            out.append(exc)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(seconds)
+    if th.is_alive():
+        abort_connection(mnt)
+        th.join(10)
+        pytest.fail(f"an operation on {mnt} hung for more than {seconds} s (connection aborted)")
+    return out[0]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _status(m) -> dict:
+    st = _within(m.mountpoint, m.status)
+    assert isinstance(st, dict), st
+    return st
+
+
+def test_a_fifo_in_a_later_mini_epoch_never_stops_staging_the_schedule_or_other_readers(tmp_path):
+    backing, mnt = tmp_path / "b", tmp_path / "m"
+    files = make_dataset(backing, dirs=4, files_per_dir=5, max_size=4096, seed=5)
+    mnt.mkdir()
+    with mounted(backing, mnt, tmp_path / "c", "4M", nm=4, rf=1) as m:
+        wait_until(lambda: _status(m)["next_ready"])
+        view = set(_within(str(mnt), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+        fifo = sorted(set(files) - view)[0]
+        os.unlink(backing / fifo)
+        os.mkfifo(backing / fifo)
+        try:
+            named = False
+            seen = [(_status(m)["epoch"], _status(m)["mini_epoch"])]
+            for _ in range(2 * 4):  # through the FIFO's mini-epoch, into the next epoch
+                deadline = time.monotonic() + 30
+                while True:
+                    st = _status(m)
+                    named |= any(u["file"] == fifo and "FIFO" in u["why"] for u in st["staging"].get("unstaged", ())) \
+                        and fifo in (st["last_error"] or "")
+                    if (st["epoch"], st["mini_epoch"]) != seen[-1]:
+                        break
+                    assert time.monotonic() < deadline, f"the schedule stopped at {seen[-1]}: {st}"
+                    _within(str(mnt), lambda: m.control("next-pass\n"))
+                    time.sleep(0.05)
+                seen.append((st["epoch"], st["mini_epoch"]))
+            assert named and st["staging"].get("skipped", 0) >= 1, st["staging"]
+            # ~40 reads of the FIFO's name: each fails at once, none holds a thread
+            for _ in range(40):
+                got = _within(str(mnt), lambda: _read(m.path(fifo)), 10)
+                assert isinstance(got, OSError) and got.errno == errno.ENOENT, got
+            for rel in sorted(set(files) - {fifo}):  # every other file, cached or not, still reads whole
+                assert _within(str(mnt), lambda rel=rel: _read(m.path(rel))) == _read(backing / rel)
+            assert m.process.poll() is None
+        finally:
+            for _ in range(64):  # (the old code opened it blocking: a writer's open lets such a reader go)
+                try:
+                    os.close(os.open(backing / fifo, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    break
+
+
+def test_a_file_whose_opens_hang_holds_a_few_threads_and_every_other_file_is_served(tmp_path):
+    """The backing is a FUSE mount whose opens of one file never answer (its server hangs on it): the reads of
+    that file fail with EIO after ``backing_timeout`` or at once, and do not use up the backing threads."""
+    data, inner, outer, hang = tmp_path / "data", tmp_path / "inner", tmp_path / "outer", tmp_path / "hang"
+    files = make_dataset(data, dirs=4, files_per_dir=10, max_size=4096, seed=6)
+    inner.mkdir()
+    outer.mkdir()
+    with passthrough(data, inner, hang=str(hang)) as pt, \
+            mounted(inner, outer, tmp_path / "c", "16M", nm=4, rf=1000, backing_timeout=2) as m:
+        try:
+            wait_until(lambda: _status(m)["next_ready"] and _status(m)["staging"]["inflight"] == 0)
+            view = set(_within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+            cached = {rel for rel in files if _within(str(outer), lambda rel=rel: _cached(m.path(rel)))}
+            uncached = sorted(set(files) - cached - view)
+            stuck, others = uncached[0], uncached[1:]
+            hang.write_text(stuck + "\n")
+            results: list[object] = []
+            readers = [threading.Thread(target=lambda: results.append(_safe_read(m.path(stuck))), daemon=True)
+                       for _ in range(40)]
+            for th in readers:
+                th.start()
+            for th in readers:
+                th.join(30)
+            if any(th.is_alive() for th in readers):
+                abort_connection(str(outer))
+                pytest.fail("a reader of the hanging file hung past 30 s")
+            assert len(results) == 40 and all(isinstance(r, OSError) and r.errno == errno.EIO for r in results)
+            assert others
+            for rel in others:  # the backing threads are not used up: uncached files still read whole
+                assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel)
+            assert m.process.poll() is None
+        finally:
+            pt.kill()  # its hung opens answer ENOTCONN: tierfs's threads in them can end, and tierfs stop
+
+
+def _cached(path: str) -> bool:
+    try:
+        return bool(os.getxattr(path, "user.tierfs.cache_path"))
+    except OSError:
+        return False
+
+
+def _safe_read(path: str) -> bytes | OSError:
+    try:
+        return _read(path)
+    except OSError as exc:
+        return exc
+
+
+def test_a_dead_fuse_backing_keeps_cached_files_served_and_is_taken_back_by_itself(tmp_path):
+    """The backing is a FUSE mount (sshfs, rclone) whose daemon is SIGKILLed: cached files go on being served,
+    with no storm of backing requests, status says ``lost``; once it is mounted again at the same path, tierfs
+    takes it back by itself and serves every file, uncached ones too, byte for byte."""
+    data, inner, outer = tmp_path / "data", tmp_path / "inner", tmp_path / "outer"
+    files = make_dataset(data, dirs=4, files_per_dir=8, max_size=16 << 10, seed=7)
+    inner.mkdir()
+    outer.mkdir()
+    with passthrough(data, inner) as pt, \
+            mounted(inner, outer, tmp_path / "c", "16M", nm=4, rf=100000, revalidate=1, backing_timeout=2) as m:
+        wait_until(lambda: _status(m)["next_ready"] and _status(m)["staging"]["inflight"] == 0)
+        cached = sorted(rel for rel in files if _within(str(outer), lambda rel=rel: _cached(m.path(rel))))
+        uncached = sorted(set(files) - set(cached))
+        assert cached and uncached
+        pt.kill()
+        before = _status(m)
+        # ten revalidate periods: every fingerprint goes stale and every open asks (the old code dropped the copies
+        # it could not confirm, and re-stated everything in a loop)
+        end = time.monotonic() + 10
+        rounds = 0
+        while time.monotonic() < end:
+            for rel in cached:
+                assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
+            rounds += 1
+        got = _within(str(outer), lambda: _read(m.path(uncached[0])), 10)
+        assert isinstance(got, OSError) and got.errno == errno.EIO, got
+        st = _status(m)
+        b = st["backing"]
+        assert b["state"] == "lost" and "not connected" in b["reason"] and b["lost_since"] is not None, b
+        # no re-stat storm: a handful of requests found it gone, everything since was refused without one
+        assert b["requests"] - before["backing"]["requests"] < 50, (before["backing"], b)
+        assert b["refused"] > 0 and st["reads"]["hits"] - before["reads"]["hits"] >= rounds * len(cached)
+        assert st["cache_files"] >= len(cached)  # no copy was dropped
+        pt.unmount()  # the empty mountpoint is not the dataset: not taken back
+        time.sleep(2)
+        assert _status(m)["backing"]["state"] == "lost"
+        pt.start()  # the same tree at the same path, a new FUSE connection (a new st_dev)
+        wait_until(lambda: _status(m)["backing"]["state"] == "ok", timeout=30, what="the backing taken back")
+        for rel in sorted(files):
+            assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
+        assert _status(m)["backing"]["recoveries"] == 1 and m.process.poll() is None

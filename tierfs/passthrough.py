@@ -1,0 +1,140 @@
+"""A read-only passthrough FUSE filesystem of a directory: a backing dir that tests and benchmarks can kill.
+
+``python -m tierfs.passthrough SOURCE MOUNTPOINT [--hang LIST]`` shows ``SOURCE`` at ``MOUNTPOINT`` until it is
+stopped -- as sshfs or rclone show a remote tree.  Killed with SIGKILL, its mount answers ``ENOTCONN`` to every
+call (a network FUSE daemon that crashed); started again at the same mountpoint (after ``fusermount3 -uz``) it
+shows the same inode numbers, sizes and times, so a tree scanned through the first one still matches.
+``--hang LIST``: opens of the files whose paths (relative to ``SOURCE``) are lines of the file ``LIST``, read at
+every open, never answer (a file whose server hangs).
+
+Not part of a mount: tierfs never imports it (see :func:`tierfs.testing.passthrough`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import stat
+
+import pyfuse3
+import trio
+
+__all__ = ["Passthrough"]
+
+
+class Passthrough(pyfuse3.Operations):
+    """Inodes are the source's (the root is pyfuse3's ROOT_INODE); every error is the source's errno."""
+
+    def __init__(self, source: str, hang: str | None) -> None:
+        super().__init__()
+        self.source = source
+        self.paths: dict[int, str] = {pyfuse3.ROOT_INODE: source}
+        self.hang = hang
+
+    def _hangs(self, path: str) -> bool:
+        if self.hang is None:
+            return False
+        try:
+            with open(self.hang) as f:
+                return os.path.relpath(path, self.source) in f.read().split("\n")
+        except FileNotFoundError:
+            return False
+
+    def _path(self, inode: int) -> str:
+        try:
+            return self.paths[inode]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ESTALE) from None
+
+    def _attr(self, path: str, inode: int) -> pyfuse3.EntryAttributes:
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        a = pyfuse3.EntryAttributes()
+        for f in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns", "st_mtime_ns",
+                  "st_ctime_ns"):
+            setattr(a, f, getattr(st, f))
+        a.st_ino = inode
+        a.st_blksize, a.st_blocks = st.st_blksize, st.st_blocks
+        a.entry_timeout = a.attr_timeout = 1.0
+        return a
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        path = os.path.join(self._path(parent_inode), os.fsdecode(name))
+        try:
+            ino = os.lstat(path).st_ino
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        self.paths[ino] = path
+        return self._attr(path, ino)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._attr(self._path(inode), inode)
+
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return os.fsencode(os.readlink(self._path(inode)))
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        self._path(inode)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        base = self._path(fh)
+        names = sorted(os.listdir(base))
+        for i, name in enumerate(names[start_id:], start_id):
+            path = os.path.join(base, name)
+            try:
+                ino = os.lstat(path).st_ino
+            except OSError:
+                continue
+            self.paths[ino] = path
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attr(path, ino), i + 1):
+                return
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        path = self._path(inode)
+        if self._hangs(path):
+            await trio.sleep_forever()
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        return pyfuse3.FileInfo(fh=fd)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return os.pread(fh, size, off)
+
+    async def release(self, fh: int) -> None:
+        os.close(fh)
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        v = os.statvfs(self.paths[pyfuse3.ROOT_INODE])
+        out = pyfuse3.StatvfsData()
+        for f in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
+                  "f_namemax"):
+            setattr(out, f, getattr(v, f))
+        return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("source")
+    ap.add_argument("mountpoint")
+    ap.add_argument("--hang", help="a file listing paths (one a line) whose opens never answer")
+    args = ap.parse_args(argv)
+    if not stat.S_ISDIR(os.stat(args.source).st_mode):
+        ap.error(f"{args.source} is not a directory")
+    ops = Passthrough(os.path.realpath(args.source), args.hang)
+    pyfuse3.init(ops, args.mountpoint, {"fsname=passthrough", "ro", "default_permissions"})
+    try:
+        trio.run(pyfuse3.main)
+    finally:
+        pyfuse3.close(unmount=True)
+
+
+if __name__ == "__main__":
+    main()
