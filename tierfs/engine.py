@@ -77,6 +77,11 @@ class Engine:
         parts, resume the journalled position."""
         cfg, s = self.config, self.settings
         backing = check_dirs(cfg)
+        try:
+            self.cache.claim()  # before the journal or the saved tree is read, and before anything is deleted
+        except BaseException:
+            self.cache.close()
+            raise
         self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         journalled = load_position(cfg.cache)
         pos = journalled or Position()
@@ -293,12 +298,19 @@ class Engine:
         self.cache.evict(fidx)
         self.data.mark_stale(fidx)
 
-    async def _data_dir_lost(self) -> None:
-        fd = await trio.to_thread.run_sync(self.cache.make_data_dir, limiter=self.cache_limiter)
+    async def _data_dir_lost(self) -> str | None:
+        """``data/`` went: make it again and stage everything again; why not if it cannot be (None: done)."""
+        try:
+            fd = await trio.to_thread.run_sync(self.cache.make_data_dir, limiter=self.cache_limiter)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            self.data.log_repair("data-not-made", why)
+            return why
         dropped = self.cache.replace_data_dir(fd)
         self.data.log_repair("data", f"the cache's data dir {self.cache.data_path} was removed: recreated, "
                              f"{len(dropped)} copies to stage again")
         self._entered()
+        return None
 
     # ==================================================================================== control & status
 
