@@ -35,7 +35,7 @@ import trio
 from sampler.iomodel import stall_free_rf
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore, disk_estimates
-from tierfs.control import Arf, apply_control
+from tierfs.control import Arf, ControlWriter, apply_control
 from tierfs.datapath import DataPath
 from tierfs.journal import JournalWriter, Position, load_position
 from tierfs.namespace import Namespace
@@ -325,6 +325,10 @@ class Engine:
     def control_write(self, data: bytes) -> None:
         """Apply one write to the control file (see :func:`tierfs.control.apply_control`)."""
         apply_control(self, data)
+
+    def control_writer(self) -> ControlWriter:
+        """What takes the writes of one open control file (the kernel's pieces: see :mod:`tierfs.control`)."""
+        return ControlWriter(self)
 
     def check_plan(self, settings: Settings) -> None:
         """``ValueError`` if ``settings`` cannot plan the next epoch (a control write is then refused)."""
