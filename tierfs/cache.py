@@ -296,7 +296,7 @@ class CacheStore:
         scan = _scan(self.dir_fd)
         self.data_fd = scan.data_fd  # (closed by close() whatever happens next)
         self._data_names = scan.data_names
-        if scan.foreign and scan.marked:
+        if scan.foreign and (scan.marked or _LOCK_NAME in scan.names):  # (a cache of tierfs's, by its looks)
             raise ValueError(f"cache dir {self.path} holds what tierfs did not write: {_listing(scan.foreign)}; "
                              f"tierfs deletes nothing it did not create and follows no symlink: move those out of it")
         if scan.foreign:
