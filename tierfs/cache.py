@@ -2,10 +2,22 @@
 
 Layout of ``CACHE`` (mode 0700, files 0600)::
 
+    CACHEDIR.TAG    the marker: this dir is tierfs's own (a standard cache tag, so backups skip it too)
     lock            flock'ed for the life of a mount: two daemons never share a cache
     journal.json    the position journal (see journal.py)
+    tree.bin        the saved backing tree (see opening.py), index.npz the copies' index (see cacheindex.py)
     data/           one file per cached backing file, named  <pathhash>-<fphash>-<serial>[-<xxh3>]
                     (xxh3 of its path and of its fingerprint: short, so a lent path fits a small buffer)
+
+**The dir is tierfs's own, proven before anything in it is deleted** (:meth:`CacheStore.claim`, before the
+mount reads the journal or the saved tree).  tierfs takes a dir it creates, an empty one, or one with its
+marker; every name in it must be one tierfs writes (the names above, its ``.tmp-`` names, copy names in
+``data/``), every file a regular file and ``data/`` a real directory; anything else -- a user's file, a
+subdirectory in ``data/``, a symlink anywhere -- refuses the mount with the names found and nothing is touched.
+A cache made by a release without the marker is adopted (marked) only when it passes the same check *and* has
+its ``lock`` file, which every tierfs cache has had since the first release; a dir of a user's files that
+happens to use these names never has both.  Nothing here is followed through a symlink: the dir and ``data/``
+are reached through descriptors opened with ``O_NOFOLLOW``, also when ``data/`` is made again at runtime.
 
 The directory ``data/`` *is* the index: a copy appears there only by an atomic rename from a ``.tmp-`` name,
 and its name carries the fingerprint of the backing file it was copied from (and, with ``verify=xxhash``, the
@@ -38,20 +50,41 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
 
-from sampler.atomic import TEMP_PREFIX
-from tierfs.cacheindex import indexed_copies, save_index
+from sampler.atomic import TEMP_PREFIX, atomic_write
+from tierfs.cacheindex import INDEX_NAME, indexed_copies, save_index
+from tierfs.journal import JOURNAL_NAME
+from tierfs.opening import OLD_TREE_NAMES, TREE_NAME
 from tierfs.tree import Fingerprint, Tree, path_hash
 
-__all__ = ["COPY_MTIME_NS", "CacheEntry", "CacheStatistics", "CacheStore", "allocated", "cache_block", "disk_estimates",
-           "entry_name", "path_hash"]
+__all__ = ["COPY_MTIME_NS", "MARKER_NAME", "CacheEntry", "CacheStatistics", "CacheStore", "allocated", "cache_block",
+           "disk_estimates", "entry_name", "path_hash", "temp_copy_name"]
+
+#: The marker of a tierfs cache dir: a Cache Directory Tagging Specification tag (backup tools skip the dir)
+#: whose comment says it is tierfs's.  A tag written by another program is not tierfs's.
+MARKER_NAME = "CACHEDIR.TAG"
+_MARKER = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
+           b"# This directory is a tierfs cache: tierfs creates, rewrites and deletes the files in it.\n"
+           b"# Keep nothing else here.  About cache directory tags: https://bford.info/cachedir/\n")
+_MARKER_LINES = 2  # what identifies it: the signature and the tierfs line (the rest is prose)
+_LOCK_NAME = "lock"
+_DATA_NAME = "data"
+#: The files tierfs writes at the top of a cache dir (tree.npz: an earlier release's saved tree).
+_TOP_FILES = frozenset({MARKER_NAME, _LOCK_NAME, JOURNAL_NAME, TREE_NAME, INDEX_NAME, *OLD_TREE_NAMES})
+#: atomic_write's temp names of those files (``.tmp-NAME.PID``), left behind by a crash
+_TOP_TEMP = re.compile(rf"{re.escape(TEMP_PREFIX)}(?:{'|'.join(map(re.escape, sorted(_TOP_FILES)))})\.\d+")
+_COPY_NAME = re.compile(r"([0-9a-f]{16})-([0-9a-f]{16})-([0-9a-f]+)(?:-([0-9a-f]{16}))?")
+_COPY_TEMP = re.compile(rf"{re.escape(TEMP_PREFIX)}\d+-\d+")
+_COPY_NAMES = re.compile(rf"(?:{_COPY_NAME.pattern}|{_COPY_TEMP.pattern})\0")  # (NUL-separated names)
+_SHOWN = 3  # foreign names a refusal lists
 
 
 def fingerprint_hash(fp: Fingerprint) -> int:
@@ -63,17 +96,95 @@ def entry_name(relpath: bytes, fp: Fingerprint, serial: int, digest: int | None)
     return name if digest is None else f"{name}-{digest:016x}"
 
 
+def temp_copy_name(serial: int) -> str:
+    """The name a copy is written under before its atomic rename (removed at the next mount if left)."""
+    return f"{TEMP_PREFIX}{os.getpid()}-{serial}"
+
+
 def _parse_name(name: str) -> tuple[int, int, int, int | None] | None:
     """(path hash, fingerprint hash, serial, digest) of a copy's name; None for anything else."""
-    parts = name.split("-")
-    if len(parts) not in (3, 4):
+    m = _COPY_NAME.fullmatch(name)
+    if m is None:
         return None
+    return int(m[1], 16), int(m[2], 16), int(m[3], 16), None if m[4] is None else int(m[4], 16)
+
+
+def _is_marker(dir_fd: int) -> bool:
+    """Whether the marker in ``dir_fd`` is tierfs's (a regular file, never followed, with tierfs's lines)."""
     try:
-        ph, fph, serial = int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
-        digest = int(parts[3], 16) if len(parts) == 4 else None
-    except ValueError:
-        return None
-    return ph, fph, serial, digest
+        fd = os.open(MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        head = os.read(fd, len(_MARKER)) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    return head.split(b"\n")[:_MARKER_LINES] == _MARKER.split(b"\n")[:_MARKER_LINES]
+
+
+def _what(entry: os.DirEntry[str], prefix: str, dir_fd: int) -> str:
+    """A foreign entry as a refusal names it."""
+    if entry.is_symlink():
+        try:
+            return f"{prefix}{entry.name} (a symlink to {os.readlink(entry.name, dir_fd=dir_fd)})"
+        except OSError:
+            return f"{prefix}{entry.name} (a symlink)"
+    if entry.is_dir(follow_symlinks=False):
+        return f"{prefix}{entry.name}/ (a directory)"
+    return prefix + entry.name if entry.is_file(follow_symlinks=False) else f"{prefix}{entry.name} (not a file)"
+
+
+@dataclass
+class _DirScan:
+    """What :func:`_scan` found in a cache dir."""
+
+    foreign: list[str] = field(default_factory=list)  # what tierfs cannot account for, as a refusal names it
+    names: list[str] = field(default_factory=list)  # every name at the top
+    marked: bool = False  # tierfs's marker is there
+    data_fd: int = -1  # data/, opened without following a link, when it is a directory
+    data_names: list[str] = field(default_factory=list)  # what data/ holds
+
+
+def _scan(dir_fd: int) -> _DirScan:
+    """List the cache dir ``dir_fd`` and say what in it tierfs cannot account for (see the module docstring).
+    Reads only; follows no symlink; the entries' types come from the listing (no ``stat`` per copy)."""
+    scan = _DirScan()
+    with os.scandir(dir_fd) as it:
+        top = list(it)
+    for entry in top:
+        name = entry.name
+        scan.names.append(name)
+        if name == _DATA_NAME and entry.is_dir(follow_symlinks=False):
+            scan.data_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            scan.data_names, odd = _scan_data(scan.data_fd)
+            scan.foreign += odd
+        elif not (entry.is_file(follow_symlinks=False) and (name in _TOP_FILES or _TOP_TEMP.fullmatch(name))):
+            scan.foreign.append(_what(entry, "", dir_fd))
+        elif name == MARKER_NAME:
+            scan.marked = _is_marker(dir_fd)
+            if not scan.marked:
+                scan.foreign.append(f"{name} (not tierfs's)")
+    scan.foreign.sort()
+    return scan
+
+
+def _scan_data(data_fd: int) -> tuple[list[str], list[str]]:
+    """(every name in ``data/``, the ones that are not tierfs's copies or temp copies, or not regular files)."""
+    with os.scandir(data_fd) as it:
+        entries = list(it)
+    names = [e.name for e in entries]
+    odd = [e for e in entries if not e.is_file(follow_symlinks=False)]
+    # one pass of the regex engine over all names (125,000 copies: milliseconds, not a match call each); a
+    # name can hold no NUL, so what is left over is exactly the names that are not tierfs's
+    if _COPY_NAMES.sub("", "".join(f"{n}\0" for n in names)):
+        odd += [e for e in entries if e.is_file(follow_symlinks=False)
+                and not (_COPY_NAME.fullmatch(e.name) or _COPY_TEMP.fullmatch(e.name))]
+    return names, [_what(e, "data/", data_fd) for e in odd]
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown if len(names) <= _SHOWN else f"{shown} and {len(names) - _SHOWN} more"
 
 
 #: Every copy's mtime, set when it lands: a write or truncate by anyone moves it to "now", which a check of
@@ -158,22 +269,58 @@ class CacheStore:
         self.logical = 0  # file sizes of the indexed copies (what status shows beside the disk bytes)
         self.repairs = 0
         self.block = cache_block(path)  # the cache filesystem's block: the least a copy costs
+        self.dir_fd = -1  # the cache dir (claim()): every name in it is reached through this, never a path
         self.data_fd = -1
+        self._adopt = False  # claim() found an empty dir (or an older release's cache): mark it in open()
+        self._data_names: list[str] = []  # what claim() found in data/, for open()
         self._serial = 0
         self._retired: list[int] = []
         self._lock_fd = -1
 
     # ----------------------------------------------------------------------------------------- lifecycle
 
-    def open(self, tree: Tree, *, need_digest: bool) -> tuple[int, int]:
-        """Create/lock the directory and reconcile ``data/`` with ``tree``; returns (kept, removed)."""
+    def claim(self) -> None:
+        """Make sure the cache dir is tierfs's before anything reads or deletes in it (see the module docstring):
+        create it if missing, else refuse (``ValueError`` with what is there and the fix) a dir of someone
+        else's, a non-empty dir without tierfs's marker, and a marked one holding names tierfs did not write.
+        Reads only; :meth:`open` marks an adopted dir."""
         os.makedirs(self.path, mode=0o700, exist_ok=True)
-        st = os.stat(self.path)
+        try:
+            self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ValueError(f"cannot open cache dir {self.path}: {exc.strerror} (a symlink is never followed: "
+                             f"name the directory itself)") from None
+        st = os.fstat(self.dir_fd)
         if st.st_uid != os.getuid():
             raise ValueError(f"cache dir {self.path} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.chmod(self.path, 0o700)  # cached data is private to the daemon's user
-        self._lock_fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        scan = _scan(self.dir_fd)
+        self.data_fd = scan.data_fd  # (closed by close() whatever happens next)
+        self._data_names = scan.data_names
+        if scan.foreign and (scan.marked or _LOCK_NAME in scan.names):  # (a cache of tierfs's, by its looks)
+            raise ValueError(f"cache dir {self.path} holds what tierfs did not write: {_listing(scan.foreign)}; "
+                             f"tierfs deletes nothing it did not create and follows no symlink: move those out of it")
+        if scan.foreign:
+            raise ValueError(f"cache dir {self.path} is not empty and not a tierfs cache (it holds "
+                             f"{_listing(scan.foreign)}); tierfs deletes files in its cache dir, so it takes only a "
+                             f"new or empty dir or one it made: give --cache a new directory")
+        if not scan.marked and scan.names and _LOCK_NAME not in scan.names:
+            raise ValueError(f"cache dir {self.path} is not empty and not a tierfs cache (no {MARKER_NAME}, no "
+                             f"lock: it holds {_listing(sorted(scan.names))}); tierfs takes only a new or empty dir "
+                             f"or one it made: give --cache a new directory")
+        self._adopt = not scan.marked
+
+    def open(self, tree: Tree, *, need_digest: bool) -> tuple[int, int]:
+        """Mark (if adopted) and lock the claimed directory and reconcile ``data/`` with ``tree``; returns
+        (kept, removed).  Deletes only what tierfs writes: copies not worth keeping and its temp files."""
+        assert self.dir_fd >= 0, "claim() first"
+        if self._adopt:
+            # the marker comes first: a crash right after it leaves a dir that is plainly tierfs's
+            atomic_write(os.path.join(self.path, MARKER_NAME), _MARKER)
+            self._adopt = False
+        if stat.S_IMODE(os.fstat(self.dir_fd).st_mode) != 0o700:
+            os.fchmod(self.dir_fd, 0o700)  # cached data is private to the daemon's user
+        self._lock_fd = os.open(_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                dir_fd=self.dir_fd)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -182,18 +329,24 @@ class CacheStore:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise ValueError(f"cache dir {self.path} is in use by another tierfs mount") from None
             raise
-        for name in os.listdir(self.path):
-            if name.startswith(TEMP_PREFIX):
+        for name in os.listdir(self.dir_fd):
+            if _TOP_TEMP.fullmatch(name):
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.path, name))
-        self._open_data_dir()
-        listed = os.listdir(self.data_path)
+                    os.unlink(name, dir_fd=self.dir_fd)
+        if self.data_fd < 0:
+            self.data_fd = self.make_data_dir()
+        elif stat.S_IMODE(os.fstat(self.data_fd).st_mode) != 0o700:
+            os.fchmod(self.data_fd, 0o700)
+        self.block = cache_block(self.data_path)
+        listed, self._data_names = self._data_names, []  # (as claim() listed it, through the same descriptor)
         taken = self._take_indexed(tree, listed, need_digest=need_digest)
         kept, removed = len(taken), 0
         for name in listed:
             if name in taken:
                 continue
-            parsed = None if name.startswith(TEMP_PREFIX) else _parse_name(name)
+            parsed = _parse_name(name)
+            if parsed is None and not _COPY_TEMP.fullmatch(name):
+                continue  # not tierfs's (claim() refused such a dir; this one came since): never deleted
             keep = None
             if parsed is not None:
                 ph, fph, serial, digest = parsed
@@ -207,8 +360,10 @@ class CacheStore:
                 est = os.stat(name, dir_fd=self.data_fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
+            if not stat.S_ISREG(est.st_mode):
+                continue  # (likewise: only files tierfs wrote are deleted)
             fp = tree.fingerprint_of(keep) if keep is not None else None
-            if fp is not None and parsed is not None and stat.S_ISREG(est.st_mode) and est.st_size == fp[0] \
+            if fp is not None and parsed is not None and est.st_size == fp[0] \
                     and est.st_mtime_ns == COPY_MTIME_NS:
                 assert keep is not None
                 if stat.S_IMODE(est.st_mode) != 0o600:
@@ -242,27 +397,30 @@ class CacheStore:
         save_index(self.path, ((e.name, int(tree.path_hashes[e.fidx]), e.fp, e.disk, e.digest, e.copy_id)
                                for e in self.entries.values() if not e.doomed))
 
-    def _open_data_dir(self) -> None:
-        fd = self.make_data_dir()
-        os.chmod(self.data_path, 0o700)
-        if self.data_fd >= 0:
-            os.close(self.data_fd)
-        self.data_fd = fd
-        self.block = cache_block(self.data_path)
-
     def data_dir_lost(self) -> bool:
         """Whether ``data/`` was deleted (or replaced) under us (worker thread)."""
         try:
             held = os.fstat(self.data_fd)
-            now = os.stat(self.data_path, follow_symlinks=False)
+            now = os.stat(_DATA_NAME, dir_fd=self.dir_fd, follow_symlinks=False)
         except OSError:
             return True
         return held.st_nlink == 0 or (held.st_ino, held.st_dev) != (now.st_ino, now.st_dev)
 
     def make_data_dir(self) -> int:
-        """A fresh ``data/`` (worker thread): its descriptor, for :meth:`replace_data_dir`."""
-        os.makedirs(self.data_path, mode=0o700, exist_ok=True)
-        return os.open(self.data_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        """A fresh ``data/`` (worker thread): its descriptor, for :meth:`replace_data_dir`.  Never through a
+        symlink: a ``data`` that is not a directory (a symlink or a file someone put there) is left alone and
+        this raises ``OSError`` saying so."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(_DATA_NAME, 0o700, dir_fd=self.dir_fd)
+        try:
+            return os.open(_DATA_NAME, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           dir_fd=self.dir_fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise OSError(exc.errno, f"{self.data_path} is not a directory (a symlink or a file someone put there): "
+                                     f"tierfs neither follows nor deletes it; remove it and tierfs makes its data "
+                                     f"dir again") from None
 
     def replace_data_dir(self, fd: int) -> list[CacheEntry]:
         """``data/`` was gone and ``fd`` is the new one: forget every copy (their bytes went with the old
@@ -286,6 +444,9 @@ class CacheStore:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
 
     # -------------------------------------------------------------------------------------------- space
 
@@ -442,7 +603,7 @@ class CacheStore:
     def disk_bytes(self) -> int:
         """Allocated bytes of every file under ``data/`` as found on disk (temp files included): for checks."""
         total = 0
-        for name in os.listdir(self.data_path):
+        for name in os.listdir(self.data_fd):
             with contextlib.suppress(FileNotFoundError):
                 total += allocated(os.stat(name, dir_fd=self.data_fd, follow_symlinks=False), self.block)
         return total

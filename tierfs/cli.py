@@ -115,10 +115,11 @@ def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], bool
     return raw, foreground, nonempty
 
 
-def _configure_logging(level: str) -> None:
-    from tierfs.mount import WholeLineHandler
+def _configure_logging(level: str, log_path: str | None = None) -> None:
+    """Log to stderr: a terminal, the journal under systemd, or (``log_path``, a daemon) that file, rotated."""
+    from tierfs.mount import RotatingLogHandler, WholeLineHandler, log_max_bytes
 
-    handler = WholeLineHandler(sys.stderr.fileno())
+    handler = RotatingLogHandler(log_path, log_max_bytes()) if log_path else WholeLineHandler(sys.stderr.fileno())
     handler.setFormatter(logging.Formatter("tierfs: %(levelname)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
 
@@ -150,10 +151,11 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
     from tierfs.mount import MountError, daemonize, default_log_path, run_mount
 
     daemon = ns.daemon or daemon_default
-    report = None
+    report = log_path = None
     if daemon:
-        report = daemonize(default_log_path(config.mountpoint))
-    _configure_logging(config.settings.log_level)
+        log_path = default_log_path(config.mountpoint)
+        report = daemonize(log_path)
+    _configure_logging(config.settings.log_level, log_path)
     try:
         run_mount(config, on_ready=(lambda: report(None)) if report else (lambda: None))
     except MountError as exc:

@@ -11,6 +11,17 @@ A write holds lines; each line is a command or ``KEY=VALUE`` items (several per 
 ``consumed PLAN INDICES`` reports direct reads of a batch plan's copies (see plans.py): INDICES are positions
 in plan PLAN's file list, comma-separated numbers and inclusive ranges (:func:`format_indices` writes them).
 
+**A write is applied whole or refused whole, however the kernel splits it.**  The kernel hands a long
+``write()`` to the daemon in pieces (FUSE's ``max_write``, 128 KiB to 1 MiB, or fewer bytes when the buffer
+spans more pages than one request holds) and sends each piece only once the one before was answered; a piece
+does not say whether more follow, and a piece answered "done" cannot be taken back (the writer would see a
+short count with a prefix applied).  So :class:`ControlWriter` refuses any piece longer than
+:data:`CONTROL_WRITE_MAX` with ``EFBIG`` and ``last_error``: a ``write()`` up to that size always arrives in one
+piece and is applied whole (or refused whole: ``EINVAL``), and a longer one is refused at its first piece, so
+the writer gets the error and nothing is applied.  A piece that starts past what its open file has written so
+far (the later piece of a refused write, which only asynchronous I/O could still send) is refused the same
+way.  Write longer input in several whole-line writes (``tierfs.client`` cuts its ``consumed`` reports so).
+
 :func:`parse_control` turns the whole write into one :class:`ControlRequest` or raises ``ValueError`` with a
 message for ``last_error``; :func:`apply_control` validates everything that can fail first and then applies the
 request all at once, so a write with one bad item changes nothing.  Settings go through the one option table
@@ -29,6 +40,7 @@ recorded and has no effect (the switch it asks for has happened).
 
 from __future__ import annotations
 
+import errno
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,13 +49,18 @@ from typing import Any, Protocol
 from sampler.arf import Controller, make_controller
 from tierfs.options import Settings, apply_assignments, parse_assignments
 
-__all__ = ["COMMANDS", "Arf", "BatchReports", "ControlRequest", "ControlTarget", "apply_control", "apply_feedback",
-           "format_indices", "parse_control", "parse_indices"]
+__all__ = ["COMMANDS", "CONTROL_WRITE_MAX", "Arf", "BatchReports", "ControlRequest", "ControlTarget", "ControlWriter",
+           "apply_control", "apply_feedback", "format_indices", "parse_control", "parse_indices"]
 
 _REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
 _ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
 
 COMMANDS = ("next-pass", "advance", "feedback", "consumed")
+
+#: The longest ``write()`` to the control file that is applied (see the module docstring): below every piece
+#: size the kernel cuts a longer one into (its max_write and its pages per request, whatever the buffer's
+#: alignment), and 4x the longest ``consumed`` report the client writes.
+CONTROL_WRITE_MAX = 64 << 10
 _FEEDBACK_KEYS = ("loss", "train_err", "val_err", "score")
 
 
@@ -276,3 +293,24 @@ def apply_control(engine: ControlTarget, data: bytes) -> None:
         engine.rf_changed()
     engine.save_journal()
     engine.notify()
+
+
+class ControlWriter:
+    """The writes of one open control file: each applied whole or refused whole (see the module docstring)."""
+
+    def __init__(self, engine: ControlTarget) -> None:
+        self.engine = engine
+        self.end = 0  # where the bytes accepted through this open file end
+
+    def write(self, offset: int, data: bytes) -> int:
+        """Apply one piece the kernel sent; returns its length.  ``OSError`` EFBIG for a piece that may be part
+        of a longer write, ``ValueError`` (EINVAL) for bad input; either way nothing is applied."""
+        if len(data) > CONTROL_WRITE_MAX or offset > self.end:
+            why = (f"control write refused: more than {CONTROL_WRITE_MAX} bytes in one write() (a piece of "
+                   f"{len(data)} bytes at offset {offset} arrived); nothing applied: write at most "
+                   f"{CONTROL_WRITE_MAX} bytes of whole lines at a time")
+            self.engine.control_error = why
+            raise OSError(errno.EFBIG, why)
+        apply_control(self.engine, data)
+        self.end = max(self.end, offset + len(data))
+        return len(data)

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import xxhash
 
-from sampler.atomic import TEMP_PREFIX
 from tierfs.beneath import open_regular
-from tierfs.cache import COPY_MTIME_NS, allocated, entry_name
+from tierfs.cache import COPY_MTIME_NS, allocated, entry_name, temp_copy_name
 from tierfs.tree import Fingerprint, fingerprint
 
 __all__ = ["CHUNK", "BackingChanged", "Copied", "copy_into_cache", "run_copies"]
@@ -61,7 +60,7 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
     """
     size = expected[0]
     src, _ = open_regular(root_fd, relpath, dev)
-    tmp: str | None = f"{TEMP_PREFIX}{os.getpid()}-{serial}"
+    tmp: str | None = temp_copy_name(serial)
     try:
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                       dir_fd=data_fd)

@@ -86,7 +86,7 @@ class DataPath:
                  reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule, policy: CachePolicy,
                  settings: Callable[[], Settings], opened: Callable[[int, int, int], None],
                  changed: Callable[[int, os.stat_result], None], restage: Callable[[int], None],
-                 data_dir_lost: Callable[[], Awaitable[None]]) -> None:
+                 data_dir_lost: Callable[[], Awaitable[str | None]]) -> None:
         self.tree = tree
         self.cache = cache
         self.cache_limiter = cache_limiter

@@ -37,7 +37,7 @@ import trio
 from sampler.iomodel import stall_free_rf
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore, disk_estimates
-from tierfs.control import Arf, apply_control
+from tierfs.control import Arf, ControlWriter, apply_control
 from tierfs.datapath import DataPath
 from tierfs.journal import JournalWriter, Position, load_position
 from tierfs.namespace import Namespace
@@ -81,6 +81,11 @@ class Engine:
         cfg, s = self.config, self.settings
         self.steering = Steering.of_group(s.group)  # (who moves the schedule; a group that is not: refused now)
         backing = check_dirs(cfg)
+        try:
+            self.cache.claim()  # before the journal or the saved tree is read, and before anything is deleted
+        except BaseException:
+            self.cache.close()
+            raise
         self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         journalled = load_position(cfg.cache)
         pos = journalled or Position()
@@ -305,12 +310,19 @@ class Engine:
         self.cache.evict(fidx)
         self.data.mark_stale(fidx)
 
-    async def _data_dir_lost(self) -> None:
-        fd = await trio.to_thread.run_sync(self.cache.make_data_dir, limiter=self.cache_limiter)
+    async def _data_dir_lost(self) -> str | None:
+        """``data/`` went: make it again and stage everything again; why not if it cannot be (None: done)."""
+        try:
+            fd = await trio.to_thread.run_sync(self.cache.make_data_dir, limiter=self.cache_limiter)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            self.data.log_repair("data-not-made", why)
+            return why
         dropped = self.cache.replace_data_dir(fd)
         self.data.log_repair("data", f"the cache's data dir {self.cache.data_path} was removed: recreated, "
                              f"{len(dropped)} copies to stage again")
         self._entered()
+        return None
 
     # ==================================================================================== control & status
 
@@ -325,6 +337,10 @@ class Engine:
     def control_write(self, data: bytes) -> None:
         """Apply one write to the control file (see :func:`tierfs.control.apply_control`)."""
         apply_control(self, data)
+
+    def control_writer(self) -> ControlWriter:
+        """What takes the writes of one open control file (the kernel's pieces: see :mod:`tierfs.control`)."""
+        return ControlWriter(self)
 
     def check_plan(self, settings: Settings) -> None:
         """``ValueError`` if ``settings`` cannot plan the next epoch (a control write is then refused)."""

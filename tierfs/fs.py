@@ -20,8 +20,10 @@ Caveats worth knowing:
   schedule, and how many descriptors a user may hold, are decided there.
 * ``getxattr(user.tierfs.cache_path)`` on a dataset file answers the path of its cached copy (see
   :mod:`tierfs.direct`); every other attribute does not exist, and the kernel asks again each time.
-* Writes to ``control`` are applied per ``write()`` call: ``echo rf=8 > control`` is one write; a bad one fails
-  that ``write()`` with ``EINVAL`` and changes nothing.
+* Writes to ``control`` are applied per ``write()`` call, whole or not at all (the handle's
+  :class:`~tierfs.control.ControlWriter` decides): ``echo rf=8 > control`` is one write; a bad one fails that
+  ``write()`` with ``EINVAL`` and changes nothing; one longer than ``CONTROL_WRITE_MAX`` (64 KiB), which the
+  kernel would send in pieces, fails with ``EFBIG`` at its first piece and changes nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
+from tierfs.control import ControlWriter
 from tierfs.datapath import FileHandle
 from tierfs.direct import CACHE_PATH_XATTR
 from tierfs.engine import Engine
@@ -70,10 +73,10 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 @dataclass(eq=False)
 class _Virtual:
-    """An open virtual file: the bytes rendered at open, and whether writes go to the control file."""
+    """An open virtual file: the bytes rendered at open, and what takes its writes (the control file's)."""
 
     data: bytes
-    writable: bool
+    control: ControlWriter | None
 
 
 async def _erofs(*_args: Any, **_kwargs: Any) -> Any:
@@ -256,7 +259,7 @@ class TierOperations(pyfuse3.Operations):
             else:
                 data = eng.names.order_text()
             fh = next(self._fh)
-            self._handles[fh] = _Virtual(data, writes)
+            self._handles[fh] = _Virtual(data, eng.control_writer() if writes else None)
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
@@ -277,13 +280,12 @@ class TierOperations(pyfuse3.Operations):
     @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self._handles.get(fh)
-        if not isinstance(h, _Virtual) or not h.writable:
+        if not isinstance(h, _Virtual) or h.control is None:
             raise pyfuse3.FUSEError(errno.EROFS)
         try:
-            self.engine.control_write(buf)
+            return h.control.write(off, buf)
         except ValueError:
             raise pyfuse3.FUSEError(errno.EINVAL) from None
-        return len(buf)
 
     async def flush(self, fh: int) -> None:
         # Nothing to flush on a read-only mount.  ENOSYS (once) makes the kernel stop sending FLUSH at all: one

@@ -30,8 +30,12 @@ from tierfs.options import MountConfig, format_size
 
 log = logging.getLogger("tierfs")
 
-__all__ = ["MountError", "WholeLineHandler", "check_paths", "daemonize", "default_log_path", "fuse_options",
-           "raise_fd_limit", "run_mount", "sd_notify"]
+__all__ = ["LOG_MAX_BYTES", "MountError", "RotatingLogHandler", "WholeLineHandler", "check_paths", "daemonize",
+           "default_log_path", "fuse_options", "log_max_bytes", "raise_fd_limit", "run_mount", "sd_notify"]
+
+#: A daemon's log file is rotated at this size: renamed to ``NAME.log.1`` (one old file kept, so the two never
+#: take more than twice this); ``TIERFS_LOG_MAX`` in the environment sets another size (tests use a small one).
+LOG_MAX_BYTES = 16 << 20
 
 
 class MountError(Exception):
@@ -202,10 +206,60 @@ class WholeLineHandler(logging.Handler):
             self.dropped += 1
 
 
+class RotatingLogHandler(WholeLineHandler):
+    """A daemon's log file, whole lines, rotated by size.
+
+    The file is the daemon's stdout and stderr too (:func:`daemonize`), so what does not go through logging --
+    a traceback, a library's warning -- lands in it as well.  When a line takes it to ``max_bytes``, the file is
+    renamed to ``path + ".1"`` (replacing the older one) and a fresh ``path`` takes its place on descriptors 1
+    and 2; a rename that fails (a read-only dir) is tried again after another ``max_bytes``."""
+
+    def __init__(self, path: str, max_bytes: int) -> None:
+        super().__init__(sys.stderr.fileno())
+        self.path = path
+        self.max_bytes = max_bytes
+        self.rotations = 0
+        self._rotate_at = max_bytes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        try:
+            size = os.fstat(self.fd).st_size
+        except OSError:
+            return
+        if size >= self._rotate_at:
+            self._rotate(size)
+
+    def _rotate(self, size: int) -> None:
+        try:
+            os.replace(self.path, self.path + ".1")
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        except OSError:
+            self._rotate_at = size + self.max_bytes
+            return
+        for target in (sys.stdout.fileno(), self.fd):
+            os.dup2(fd, target)
+        os.close(fd)
+        self._rotate_at = self.max_bytes
+        self.rotations += 1
+
+
+def log_max_bytes() -> int:
+    """The size a daemon's log is rotated at: ``TIERFS_LOG_MAX`` (a size, e.g. ``64K``) or :data:`LOG_MAX_BYTES`."""
+    from tierfs.options import parse_size
+
+    text = os.environ.get("TIERFS_LOG_MAX")
+    try:
+        return max(1, parse_size(text)) if text else LOG_MAX_BYTES
+    except ValueError:
+        return LOG_MAX_BYTES
+
+
 def default_log_path(mountpoint: str) -> str:
     """Where a ``--daemon`` mount logs: never on the cache filesystem (a full cache disk must not cost the log):
     ``/var/log/tierfs/`` for root, ``$XDG_STATE_HOME/tierfs/`` (``~/.local/state``) for anyone else; the file
-    is named after the mountpoint (``/mnt/imagenet`` -> ``mnt-imagenet.log``)."""
+    is named after the mountpoint (``/mnt/imagenet`` -> ``mnt-imagenet.log``) and rotated by
+    :class:`RotatingLogHandler`.  A foreground mount (``tierfs@.service`` runs one) logs to stderr: the journal."""
     if os.getuid() == 0:
         base = "/var/log/tierfs"
     else:

@@ -22,11 +22,12 @@ import trio
 from tierfs.options import MountConfig
 from tierfs.tree import Tree
 
-__all__ = ["TREE_NAME", "TreeKeeper", "TreeStatistics", "check_dirs", "once", "supervised"]
+__all__ = ["OLD_TREE_NAMES", "TREE_NAME", "TreeKeeper", "TreeStatistics", "check_dirs", "once", "supervised"]
 
 log = logging.getLogger("tierfs")
 
-TREE_NAME = "tree.bin"  # the saved tree in the cache dir (tree.npz: an earlier format, removed)
+TREE_NAME = "tree.bin"  # the saved tree in the cache dir
+OLD_TREE_NAMES = ("tree.npz",)  # what earlier releases saved it as: removed at mount
 
 
 def check_dirs(config: MountConfig) -> str:
@@ -68,8 +69,9 @@ class TreeKeeper:
     def load(self, *, resumed: bool) -> Tree:
         """The saved tree if the mount resumes a journalled position and it is still valid, else a scan."""
         t0 = time.monotonic()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(os.path.dirname(self.path), "tree.npz"))  # an earlier release's format
+        for old in OLD_TREE_NAMES:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(os.path.dirname(self.path), old))
         saved = Tree.load(self.path, os.fstat(self.root_fd)) if resumed else None
         tree = saved or Tree.scan(self.root_fd, self.backing, self.progress)
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),

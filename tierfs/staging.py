@@ -155,15 +155,15 @@ class Stager:
     longer wants (and, under ``lru``, the least recently used) and says whether ``n`` disk bytes fit now;
     ``landed(fidx, entry)`` hears of a committed copy, ``changed(fidx, st)`` of a backing file found changed,
     ``blocked()`` that nothing fits until a switch frees space, ``data_dir_lost()`` that the cache's ``data/``
-    is gone, ``gave_up(fidx)`` that a file could not be staged now (it is served from the backing meanwhile,
-    and a mini-epoch never waits for it)."""
+    is gone (it answers why it could not be made again, None once it is), ``gave_up(fidx)`` that a file could
+    not be staged now (it is served from the backing meanwhile, and a mini-epoch never waits for it)."""
 
     def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, streams: int | str, hash_content: bool,
                  throttle: Callable[[int], None] | None, disk_size: Callable[[int], int],
                  ahead: Callable[[], bool], wanted: Callable[[int], bool],
                  make_room: Callable[[int], bool], landed: Callable[[int, CacheEntry], None],
                  changed: Callable[[int, os.stat_result], None], blocked: Callable[[], None],
-                 data_dir_lost: Callable[[], Awaitable[None]], gave_up: Callable[[int], None]) -> None:
+                 data_dir_lost: Callable[[], Awaitable[str | None]], gave_up: Callable[[int], None]) -> None:
         self.tree = tree
         self.cache = cache
         self.backing = backing
@@ -427,8 +427,11 @@ class Stager:
 
     async def _copy_failed(self, fidx: int, exc: OSError) -> None:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR) and await trio.to_thread.run_sync(self.cache.data_dir_lost):
-            self.error = "the cache dir's data/ was removed: recreated"
-            await self._data_dir_lost()  # the engine recreates it and queues everything again
+            why = await self._data_dir_lost()  # the engine recreates it and queues everything again
+            if why is None:
+                self.error = "the cache dir's data/ was removed: recreated"
+                return
+            self._fail(fidx, why)  # (not recreated: tried again with this file, after RETRY_AFTER)
             return
         if await self.backing.lost_by(exc):
             self.queue.appendleft(fidx)  # staged once the backing is back: never skipped for its absence
