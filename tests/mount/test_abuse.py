@@ -131,14 +131,15 @@ def test_readers_during_switches_and_backing_changes_get_whole_versions(tmp_path
             while time.monotonic() < stop:
                 rel = rng.choice(sorted(files))
                 try:
-                    got = hashlib.sha256(_read(m.path(rel))).hexdigest()
+                    data = _read(m.path(rel))
                 except FileNotFoundError:
                     continue
                 except IsADirectoryError:
                     continue
+                got = hashlib.sha256(data).hexdigest()
                 with lock:
                     if got not in versions[rel]:
-                        problems.append(rel)
+                        problems.append(f"{rel}: {len(data)} bytes, {data[:8].hex()}")
 
         def writer() -> None:
             rng = random.Random(1)
