@@ -10,7 +10,7 @@ import pytest
 
 from tierfs import beneath as tree_mod
 from tierfs.beneath import open_beneath
-from tierfs.tree import KIND_DIR, KIND_LINK, Tree
+from tierfs.tree import KIND_DIR, KIND_LINK, KIND_SPECIAL, Tree
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_scan_storage_order_kinds_and_links(root):
     assert t.sizes.tolist() == [1, 3, 2]
     kinds = {n.path: n.kind for n in t.nodes}
     assert kinds[b"link_dir"] == KIND_LINK and kinds[b"b/c"] == KIND_DIR
-    assert b"b/fifo" not in kinds and b"link_dir/secret" not in kinds
+    assert kinds[b"b/fifo"] == KIND_SPECIAL and b"link_dir/secret" not in kinds  # listed, never a dataset file
     assert t.nodes[t.nodes[0].children[b"link_dir"]].link == os.fsencode(root.parent / "outside")
     assert t.dirs_with_data[t.nodes[0].children[b"b"]]
 
@@ -141,11 +141,16 @@ def test_a_tree_saved_in_the_old_format_or_damaged_is_not_loaded(root, tmp_path)
     import numpy as np
 
     t = _scan(root)
-    old = tmp_path / "old.bin"  # what the previous release wrote (a zip of arrays, no version, no path hashes)
+    old = tmp_path / "old.bin"  # what an early release wrote (a zip of arrays, no version, no path hashes)
     with open(old, "wb") as f:
         np.savez(f, names=np.frombuffer(b"".join(n.name for n in t.nodes), np.uint8), parents=t.parents,
-                 kinds=t.kinds, stats=t.stats, files=t.files)
+                 kinds=t.kinds, files=t.files)
     assert Tree.load(str(old), os.stat(root)) is None
+    v2 = tmp_path / "v2.bin"  # format 2: .npy records, a version head of three numbers
+    with open(v2, "wb") as f:
+        for a in (np.array([2, t.n_nodes, t.n_files], np.int64), t.parents, t.kinds):
+            np.save(f, a)
+    assert Tree.load(str(v2), os.stat(root)) is None
     path = tmp_path / "tree.bin"
     t.save(str(path))
     whole = path.read_bytes()
