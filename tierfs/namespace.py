@@ -78,7 +78,7 @@ class Namespace:
         if not 0 <= i < self.tree.n_nodes:
             return None
         a = self.tree.attributes(i)
-        if self.tree.kinds[i] == KIND_FILE and not self._shares_links():
+        if self.tree.kinds.item(i) == KIND_FILE and not self._shares_links():
             return (a[0], 1, *a[2:])
         return a
 

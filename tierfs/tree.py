@@ -202,6 +202,7 @@ class Tree:
         self._names, self._name_ends = names, name_ends
         self._link_nodes, self._links, self._link_ends = link_nodes, links, link_ends  # symlinks only
         self.meta = meta  # int64 [distinct, (mode, nlink, uid, gid, rdev)]
+        self._meta_rows: list[tuple[int, ...]] = [tuple(r) for r in meta.tolist()]
         self.meta_idx = meta_idx  # int32 per node: its row of ``meta``
         self.ino, self.size, self.blocks_, self.mtime, self.ctime = ino, size, blocks, mtime, ctime
         self.kids = kids  # int32: the children of node p are kids[first[p]:first[p + 1]], sorted by name
@@ -239,6 +240,8 @@ class Tree:
         canon = many[starts][group]
         keep = np.argsort(many[shared], kind="stable")
         self._linked, self._canon = many[shared][keep], canon[shared][keep]
+        second = self._canon != self._linked
+        self._first_of = dict(zip(self._linked[second].tolist(), self._canon[second].tolist(), strict=True))
 
     # ----------------------------------------------------------------------------------- per node
 
@@ -289,9 +292,9 @@ class Tree:
 
     def attributes(self, i: int) -> tuple[int, int, int, int, int, int, int, int, int]:
         """(mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of node ``i``: what a mount shows."""
-        mode, nlink, uid, gid, rdev = self.meta[self.meta_idx[i]].tolist()
-        return (mode, nlink, uid, gid, rdev, int(self.size[i]), int(self.blocks_[i]), int(self.mtime[i]),
-                int(self.ctime[i]))
+        mode, nlink, uid, gid, rdev = self._meta_rows[self.meta_idx.item(i)]
+        return (mode, nlink, uid, gid, rdev, self.size.item(i), self.blocks_.item(i), self.mtime.item(i),
+                self.ctime.item(i))
 
     def stat_of(self, i: int) -> os.stat_result:
         """Node ``i`` as an ``os.stat_result`` (atime shows the mtime: the tree does not keep atimes)."""
@@ -331,10 +334,7 @@ class Tree:
     def first_name(self, fidx: int) -> int:
         """The first file (in storage order) of those sharing ``fidx``'s backing inode: ``fidx`` itself unless
         it is a second name of a hard-linked file."""
-        at = int(np.searchsorted(self._linked, fidx))
-        if at < len(self._linked) and int(self._linked[at]) == fidx:
-            return int(self._canon[at])
-        return fidx
+        return self._first_of.get(fidx, fidx)
 
     def first_names(self) -> np.ndarray:
         """The file indices that are no second name of a hard-linked file (all, without hard links)."""
@@ -379,6 +379,7 @@ class Tree:
         else:
             self.meta = np.vstack([self.meta, row])
             self.meta_idx[i] = len(self.meta) - 1
+            self._meta_rows.append(tuple(row.tolist()))
         self.ino[i] = st.st_ino
         self.size[i], self.blocks_[i], self.mtime[i], self.ctime[i] = _COLUMNS(st)
         self.nodes.drop(i)

@@ -189,8 +189,8 @@ def test_lookups_and_attributes_from_the_arrays_agree_with_the_nodes(odd_root):
             assert t.child(d, name + b"\0") is None and t.child(d, b"\0" + name) is None
             mode, nlink, uid, gid, rdev, size, blocks, mtime, ctime = t.attributes(k)
             st = os.lstat(os.path.join(odd_root, os.fsdecode(t.path(k))))
-            assert (mode, nlink, uid, gid, size, blocks, mtime, ctime) == (
-                st.st_mode, st.st_nlink, st.st_uid, st.st_gid, st.st_size, st.st_blocks, st.st_mtime_ns,
+            assert (mode, nlink, uid, gid, rdev, size, blocks, mtime, ctime) == (
+                st.st_mode, st.st_nlink, st.st_uid, st.st_gid, st.st_rdev, st.st_size, st.st_blocks, st.st_mtime_ns,
                 st.st_ctime_ns)
         assert t.child(d, b"no such name") is None
     b = t.child(0, b"b")
