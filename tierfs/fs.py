@@ -46,7 +46,7 @@ from tierfs.datapath import FileHandle
 from tierfs.direct import CACHE_PATH_XATTR
 from tierfs.engine import Engine
 from tierfs.pusher import KernelCache
-from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, mountinfo
+from tierfs.tree import CONTROL_INODES, KIND_FILE, mountinfo
 from tierfs.users import privileged
 
 __all__ = ["ATTR_TIMEOUT", "TierOperations"]
@@ -156,24 +156,17 @@ class TierOperations(pyfuse3.Operations):
             # (their attributes never change -- size 0, fixed modes, the root's times -- so the kernel may keep
             # them like any other: an open of ``status`` or a ``consumed`` report costs no GETATTR; what changes
             # is their content, rendered per open and read with direct_io)
-            root = self.engine.tree.nodes[0].st if self.engine.tree.nodes else None
+            root = self.engine.names.attributes(1)
             if root is not None:
-                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = root.st_mtime_ns
+                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = root[7]
             return a
-        node = self.engine.names.node(inode)
-        if node is None:
+        attrs = self.engine.names.attributes(inode)
+        if attrs is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        st = node.st
-        a.st_mode = st.st_mode  # the backing file's own modes: writes are refused with EROFS, as ro mounts do
-        a.st_nlink = st.st_nlink if node.kind == KIND_DIR else 1
-        a.st_uid = st.st_uid
-        a.st_gid = st.st_gid
-        a.st_size = st.st_size
+        # the backing entry's own type, modes and device number: writes are refused with EROFS, as ro mounts do
+        a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev, a.st_size, a.st_blocks, mtime, a.st_ctime_ns = attrs
         a.st_blksize = 1 << 17
-        a.st_blocks = st.st_blocks  # what du and tar see on the backing dir
-        a.st_atime_ns = st.st_atime_ns
-        a.st_mtime_ns = st.st_mtime_ns
-        a.st_ctime_ns = st.st_ctime_ns
+        a.st_atime_ns = a.st_mtime_ns = mtime  # (st_blocks: what du and tar see on the backing dir)
         return a
 
     @_errors

@@ -25,7 +25,9 @@ _CTL_DIR = CONTROL_INODES[b".tierfs"]
 
 class Namespace:
     """See the module docstring.  Inodes are tree node + 1 (the root is 1); ``.tierfs`` and its files have
-    fixed inodes above the tree's (``CONTROL_INODES``)."""
+    fixed inodes above the tree's (``CONTROL_INODES``).  In a view that shares hard links (``view=full``) the
+    names of one backing inode are one inode: the first name's (see :meth:`Tree.first_name`).  Everything here
+    answers from the tree's arrays: a lookup, an attribute or a listing makes no Python object per file."""
 
     def __init__(self, tree: Tree, schedule: Schedule, pusher: Pusher, *,
                  root_relisted: Callable[[int], None]) -> None:
@@ -33,6 +35,18 @@ class Namespace:
         self.schedule = schedule
         self.pusher = pusher
         self._root_relisted = root_relisted
+
+    def _shares_links(self) -> bool:
+        view = self.schedule.view
+        return view is not None and view.hard_links
+
+    def _file(self, i: int) -> int:
+        """The file index node ``i`` (a file) is served as."""
+        fidx = i - 1
+        return self.tree.first_name(fidx) if self._shares_links() else fidx
+
+    def _inode(self, i: int, kind: int) -> int:
+        return self.tree.inode_of(self._file(i)) if kind == KIND_FILE else i + 1
 
     def file_inode(self, fidx: int) -> int:
         return self.tree.inode_of(fidx)
@@ -46,30 +60,43 @@ class Namespace:
             return _CTL_DIR
         if parent_inode == _CTL_DIR:
             return CONTROL_INODES.get(name) if name != b".tierfs" else None
-        node = self.node(parent_inode)
-        if node is None or node.children is None:
+        tree = self.tree
+        if not 0 < parent_inode <= tree.n_nodes or tree.kinds[parent_inode - 1] != KIND_DIR:
             return None
-        i = node.children.get(name)
+        i = tree.child(parent_inode - 1, name)
         if i is None:
             return None
-        child = self.tree.nodes[i]
-        if child.kind == KIND_FILE:
-            self.pusher.looked_up(parent_inode - 1, child.fidx)
-        return i + 1
+        kind = int(tree.kinds[i])
+        if kind != KIND_FILE:
+            return i + 1
+        fidx = self._file(i)
+        self.pusher.looked_up(int(tree.groups[fidx]), fidx)
+        return tree.inode_of(fidx)
+
+    def attributes(self, inode: int) -> tuple[int, int, int, int, int, int, int, int, int] | None:
+        """(mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of a tree inode; None for none.  A
+        file shows one link unless hard links are shared (each name is its own inode otherwise)."""
+        i = inode - 1
+        if not 0 <= i < self.tree.n_nodes:
+            return None
+        a = self.tree.attributes(i)
+        if self.tree.kinds.item(i) == KIND_FILE and not self._shares_links():
+            return (a[0], 1, *a[2:])
+        return a
 
     def list_dir(self, inode: int, uid: int = OWNER_UID) -> list[tuple[bytes, int]]:
         """A frozen listing (name, inode) for one ``opendir`` by user ``uid``; listing the root again after reads
         may end the pass (the engine's ``root_relisted(uid)`` decides)."""
         if inode == _CTL_DIR:
             return [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
-        node = self.node(inode)
-        if node is None or node.kind != KIND_DIR:
+        if not 0 < inode <= self.tree.n_nodes or self.tree.kinds[inode - 1] != KIND_DIR:
             raise BackingError(errno.ENOTDIR, "not a directory")
         if inode == 1 and self.schedule.reads_in_pass:
             self._root_relisted(uid)
         view = self.schedule.view
         assert view is not None
-        return [(name, i + 1) for name, i in view.listing(inode - 1)]
+        kinds = self.tree.kinds
+        return [(name, self._inode(i, kinds[i])) for name, i in view.listing(inode - 1)]
 
     def listed(self, dir_inode: int) -> None:
         """The kernel got this directory's entries (readdirplus): push what lacked an inode."""
@@ -79,19 +106,22 @@ class Namespace:
             self.pusher.listed(dir_inode - 1, lambda f: bool(mask[f]))
 
     def file_index(self, inode: int) -> int:
-        """The file index of a dataset file's inode; ENOENT, EISDIR or ELOOP for anything else."""
-        node = self.node(inode)
-        if node is None:
+        """The file index of a dataset file's inode; ENOENT, EISDIR, ELOOP or ENXIO (a FIFO, socket or device:
+        never opened through the mount) for anything else."""
+        i = inode - 1
+        if not 0 <= i < self.tree.n_nodes:
             raise BackingError(errno.ENOENT, "no such inode")
-        if node.kind != KIND_FILE:
-            raise BackingError(errno.EISDIR if node.kind == KIND_DIR else errno.ELOOP, "not a regular file")
-        return node.fidx
+        kind = int(self.tree.kinds[i])
+        if kind != KIND_FILE:
+            raise BackingError({KIND_DIR: errno.EISDIR, KIND_LINK: errno.ELOOP}.get(kind, errno.ENXIO),
+                               "not a regular file")
+        return i - 1
 
     def readlink(self, inode: int) -> bytes:
-        node = self.node(inode)
-        if node is None or node.kind != KIND_LINK:
+        i = inode - 1
+        if not 0 <= i < self.tree.n_nodes or self.tree.kinds[i] != KIND_LINK:
             raise BackingError(errno.EINVAL, "not a symlink")
-        return node.link or b""
+        return self.tree.link(i)
 
     def order_text(self) -> bytes:
         """``/.tierfs/order``: this pass's serving order."""

@@ -198,12 +198,14 @@ class Schedule:
     def new_view(self) -> None:
         s = self.settings
         whole = s.view == "full" or not self.walks_plans
-        files = np.arange(self.tree.n_files, dtype=np.int64) if whole else self.current
+        # (the whole tree looks like the backing: a hard-linked file is one file, shown under each of its names)
+        files = self.tree.first_names() if whole else self.current
         if not self.walks_plans:
-            self.view = View(self.tree, files, seed=s.seed, epoch=0, mini_epoch=0, pass_index=self.pos.passes_total)
+            self.view = View(self.tree, files, seed=s.seed, epoch=0, mini_epoch=0, pass_index=self.pos.passes_total,
+                             hard_links=whole)
         else:
             self.view = View(self.tree, files, seed=s.seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
-                             pass_index=self.pos.pass_index)
+                             pass_index=self.pos.pass_index, hard_links=whole)
         self._read_mark[:] = False
         self._unread = len(self.view)
         self.reads_in_pass = 0

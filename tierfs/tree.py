@@ -2,9 +2,17 @@
 
 The scan walks directory file descriptors (``os.scandir(fd)``), so a directory swapped for a symlink while we
 walk cannot lead us elsewhere; symlinks are recorded with their own text and never followed, entries on another
-filesystem (mount points inside the backing dir) are left out, and anything that is not a directory, a regular
-file or a symlink is skipped.  Files are numbered in *storage order* (depth-first, names sorted byte-wise): the
-index the sampler's plans refer to.
+filesystem (mount points inside the backing dir) and bind mounts are left out.  FIFOs, sockets and device nodes
+are recorded as *special* entries: listed as what they are, never dataset files, never opened.  Files are
+numbered in *storage order* (depth-first, names sorted byte-wise): the index the sampler's plans refer to.
+
+The tree is kept as arrays, never as a Python object per entry (a million files must fit in a few hundred
+bytes each, the daemon's other state included): node 0 is the root, nodes ``1 .. n_files`` are the files in
+storage order (file ``f`` is node ``f + 1``), then the directories, symlinks and special entries.  Per node:
+parent, kind, name, and the stat fields a mount shows (mode, link count, owner, group and device number
+through a small table of distinct combinations; inode, size, blocks, mtime, ctime); the children of a
+directory are contiguous in ``kids`` and sorted by name, so a lookup is a binary search in the arrays.  A
+:class:`Node` is made only when asked for (``nodes[i]``) and only a bounded number of them is kept.
 
 Every later access to a backing file goes through :func:`tierfs.beneath.open_beneath` (no symlink followed,
 no filesystem crossed).
@@ -12,14 +20,20 @@ no filesystem crossed).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import functools
 import logging
 import os
 import re
 import stat
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import BinaryIO
 
 import numpy as np
@@ -34,6 +48,7 @@ __all__ = [
     "KIND_DIR",
     "KIND_FILE",
     "KIND_LINK",
+    "KIND_SPECIAL",
     "Fingerprint",
     "Node",
     "Tree",
@@ -41,7 +56,7 @@ __all__ = [
     "path_hash",
 ]
 
-KIND_DIR, KIND_FILE, KIND_LINK = 0, 1, 2
+KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL = 0, 1, 2, 3
 
 #: Inode numbers of ``/.tierfs`` and its files, far above any tree inode (tree inode = node index + 1).
 CONTROL_BASE = 1 << 60
@@ -71,60 +86,17 @@ def mountinfo() -> list[tuple[str, bytes, str]]:
     return out
 
 
-#: stat fields saved with a tree, in os.stat_result's order from st_mode on (what load() rebuilds)
-_STAT_FIELDS = ("st_mode", "st_ino", "st_dev", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns",
-                "st_mtime_ns", "st_ctime_ns", "st_blksize", "st_blocks", "st_rdev")
 SCAN_THREADS = 16  # lstat requests in flight while scanning: a network tier answers many at once
 SCAN_BATCH = 256
 SCAN_REPORT_S = 5.0  # a long scan's progress: in the log and to ``progress`` (systemd's STATUS) this often
+NODE_CACHE = 4096  # Node objects kept made (the most recently used): a bound, not a per-file cost
 
-
-def _names(fd: int) -> list[bytes]:
-    """The names in a directory, sorted byte-wise (a worker thread)."""
-    with os.scandir(fd) as it:
-        return sorted(os.fsencode(e.name) for e in it)
-
-
-def _batches(items: list[bytes], n: int) -> list[list[bytes]]:
-    return [items[i:i + n] for i in range(0, len(items), n)]
-
-
-def _stat_batch(fd: int, names: list[bytes], dev: int) -> list[tuple[os.stat_result | None, bytes | None, int | None]]:
-    """lstat each name in directory ``fd``; a symlink's text; a subdirectory opened (on ``dev`` only, never
-    through a symlink).  A worker thread."""
-    out: list[tuple[os.stat_result | None, bytes | None, int | None]] = []
-    for name in names:
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            out.append((None, None, None))
-            continue
-        link = cfd = None
-        if stat.S_ISLNK(st.st_mode):
-            try:
-                link = os.readlink(name, dir_fd=fd)
-            except OSError:
-                link = b""
-        elif stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
-            try:
-                cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                if os.fstat(cfd).st_dev != dev:
-                    os.close(cfd)
-                    cfd = None
-            except OSError:
-                cfd = None
-        out.append((st, link, cfd))
-    return out
-
-
-def _kind(st: os.stat_result) -> int:
-    if stat.S_ISDIR(st.st_mode):
-        return KIND_DIR
-    if stat.S_ISREG(st.st_mode):
-        return KIND_FILE
-    if stat.S_ISLNK(st.st_mode):
-        return KIND_LINK
-    return -1  # devices, fifos, sockets: not dataset files
+#: per entry, the fields kept through the table of distinct combinations (``Tree.meta``) ...
+_META = attrgetter("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev")
+_MODE, _NLINK, _UID, _GID, _RDEV = range(5)
+#: ... and those kept per node
+_COLUMNS = attrgetter("st_size", "st_blocks", "st_mtime_ns", "st_ctime_ns")
+_FMT_KIND = {stat.S_IFDIR: KIND_DIR, stat.S_IFREG: KIND_FILE, stat.S_IFLNK: KIND_LINK}
 
 
 def fingerprint(st: os.stat_result) -> Fingerprint:
@@ -134,9 +106,14 @@ def fingerprint(st: os.stat_result) -> Fingerprint:
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
+def path_hash(relpath: bytes) -> int:
+    """The hash of a file's path that names its copies in the cache (and finds them again at a remount)."""
+    return xxhash.xxh3_64_intdigest(relpath)
+
+
 class Node:
-    """One entry of the backing tree, made from the tree's arrays the first time it is asked for (a remount of a
-    big tree makes only the nodes its readers touch).  ``st`` is refreshed when a file is found changed."""
+    """One entry of the backing tree, made from the tree's arrays when asked for (``Tree.nodes[i]``); a copy:
+    the arrays stay the truth (a file found changed gets a new row, and its next Node shows it)."""
 
     __slots__ = ("children", "fidx", "kind", "link", "name", "parent", "path", "st")
 
@@ -152,31 +129,47 @@ class Node:
 
 
 class _Nodes(Sequence[Node]):
-    """``Tree.nodes``: node ``i`` is made on first use (and kept)."""
+    """``Tree.nodes``: node ``i`` made on use; the last NODE_CACHE made are kept (any thread may ask)."""
 
-    def __init__(self, tree: Tree, made: list[Node | None]) -> None:
+    def __init__(self, tree: Tree) -> None:
         self._tree = tree
-        self._made = made
+        self._made: OrderedDict[int, Node] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._made)
+        return self._tree.n_nodes
 
     def __getitem__(self, i: int) -> Node:  # type: ignore[override]
-        node = self._made[i]  # (IndexError past the end: what iteration stops on)
-        if node is None:
-            node = self._made[i] = self._tree._make(i if i >= 0 else i + len(self._made))
+        n = self._tree.n_nodes
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)  # (what iteration stops on)
+        with self._lock:
+            node = self._made.get(i)
+            if node is not None:
+                self._made.move_to_end(i)
+                return node
+        node = self._tree._make(i)
+        with self._lock:
+            self._made[i] = node
+            if len(self._made) > NODE_CACHE:
+                self._made.popitem(last=False)
         return node
 
+    def drop(self, i: int) -> None:
+        with self._lock:
+            self._made.pop(i, None)
 
-#: columns of the saved stats that a file's fingerprint is made of: (size, mtime_ns, ino, ctime_ns)
-_FP_COLUMNS = [_STAT_FIELDS.index(f) for f in ("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")]
-_SIZE, _BLOCKS = _STAT_FIELDS.index("st_size"), _STAT_FIELDS.index("st_blocks")
-TREE_FORMAT = 2  # of the saved tree: 1 (tree.npz, no path hashes) is not read: the mount scans instead
+    @property
+    def resident(self) -> int:
+        """How many Node objects are kept now (bounded by NODE_CACHE)."""
+        return len(self._made)
 
 
-def path_hash(relpath: bytes) -> int:
-    """The hash of a file's path that names its copies in the cache (and finds them again at a remount)."""
-    return xxhash.xxh3_64_intdigest(relpath)
+TREE_FORMAT = 3  # of the saved tree: 2 (a node per scan order, 13 stat columns) is not read: the mount scans
+_SAVED = ("parents", "kinds", "names", "name_ends", "link_nodes", "links", "link_ends", "meta", "meta_idx",
+          "ino", "size", "blocks", "mtime", "ctime", "kids", "path_hashes", "hash_order")
 
 
 def _read_array(f: BinaryIO) -> np.ndarray:
@@ -187,90 +180,172 @@ def _read_array(f: BinaryIO) -> np.ndarray:
     return a
 
 
-def _stat_row(row: list[int]) -> os.stat_result:
-    return os.stat_result((*row[:7], row[7] // 10**9, row[8] // 10**9, row[9] // 10**9, row[7] / 1e9, row[8] / 1e9,
-                           row[9] / 1e9, *row[7:]))
+def _ends(parts: Sequence[bytes]) -> np.ndarray:
+    return np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), dtype=np.int64)
 
 
 class Tree:
-    """The scanned backing tree, kept as arrays: per node its parent, kind, name, link text and stat fields;
-    per file (storage order) its node.  ``nodes[i]`` is the :class:`Node` of node ``i``, made when first used;
-    node ``i`` is inode ``i + 1``.  Children of a directory are found through a parent index, so nothing here
-    costs a Python object per node until that node is used."""
+    """See the module docstring.  Node ``i`` is inode ``i + 1``; file ``f`` is node ``f + 1``.
+
+    ``sizes``, ``blocks`` (per file) and ``groups`` (the parent directory per file: the stratified
+    composition's groups) are views of the node arrays, so a file found changed shows everywhere at once."""
 
     def __init__(self, *, parents: np.ndarray, kinds: np.ndarray, names: bytes, name_ends: np.ndarray,
-                 links: bytes, link_ends: np.ndarray, stats: np.ndarray, files: np.ndarray, dev: int,
-                 path_hashes: np.ndarray, made: list[Node | None] | None = None) -> None:
+                 link_nodes: np.ndarray, links: bytes, link_ends: np.ndarray, meta: np.ndarray,
+                 meta_idx: np.ndarray, ino: np.ndarray, size: np.ndarray, blocks: np.ndarray, mtime: np.ndarray,
+                 ctime: np.ndarray, kids: np.ndarray, n_files: int, dev: int, path_hashes: np.ndarray) -> None:
         n = len(parents)
-        self.parents = parents
-        self.kinds = kinds
+        self.n_nodes = n
+        self._n_files = n_files
+        self.parents = parents  # int32 per node (the root's is 0)
+        self.kinds = kinds  # int8 per node
         self._names, self._name_ends = names, name_ends
-        self._links, self._link_ends = links, link_ends
-        self.stats = stats  # int64 [node, _STAT_FIELDS]; a file found changed gets its new row
-        self.files = files  # node index per file index
+        self._link_nodes, self._links, self._link_ends = link_nodes, links, link_ends  # symlinks only
+        self.meta = meta  # int64 [distinct, (mode, nlink, uid, gid, rdev)]
+        self._meta_rows: list[tuple[int, ...]] = [tuple(r) for r in meta.tolist()]
+        self.meta_idx = meta_idx  # int32 per node: its row of ``meta``
+        self.ino, self.size, self.blocks_, self.mtime, self.ctime = ino, size, blocks, mtime, ctime
+        self.kids = kids  # int32: the children of node p are kids[first[p]:first[p + 1]], sorted by name
+        self.first = np.zeros(n + 1, np.int64)
+        self.first[1:] = np.cumsum(np.bincount(parents[kids], minlength=n))
         self.dev = dev
-        self.path_hashes = path_hashes  # uint64 per file index
-        self.sizes = stats[files, _SIZE] if n else np.zeros(0, np.int64)  # (kept in step with update_stat)
-        self.blocks = stats[files, _BLOCKS] if n else np.zeros(0, np.int64)
-        self.groups = parents[files]  # parent node per file: the stratified composition's groups
-        self.fidx_of = np.full(n, -1, np.int64)
-        self.fidx_of[files] = np.arange(len(files))
+        self.path_hashes = path_hashes  # uint64 per file
+        self.sizes = size[1:n_files + 1]
+        self.blocks = blocks[1:n_files + 1]
+        self.groups = parents[1:n_files + 1]
         self.dirs_with_data = np.zeros(n, bool)  # a directory holding a file somewhere beneath it
         up = np.unique(self.groups)
         while up.size:
             up = up[~self.dirs_with_data[up]]
             self.dirs_with_data[up] = True
             up = np.unique(parents[up[up != 0]])
-        # children of node p: _by_parent[_first[p]:_first[p + 1]] (nodes below the root, grouped by parent)
-        self._by_parent = np.argsort(parents[1:], kind="stable") + 1
-        self._first = np.searchsorted(parents[self._by_parent], np.arange(n + 1))
+        self._hard_links()
         self._hash_order: np.ndarray | None = None
         self._hash_keys = np.zeros(0, np.uint64)
-        self.nodes = _Nodes(self, made if made is not None else [None] * n)
+        self.nodes = _Nodes(self)
+        self._dir_path = functools.lru_cache(maxsize=NODE_CACHE)(self.path)  # (the paths of recent directories)
+
+    def _hard_links(self) -> None:
+        """Files sharing a backing inode (more than one name in the tree): ``_linked`` (their file indices,
+        sorted) and per each the first of its names in storage order (``_canon``).  Few: kept sparse."""
+        nf = self._n_files
+        many = np.flatnonzero(self.meta[self.meta_idx[1:nf + 1], _NLINK] > 1)
+        ino = self.ino[many + 1]
+        by_ino = np.lexsort((many, ino))
+        many, ino = many[by_ino], ino[by_ino]
+        new_group = np.r_[True, ino[1:] != ino[:-1]] if many.size else np.zeros(0, bool)
+        group = np.cumsum(new_group) - 1
+        starts = np.flatnonzero(new_group)
+        shared = np.diff(np.r_[starts, len(many)])[group] > 1  # (a name alone in the tree shares nothing)
+        canon = many[starts][group]
+        keep = np.argsort(many[shared], kind="stable")
+        self._linked, self._canon = many[shared][keep], canon[shared][keep]
+        second = self._canon != self._linked
+        self._first_of = dict(zip(self._linked[second].tolist(), self._canon[second].tolist(), strict=True))
+
+    # ----------------------------------------------------------------------------------- per node
 
     @property
     def n_files(self) -> int:
-        return int(self.files.shape[0])
+        return self._n_files
 
-    def _name(self, i: int) -> bytes:
+    @property
+    def files(self) -> np.ndarray:
+        """The node of each file index (file ``f`` is node ``f + 1``)."""
+        return np.arange(1, self._n_files + 1, dtype=np.int64)
+
+    def name(self, i: int) -> bytes:
         return self._names[(int(self._name_ends[i - 1]) if i else 0):int(self._name_ends[i])]
 
-    def _make(self, i: int) -> Node:
+    def path(self, i: int) -> bytes:
+        """Node ``i``'s path relative to the backing root (b"" for the root)."""
+        if i == 0:
+            return b""
         parent = int(self.parents[i])
-        name = self._name(i)
-        path = b"" if i == 0 else (name if parent == 0 else self.nodes[parent].path + b"/" + name)
-        node = Node(name, parent, int(self.kinds[i]), path, _stat_row(self.stats[i].tolist()))
-        node.fidx = int(self.fidx_of[i])
-        if node.kind == KIND_LINK:
-            node.link = self._links[(int(self._link_ends[i - 1]) if i else 0):int(self._link_ends[i])]
-        elif node.kind == KIND_DIR:
-            kids = self._by_parent[self._first[i]:self._first[i + 1]].tolist()
-            node.children = {self._name(k): k for k in kids}
-        return node
+        return self.name(i) if parent == 0 else self._dir_path(parent) + b"/" + self.name(i)
 
-    def node_of_inode(self, inode: int) -> Node | None:
-        i = inode - 1
-        if 0 <= i < len(self.nodes):
-            return self.nodes[i]
-        return None
+    def link(self, i: int) -> bytes:
+        at = int(np.searchsorted(self._link_nodes, i))
+        if at == len(self._link_nodes) or int(self._link_nodes[at]) != i:
+            return b""
+        return self._links[(int(self._link_ends[at - 1]) if at else 0):int(self._link_ends[at])]
 
     def kind_of(self, i: int) -> int:
         return int(self.kinds[i])
 
+    def fidx_of(self, i: int) -> int:
+        """The file index of node ``i``, -1 for anything but a file."""
+        return i - 1 if 0 < i <= self._n_files else -1
+
+    def children(self, i: int) -> np.ndarray:
+        """The nodes in directory ``i``, sorted by name (empty for anything else)."""
+        return self.kids[self.first[i]:self.first[i + 1]]
+
+    def child(self, i: int, name: bytes) -> int | None:
+        """The node called ``name`` in directory ``i`` (a binary search over its sorted names), or None."""
+        lo, hi = int(self.first[i]), int(self.first[i + 1])
+        kids = self.kids
+        at = bisect.bisect_left(range(lo, hi), name, key=lambda k: self.name(int(kids[k]))) + lo
+        if at < hi and self.name(int(kids[at])) == name:
+            return int(kids[at])
+        return None
+
+    def attributes(self, i: int) -> tuple[int, int, int, int, int, int, int, int, int]:
+        """(mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of node ``i``: what a mount shows."""
+        mode, nlink, uid, gid, rdev = self._meta_rows[self.meta_idx.item(i)]
+        return (mode, nlink, uid, gid, rdev, self.size.item(i), self.blocks_.item(i), self.mtime.item(i),
+                self.ctime.item(i))
+
+    def stat_of(self, i: int) -> os.stat_result:
+        """Node ``i`` as an ``os.stat_result`` (atime shows the mtime: the tree does not keep atimes)."""
+        mode, nlink, uid, gid, rdev, size, blocks, mtime, ctime = self.attributes(i)
+        return os.stat_result((mode, int(self.ino[i]), self.dev, nlink, uid, gid, size, mtime // 10**9,
+                               mtime // 10**9, ctime // 10**9, mtime / 1e9, mtime / 1e9, ctime / 1e9, mtime,
+                               mtime, ctime, 4096, blocks, rdev))
+
+    def _make(self, i: int) -> Node:
+        kind = int(self.kinds[i])
+        node = Node(self.name(i), int(self.parents[i]), kind, self.path(i), self.stat_of(i))
+        node.fidx = self.fidx_of(i)
+        if kind == KIND_LINK:
+            node.link = self.link(i)
+        elif kind == KIND_DIR:
+            node.children = {self.name(k): k for k in self.children(i).tolist()}
+        return node
+
+    def node_of_inode(self, inode: int) -> Node | None:
+        i = inode - 1
+        if 0 <= i < self.n_nodes:
+            return self.nodes[i]
+        return None
+
+    # ----------------------------------------------------------------------------------- per file
+
     def file_node(self, fidx: int) -> Node:
-        return self.nodes[int(self.files[fidx])]
+        return self.nodes[fidx + 1]
 
     def inode_of(self, fidx: int) -> int:
         """The FUSE inode of file ``fidx`` (a node's inode is its index + 1; 1 is the root)."""
-        return int(self.files[fidx]) + 1
+        return fidx + 2
 
     def file_path(self, fidx: int) -> bytes:
-        return self.nodes[int(self.files[fidx])].path
+        return self.path(fidx + 1)
+
+    def first_name(self, fidx: int) -> int:
+        """The first file (in storage order) of those sharing ``fidx``'s backing inode: ``fidx`` itself unless
+        it is a second name of a hard-linked file."""
+        return self._first_of.get(fidx, fidx)
+
+    def first_names(self) -> np.ndarray:
+        """The file indices that are no second name of a hard-linked file (all, without hard links)."""
+        files = np.arange(self._n_files, dtype=np.int64)
+        return files[~np.isin(files, self._linked[self._canon != self._linked])] if self._linked.size else files
 
     def fingerprints(self, fidx: np.ndarray | None = None) -> np.ndarray:
         """(size, mtime_ns, ino, ctime_ns) per file index (of ``fidx``, or all), as the tree knows them now."""
-        nodes = self.files if fidx is None else self.files[fidx]
-        return self.stats[nodes[:, None], _FP_COLUMNS]
+        nodes = slice(1, self._n_files + 1) if fidx is None else np.asarray(fidx) + 1
+        return np.stack([self.size[nodes], self.mtime[nodes], self.ino[nodes].astype(np.int64),
+                         self.ctime[nodes]], axis=-1)
 
     def files_with_path_hash(self, h: int) -> list[int]:
         """The files whose path hashes to ``h`` (one, almost always)."""
@@ -292,30 +367,41 @@ class Tree:
 
     def fingerprint_of(self, fidx: int) -> Fingerprint:
         """:func:`fingerprint` of file ``fidx`` as the tree knows it, without making its node."""
-        size, mtime, ino, ctime = self.stats[int(self.files[fidx]), _FP_COLUMNS].tolist()
-        return (size, mtime, ino, ctime)
+        i = fidx + 1
+        return (int(self.size[i]), int(self.mtime[i]), int(self.ino[i]), int(self.ctime[i]))
 
     def update_stat(self, fidx: int, st: os.stat_result) -> None:
-        i = int(self.files[fidx])
-        self.stats[i] = [getattr(st, f) for f in _STAT_FIELDS]
-        self.file_node(fidx).st = st
-        self.sizes[fidx] = st.st_size
-        self.blocks[fidx] = st.st_blocks
+        i = fidx + 1
+        row = np.array(_META(st), np.int64)
+        same = np.flatnonzero((self.meta == row).all(axis=1))
+        if same.size:
+            self.meta_idx[i] = same[0]
+        else:
+            self.meta = np.vstack([self.meta, row])
+            self.meta_idx[i] = len(self.meta) - 1
+            self._meta_rows.append(tuple(row.tolist()))
+        self.ino[i] = st.st_ino
+        self.size[i], self.blocks_[i], self.mtime[i], self.ctime[i] = _COLUMNS(st)
+        self.nodes.drop(i)
 
     # ---------------------------------------------------------------------------------- the saved tree
 
     def save(self, path: str) -> None:
         """Write the tree's arrays to ``path`` atomically, one ``.npy`` record after another (read back at disk
         speed: a zip of them read at a third of it): a remount over the same cache answers from it at once and
-        rescans in the background (see ``opening.TreeKeeper``)."""
+        rescans in the background (see ``opening.TreeKeeper``).  About 90 bytes per file plus its name."""
         if self._hash_order is None:
             self.files_with_path_hash(0)  # (the sorted path hashes are saved too)
-        arrays = [np.array([TREE_FORMAT, len(self.parents), len(self.files)], np.int64), self.parents, self.kinds,
-                  np.frombuffer(self._names, np.uint8), self._name_ends, np.frombuffer(self._links, np.uint8),
-                  self._link_ends, self.stats, self.files, self.path_hashes, self._hash_order]
+        arrays = {"parents": self.parents, "kinds": self.kinds, "names": np.frombuffer(self._names, np.uint8),
+                  "name_ends": self._name_ends, "link_nodes": self._link_nodes,
+                  "links": np.frombuffer(self._links, np.uint8), "link_ends": self._link_ends, "meta": self.meta,
+                  "meta_idx": self.meta_idx, "ino": self.ino, "size": self.size, "blocks": self.blocks_,
+                  "mtime": self.mtime, "ctime": self.ctime, "kids": self.kids, "path_hashes": self.path_hashes,
+                  "hash_order": self._hash_order}
         with atomic_open(path) as f:
-            for a in arrays:
-                np.save(f, a, allow_pickle=False)
+            np.save(f, np.array([TREE_FORMAT, self.n_nodes, self._n_files, self.dev], np.int64), allow_pickle=False)
+            for name in _SAVED:
+                np.save(f, arrays[name], allow_pickle=False)
 
     @classmethod
     def load(cls, path: str, root_st: os.stat_result) -> Tree | None:
@@ -324,20 +410,24 @@ class Tree:
         try:
             with open(path, "rb") as f:
                 head = _read_array(f)
-                if head.shape != (3,) or int(head[0]) != TREE_FORMAT:
+                if head.shape != (4,) or int(head[0]) != TREE_FORMAT:
                     return None
-                (parents, kinds, names, name_ends, links, link_ends, stats, files, hashes,
-                 order) = (_read_array(f) for _ in range(10))
-            n, nf = int(head[1]), int(head[2])
-            if not n or stats.shape != (n, len(_STAT_FIELDS)) or len(parents) != n or len(files) != nf \
-                    or len(hashes) != nf or len(order) != nf:
+                a = {name: _read_array(f) for name in _SAVED}
+            n, nf, dev = int(head[1]), int(head[2]), int(head[3])
+            per_node = ("parents", "kinds", "name_ends", "meta_idx", "ino", "size", "blocks", "mtime", "ctime")
+            if not 0 < nf + 1 <= n or any(len(a[k]) != n for k in per_node) or len(a["kids"]) != n - 1 \
+                    or len(a["path_hashes"]) != nf or len(a["hash_order"]) != nf \
+                    or len(a["link_ends"]) != len(a["link_nodes"]) or a["meta"].shape[1:] != (5,):
                 return None
-            if (int(stats[0][2]), int(stats[0][1])) != (root_st.st_dev, root_st.st_ino):
+            if (dev, int(a["ino"][0])) != (root_st.st_dev, root_st.st_ino):
                 return None
-            tree = cls(parents=parents, kinds=kinds, names=names.tobytes(), name_ends=name_ends,
-                       links=links.tobytes(), link_ends=link_ends, stats=stats, files=files, dev=root_st.st_dev,
-                       path_hashes=hashes)
-            tree._hash_order, tree._hash_keys = order, hashes[order]
+            tree = cls(parents=a["parents"], kinds=a["kinds"], names=a["names"].tobytes(), name_ends=a["name_ends"],
+                       link_nodes=a["link_nodes"], links=a["links"].tobytes(), link_ends=a["link_ends"],
+                       meta=a["meta"], meta_idx=a["meta_idx"], ino=a["ino"], size=a["size"], blocks=a["blocks"],
+                       mtime=a["mtime"], ctime=a["ctime"], kids=a["kids"], n_files=nf, dev=dev,
+                       path_hashes=a["path_hashes"])
+            order = a["hash_order"]
+            tree._hash_order, tree._hash_keys = order, tree.path_hashes[order]
             return tree
         except (OSError, ValueError, EOFError, IndexError):
             return None
@@ -356,10 +446,12 @@ class Tree:
         for fidx in np.flatnonzero(differs).tolist():
             g = int(match[fidx])
             if new.file_path(g) == self.file_path(fidx):
-                changed.append((fidx, new.file_node(g).st))
+                changed.append((fidx, new.stat_of(g + 1)))
             else:  # (two paths with one 64-bit hash: compare the slow way)
                 gone.append(fidx)
-        return changed, sorted(gone), len(new.files) - int(found.sum())
+        return changed, sorted(gone), len(new.path_hashes) - int(found.sum())
+
+    # ---------------------------------------------------------------------------------------- the scan
 
     @classmethod
     def scan(cls, root_fd: int, root_path: str | None = None,
@@ -370,84 +462,178 @@ class Tree:
         too)."""
         root_st = os.fstat(root_fd)
         prefix = os.fsencode(os.path.realpath(root_path)).rstrip(b"/") + b"/" if root_path else None
-        mounted_below: set[bytes] = set()
+        mounted_below: frozenset[bytes] = frozenset()
         if prefix is not None:
             with contextlib.suppress(OSError):
-                mounted_below = {w[len(prefix):] for _, w, _ in mountinfo() if w.startswith(prefix)}
-        nodes: list[Node] = [Node(b"", 0, KIND_DIR, b"", root_st)]
-        file_nodes: list[int] = []
-        dev = root_st.st_dev
-        level: list[tuple[int, int]] = [(0, os.dup(root_fd))]  # (node index, fd) of the directories to list
+                mounted_below = frozenset(w[len(prefix):] for _, w, _ in mountinfo() if w.startswith(prefix))
+        scan = _Scan(root_st, mounted_below)
         last_log = t0 = time.monotonic()
         progress(0, 0.0)
+        level: list[tuple[int, int, bytes]] = [(0, os.dup(root_fd), b"")]  # (node, fd, path + "/") to list
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="tierfs-scan") as pool:
             try:
                 while level:
                     # Breadth first, a level at a time: every directory's names at once, then every entry's
                     # lstat in batches, all in the pool (a network tier answers many requests at once, not one
                     # fast); results are taken in order, so node numbers do not depend on who answered first.
-                    names = list(pool.map(_names, [fd for _, fd in level]))
-                    jobs = [(fd, batch) for (_, fd), ns in zip(level, names, strict=True)
+                    names = list(pool.map(_names, [fd for _, fd, _ in level]))
+                    jobs = [(node, fd, at, batch) for (node, fd, at), ns in zip(level, names, strict=True)
                             for batch in _batches(ns, SCAN_BATCH)]
-                    chunks = pool.map(lambda job: _stat_batch(job[0], job[1], dev), jobs)
-                    answers = iter([a for chunk in chunks for a in chunk])
-                    nxt: list[tuple[int, int]] = []
-                    for (idx, _fd), ns in zip(level, names, strict=True):
-                        parent = nodes[idx]
-                        for name in ns:
-                            st, link, cfd = next(answers)
-                            if st is None or (idx == 0 and name == b".tierfs"):
-                                if cfd is not None:
-                                    os.close(cfd)
-                                continue  # gone meanwhile, or the mount's control dir (it shadows it)
-                            path = name if idx == 0 else parent.path + b"/" + name
-                            if st.st_dev != dev or path in mounted_below:
-                                if cfd is not None:
-                                    os.close(cfd)
-                                continue  # never cross into another filesystem, nor into a bind mount
-                            kind = _kind(st)
-                            if kind < 0:
-                                continue
-                            node = Node(name, idx, kind, path, st)
-                            child = len(nodes)
-                            nodes.append(node)
-                            assert parent.children is not None
-                            parent.children[name] = child
-                            if kind == KIND_FILE:
-                                file_nodes.append(child)
-                            elif kind == KIND_LINK:
-                                node.link = link
-                            elif cfd is not None:
-                                nxt.append((child, cfd))
-                    for _, fd in level:
+                    nxt: list[tuple[int, int, bytes]] = []
+                    try:
+                        for (node, _, dir_prefix, _), batch in zip(jobs, pool.map(scan.batch, jobs), strict=True):
+                            nxt += scan.add(node, dir_prefix, batch)
+                    except BaseException:
+                        for _, fd, _ in nxt:
+                            os.close(fd)
+                        raise
+                    for _, fd, _ in level:
                         os.close(fd)
                     level = nxt
+                    scan.levels.append(scan.count)
                     if time.monotonic() - last_log > SCAN_REPORT_S:
                         last_log = time.monotonic()
-                        log.info("tierfs: scanning the backing dir: %d entries in %.0f s", len(nodes), last_log - t0)
-                        progress(len(nodes), last_log - t0)
+                        log.info("tierfs: scanning the backing dir: %d entries in %.0f s", scan.count,
+                                 last_log - t0)
+                        progress(scan.count, last_log - t0)
             finally:
-                for _, fd in level:
+                for _, fd, _ in level:
                     os.close(fd)
-        # Depth-first order of *files* across directories: sort by path so storage order is the path order.
-        file_nodes.sort(key=lambda i: nodes[i].path.split(b"/"))
-        tree = cls._of_nodes(nodes, file_nodes, dev)
-        progress(len(nodes), time.monotonic() - t0)
+        tree = scan.tree()
+        progress(tree.n_nodes, time.monotonic() - t0)
         return tree
 
-    @classmethod
-    def _of_nodes(cls, nodes: list[Node], file_nodes: list[int], dev: int) -> Tree:
-        """The arrays of a scanned tree (its nodes are made again when used: a Python object per node of a big
-        tree costs hundreds of bytes that most of them never need)."""
-        names = [n.name for n in nodes]
-        links = [n.link or b"" for n in nodes]
-        for fidx, i in enumerate(file_nodes):
-            nodes[i].fidx = fidx
-        return cls(parents=np.fromiter((n.parent for n in nodes), np.int64, len(nodes)),
-                   kinds=np.fromiter((n.kind for n in nodes), np.int8, len(nodes)),
-                   names=b"".join(names), name_ends=np.cumsum([len(x) for x in names], dtype=np.int64),
-                   links=b"".join(links), link_ends=np.cumsum([len(x) for x in links], dtype=np.int64),
-                   stats=np.array([[getattr(n.st, f) for f in _STAT_FIELDS] for n in nodes], dtype=np.int64),
-                   files=np.asarray(file_nodes, dtype=np.int64), dev=dev,
-                   path_hashes=np.fromiter((path_hash(nodes[i].path) for i in file_nodes), np.uint64,
-                                           len(file_nodes)))
+
+def _names(fd: int) -> list[bytes]:
+    """The names in a directory, sorted byte-wise (a worker thread)."""
+    with os.scandir(fd) as it:
+        return sorted(os.fsencode(e.name) for e in it)
+
+
+def _batches(items: list[bytes], n: int) -> list[list[bytes]]:
+    return [items[i:i + n] for i in range(0, len(items), n)]
+
+
+@dataclass
+class _Batch:
+    """What a worker thread found of a batch of names in one directory: the entries kept (in name order) as
+    arrays, with a small table of their distinct (mode, nlink, uid, gid, rdev)."""
+
+    names: list[bytes]
+    kinds: np.ndarray
+    meta: list[tuple[int, int, int, int, int]]
+    meta_idx: np.ndarray
+    ino: np.ndarray
+    columns: np.ndarray  # int64 [entry, (size, blocks, mtime_ns, ctime_ns)]
+    hashes: np.ndarray  # path hash of each file (0 for the others)
+    links: dict[int, bytes] = field(default_factory=dict)  # entry -> link text
+    dirs: dict[int, int] = field(default_factory=dict)  # entry -> opened directory fd
+
+
+class _Scan:
+    """The arrays of a scan as it goes (nodes in scan order: breadth first, a directory's entries by name)."""
+
+    def __init__(self, root_st: os.stat_result, mounted_below: frozenset[bytes]) -> None:
+        self.dev = root_st.st_dev
+        self.mounted_below = mounted_below
+        self.meta: dict[tuple[int, int, int, int, int], int] = {_META(root_st): 0}
+        self.parts: list[tuple[np.ndarray, ...]] = [(
+            np.zeros(1, np.int32), np.array([KIND_DIR], np.int8), np.zeros(1, np.int32),
+            np.array([root_st.st_ino], np.uint64), np.array([_COLUMNS(root_st)], np.int64), np.zeros(1, np.uint64))]
+        self.names: list[bytes] = [b""]
+        self.links: dict[int, bytes] = {}
+        self.count = 1
+        self.levels = [1]  # node count at the end of each level
+
+    def batch(self, job: tuple[int, int, bytes, list[bytes]]) -> _Batch:
+        """lstat each name of the batch; a symlink's text; a subdirectory opened (on this device only, never
+        through a symlink).  A worker thread."""
+        node, fd, prefix, names = job
+        kept: list[bytes] = []
+        sts: list[os.stat_result] = []
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if st.st_dev != self.dev or (node == 0 and name == b".tierfs") \
+                    or (self.mounted_below and prefix + name in self.mounted_below):
+                continue  # never cross into another filesystem, nor into a bind mount; the control dir shadows
+            kept.append(name)
+            sts.append(st)
+        table: dict[tuple[int, int, int, int, int], int] = {}
+        metas = list(map(_META, sts))
+        idx = np.fromiter((table.setdefault(m, len(table)) for m in metas), np.int32, len(metas))
+        kinds = np.fromiter((_FMT_KIND.get(stat.S_IFMT(m[0]), KIND_SPECIAL) for m in metas), np.int8, len(metas))
+        out = _Batch(kept, kinds, list(table), idx, np.fromiter((s.st_ino for s in sts), np.uint64, len(sts)),
+                     np.array(list(map(_COLUMNS, sts)), np.int64).reshape(-1, 4), np.zeros(len(kept), np.uint64))
+        for j in np.flatnonzero(kinds == KIND_FILE).tolist():
+            out.hashes[j] = path_hash(prefix + kept[j])
+        for j in np.flatnonzero(kinds == KIND_LINK).tolist():
+            try:
+                out.links[j] = os.readlink(kept[j], dir_fd=fd)
+            except OSError:
+                out.links[j] = b""
+        for j in np.flatnonzero(kinds == KIND_DIR).tolist():
+            try:
+                cfd = os.open(kept[j], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                continue  # (listed, empty)
+            if os.fstat(cfd).st_dev != self.dev:
+                os.close(cfd)
+                continue
+            out.dirs[j] = cfd
+        return out
+
+    def add(self, parent: int, prefix: bytes, b: _Batch) -> list[tuple[int, int, bytes]]:
+        """Take a batch's entries as the next nodes; the directories among them to list next."""
+        base = self.count
+        k = len(b.names)
+        to_global = np.array([self.meta.setdefault(m, len(self.meta)) for m in b.meta], np.int32)
+        self.parts.append((np.full(k, parent, np.int32), b.kinds, to_global[b.meta_idx] if k else b.meta_idx,
+                           b.ino, b.columns, b.hashes))
+        self.names += b.names
+        for j, text in b.links.items():
+            self.links[base + j] = text
+        self.count += k
+        return [(base + j, fd, prefix + b.names[j] + b"/") for j, fd in b.dirs.items()]
+
+    def tree(self) -> Tree:
+        """Renumber (root, files in storage order, the rest in scan order) and make the tree."""
+        parents, kinds, meta_idx, ino, columns, hashes = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        self.parts = []
+        n = self.count
+        is_file = kinds == KIND_FILE
+        # Storage order = a depth-first walk with names sorted: each node's rank in that walk, from subtree
+        # sizes (bottom up, a level at a time) and the sizes of the siblings before it (top down).
+        sub = np.ones(n, np.int64)
+        bounds = list(zip([0, *self.levels[:-1]], self.levels, strict=True))
+        for lo, hi in reversed(bounds[1:]):
+            np.add.at(sub, parents[lo:hi], sub[lo:hi])
+        rank = np.zeros(n, np.int64)
+        for lo, hi in bounds[1:]:
+            if hi == lo:
+                continue
+            p = parents[lo:hi]
+            before = np.cumsum(sub[lo:hi]) - sub[lo:hi]
+            group_start = np.r_[True, p[1:] != p[:-1]]
+            before -= np.maximum.accumulate(np.where(group_start, before, 0))
+            rank[lo:hi] = rank[p] + 1 + before
+        files = np.flatnonzero(is_file)
+        files = files[np.argsort(rank[files], kind="stable")]
+        perm = np.concatenate([[0], files, np.flatnonzero(~is_file)[1:]]).astype(np.int64)  # new -> scan
+        new_of = np.empty(n, np.int64)
+        new_of[perm] = np.arange(n)
+        names = [self.names[s] for s in perm.tolist()]
+        self.names = []
+        link_scan = np.array(sorted(self.links), np.int64)
+        link_nodes = new_of[link_scan] if link_scan.size else np.zeros(0, np.int64)
+        by_node = np.argsort(link_nodes, kind="stable")
+        link_texts = [self.links[s] for s in link_scan[by_node].tolist()]
+        meta = np.array(list(self.meta), np.int64).reshape(-1, 5)
+        return Tree(parents=new_of[parents[perm]].astype(np.int32), kinds=kinds[perm], names=b"".join(names),
+                    name_ends=_ends(names), link_nodes=link_nodes[by_node], links=b"".join(link_texts),
+                    link_ends=_ends(link_texts), meta=meta, meta_idx=meta_idx[perm], ino=ino[perm],
+                    size=columns[perm, 0].copy(), blocks=columns[perm, 1].copy(), mtime=columns[perm, 2].copy(),
+                    ctime=columns[perm, 3].copy(), kids=new_of[1:].astype(np.int32), n_files=len(files),
+                    dev=self.dev, path_hashes=hashes[files])

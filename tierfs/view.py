@@ -3,7 +3,9 @@
 A :class:`View` is built once per pass (the serving order is reshuffled every pass) and never changes; a
 directory listing is a snapshot taken from it at ``opendir``.  Directories and symlinks are always listed
 (class folders keep their names, so label indices derived from sorted folder names never shift); regular
-files only when they are in the view, in serving order.
+files only when they are in the view, in serving order.  FIFOs, sockets and device nodes are listed like
+symlinks (never dataset files).  A view that shares hard links (``view=full``) holds the first name of each
+hard-linked file and lists its other names beside it (they show its inode, see ``Namespace``).
 """
 
 from __future__ import annotations
@@ -18,39 +20,45 @@ __all__ = ["View"]
 
 class View:
     def __init__(self, tree: Tree, files: np.ndarray, *, seed: int, epoch: int, mini_epoch: int,
-                 pass_index: int) -> None:
+                 pass_index: int, hard_links: bool = False) -> None:
         self.tree = tree
         self.files = files  # storage order
         self.epoch = epoch
         self.mini_epoch = mini_epoch
         self.pass_index = pass_index
+        self.hard_links = hard_links  # the other names of a file in view are listed, showing its inode
         self.order = serving_order(files, seed=seed, epoch=epoch, mini_epoch=mini_epoch, pass_index=pass_index)
         self.mask = np.zeros(tree.n_files, dtype=bool)
         self.mask[files] = True
         self.bytes = int(tree.sizes[files].sum()) if files.size else 0
-        self._by_dir: dict[int, list[int]] | None = None
+        self._by_dir: np.ndarray | None = None  # the order grouped by directory (made at the first listing)
+        self._dir_start = np.zeros(0, np.int64)  # per node: where its files start in _by_dir
 
     def __len__(self) -> int:
         return int(self.files.shape[0])
 
-    def _files_by_dir(self) -> dict[int, list[int]]:
+    def _files_of(self, dir_node: int) -> np.ndarray:
         if self._by_dir is None:
-            by_dir: dict[int, list[int]] = {}
-            groups = self.tree.groups
-            for fidx in self.order.tolist():
-                by_dir.setdefault(int(groups[fidx]), []).append(fidx)
-            self._by_dir = by_dir
-        return self._by_dir
+            groups = self.tree.groups[self.order]
+            self._by_dir = self.order[np.argsort(groups, kind="stable")]
+            self._dir_start = np.zeros(self.tree.n_nodes + 1, np.int64)
+            self._dir_start[1:] = np.cumsum(np.bincount(groups, minlength=self.tree.n_nodes))
+        return self._by_dir[self._dir_start[dir_node]:self._dir_start[dir_node + 1]]
 
     def listing(self, dir_node: int) -> list[tuple[bytes, int]]:
-        """(name, node index) of what directory ``dir_node`` shows: dirs and links by name, then view files."""
+        """(name, node index) of what directory ``dir_node`` shows: dirs, then links and special files, by
+        name; then view files in serving order (and, sharing hard links, the other names of view files)."""
         tree = self.tree
-        children = tree.nodes[dir_node].children or {}
-        out = [(name, i) for name, i in sorted(children.items()) if tree.kind_of(i) != KIND_FILE]
-        out.sort(key=lambda e: (tree.kind_of(e[1]) != KIND_DIR, e[0]))
-        for fidx in self._files_by_dir().get(dir_node, ()):
-            i = int(tree.files[fidx])
-            out.append((tree.nodes[i].name, i))
+        kids = tree.children(dir_node)
+        kinds = tree.kinds[kids]
+        others = kids[kinds != KIND_FILE]
+        is_dir = tree.kinds[others] == KIND_DIR
+        out = [(tree.name(i), i) for i in (*others[is_dir].tolist(), *others[~is_dir].tolist())]
+        out += [(tree.name(f + 1), f + 1) for f in self._files_of(dir_node).tolist()]
+        if self.hard_links:
+            here = kids[kinds == KIND_FILE] - 1
+            out += [(tree.name(f + 1), f + 1) for f in here[~self.mask[here]].tolist()
+                    if self.mask[tree.first_name(f)]]
         return out
 
     def _order_paths(self) -> list[bytes]:

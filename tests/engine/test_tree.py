@@ -10,7 +10,7 @@ import pytest
 
 from tierfs import beneath as tree_mod
 from tierfs.beneath import open_beneath
-from tierfs.tree import KIND_DIR, KIND_LINK, Tree
+from tierfs.tree import KIND_DIR, KIND_LINK, KIND_SPECIAL, Tree
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_scan_storage_order_kinds_and_links(root):
     assert t.sizes.tolist() == [1, 3, 2]
     kinds = {n.path: n.kind for n in t.nodes}
     assert kinds[b"link_dir"] == KIND_LINK and kinds[b"b/c"] == KIND_DIR
-    assert b"b/fifo" not in kinds and b"link_dir/secret" not in kinds
+    assert kinds[b"b/fifo"] == KIND_SPECIAL and b"link_dir/secret" not in kinds  # listed, never a dataset file
     assert t.nodes[t.nodes[0].children[b"link_dir"]].link == os.fsencode(root.parent / "outside")
     assert t.dirs_with_data[t.nodes[0].children[b"b"]]
 
@@ -141,11 +141,16 @@ def test_a_tree_saved_in_the_old_format_or_damaged_is_not_loaded(root, tmp_path)
     import numpy as np
 
     t = _scan(root)
-    old = tmp_path / "old.bin"  # what the previous release wrote (a zip of arrays, no version, no path hashes)
+    old = tmp_path / "old.bin"  # what an early release wrote (a zip of arrays, no version, no path hashes)
     with open(old, "wb") as f:
         np.savez(f, names=np.frombuffer(b"".join(n.name for n in t.nodes), np.uint8), parents=t.parents,
-                 kinds=t.kinds, stats=t.stats, files=t.files)
+                 kinds=t.kinds, files=t.files)
     assert Tree.load(str(old), os.stat(root)) is None
+    v2 = tmp_path / "v2.bin"  # format 2: .npy records, a version head of three numbers
+    with open(v2, "wb") as f:
+        for a in (np.array([2, t.n_nodes, t.n_files], np.int64), t.parents, t.kinds):
+            np.save(f, a)
+    assert Tree.load(str(v2), os.stat(root)) is None
     path = tmp_path / "tree.bin"
     t.save(str(path))
     whole = path.read_bytes()
@@ -166,3 +171,63 @@ def test_compare_finds_changed_gone_and_added_files(root, tmp_path):
     assert [old.file_path(f) for f in gone] == [b"a.bin"]
     assert added == 1
     assert old.compare(old) == ([], [], 0)
+
+
+def test_lookups_and_attributes_from_the_arrays_agree_with_the_nodes(odd_root):
+    """A child found by name in the arrays (binary search over sorted names) is the node's child, odd and
+    non-UTF-8 names included; a name that is not there is None; attributes are the node's stat."""
+    with open(os.path.join(os.fsencode(odd_root), b"b", b"raw\xff.bin"), "wb") as f:
+        f.write(b"not utf-8")
+    t = _scan(odd_root)
+    dirs = [i for i in range(len(t.nodes)) if t.kind_of(i) == KIND_DIR]
+    assert len(dirs) >= 6
+    for d in dirs:
+        children = t.nodes[d].children
+        assert [t.name(k) for k in t.children(d).tolist()] == sorted(children)  # empty dirs included
+        for name, k in children.items():
+            assert t.child(d, name) == k
+            assert t.child(d, name + b"\0") is None and t.child(d, b"\0" + name) is None
+            mode, nlink, uid, gid, rdev, size, blocks, mtime, ctime = t.attributes(k)
+            st = os.lstat(os.path.join(odd_root, os.fsdecode(t.path(k))))
+            assert (mode, nlink, uid, gid, rdev, size, blocks, mtime, ctime) == (
+                st.st_mode, st.st_nlink, st.st_uid, st.st_gid, st.st_rdev, st.st_size, st.st_blocks, st.st_mtime_ns,
+                st.st_ctime_ns)
+        assert t.child(d, b"no such name") is None
+    b = t.child(0, b"b")
+    assert t.link(t.child(b, b"dangling")) == b"nowhere"
+    assert t.attributes(t.child(b, b"raw\xff.bin"))[5] == len(b"not utf-8")
+
+
+def test_hard_links_are_known_by_their_first_name(root):
+    os.link(root / "b" / "z.bin", root / "a2.bin")
+    os.link(root / "b" / "z.bin", root / "b" / "c" / "z2.bin")
+    t = _scan(root)
+    paths = [t.file_path(f) for f in range(t.n_files)]
+    assert paths == [b"a.bin", b"a2.bin", b"b/c/y.bin", b"b/c/z2.bin", b"b/z.bin"]
+    assert [t.first_name(f) for f in range(t.n_files)] == [0, 1, 2, 1, 1]
+    assert t.first_names().tolist() == [0, 1, 2]
+
+
+def test_nodes_made_on_use_stay_bounded(tmp_path):
+    """Touching every node of a 20,000-file tree (each Node, each path, each lookup) keeps at most NODE_CACHE
+    Node objects alive: nothing made on use stays resident per file."""
+    import gc
+
+    from tierfs.tree import NODE_CACHE, Node
+
+    root = tmp_path / "many"
+    for d in range(20):
+        dfd = os.open(root / f"d{d:02d}", os.O_RDONLY | os.O_DIRECTORY) if (root / f"d{d:02d}").mkdir(
+            parents=True) is None else -1
+        for i in range(1000):
+            os.close(os.open(f"f{i:04d}", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=dfd))
+        os.close(dfd)
+    t = _scan(root)
+    assert t.n_files == 20_000
+    for i in range(len(t.nodes)):
+        assert t.nodes[i].path == t.path(i)
+    for f in range(t.n_files):
+        t.file_node(f)
+        assert t.child(int(t.groups[f]), t.name(f + 1)) == f + 1
+    gc.collect()
+    assert sum(isinstance(o, Node) for o in gc.get_objects()) <= NODE_CACHE
