@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -166,10 +167,24 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
         if report:
             report(f"{type(exc).__name__}: {exc}")
         if isinstance(exc, KeyboardInterrupt):
-            return EXIT_OK
+            _exit_past_abandoned_threads(EXIT_OK)
         logging.getLogger("tierfs").exception("the mount failed")
         raise RuntimeFailure(f"{type(exc).__name__}: {exc}") from None
+    _exit_past_abandoned_threads(EXIT_OK)
     return EXIT_OK
+
+
+def _exit_past_abandoned_threads(code: int) -> None:
+    """Unmounted, journal written: exit now if a worker thread is still running.  Threads abandoned on a
+    stalled backing (a hard NFS read, a rescan's lstat pool) would keep the interpreter's exit waiting
+    (it joins the pool's threads) or trip it (daemon threads holding stdio locks); the exit ends them all."""
+    if threading.active_count() <= 1:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _client(mountpoint: str) -> Client:

@@ -163,6 +163,17 @@ class Engine:
             self._nursery = self.data.nursery = None
             self.journal.flush()  # what the writer had not written yet
 
+    async def stop_kernel_calls(self, timeout: float) -> bool:
+        """The mount is stopping: no more pushes or invalidations, and up to ``timeout`` seconds for the one in
+        flight to return while the main loop still serves (see pusher.py).  False if one is still in the
+        kernel: only aborting the connection frees it then."""
+        return await self.data.kernel.close(timeout)
+
+    @property
+    def kernel_call_stuck(self) -> bool:
+        """A push or an invalidation is still inside the kernel (after :meth:`stop_kernel_calls` gave up)."""
+        return self.data.kernel.in_kernel
+
     def close(self) -> None:
         """Persist the journal and release the cache; idempotent."""
         if self._closed:

@@ -7,9 +7,21 @@ The order matters and is the same in the foreground, under ``--daemon`` and unde
 2. ``pyfuse3.init`` mounts; ``pyfuse3.main`` serves; the engine's staging tasks run beside it in one nursery;
 3. once a ``stat`` of ``/.tierfs/status`` comes back through the kernel, the mount answers: systemd gets
    ``READY=1`` and a ``--daemon`` parent gets its go-ahead, so neither reports ready too early;
-4. SIGTERM, SIGINT or SIGHUP end the main loop; an external ``fusermount3 -u`` ends it too;
+4. SIGTERM, SIGINT or SIGHUP stop the mount (:func:`_stop_on_signal`); an external ``fusermount3 -u`` ends
+   the main loop too;
 5. ``pyfuse3.close(unmount=True)`` always runs, then ``Engine.close()`` writes the journal, so a clean stop
    resumes exactly where it was.
+
+**A stop within a bound.**  A push or an invalidation (pusher.py) can wait in the kernel on a page lock held by
+a reader's READ, which only the main loop answers.  So a signal first closes the kernel calls and waits (up to
+:data:`STOP_DRAIN_S`) for the one in flight while the main loop still serves, and only then ends the main loop.
+Ended first, that call would stay in the kernel for good: its reference to ``/dev/fuse`` keeps the connection
+open after the unmount, the process cannot exit and the reader waits forever.  If the call is still in the
+kernel after the wait, the connection is aborted (:func:`abort_connection`), which fails what waits on it.
+Readers then get a clean error (``ENOTCONN`` on an open file, ``ENOENT`` on a new open of the unmounted path);
+pages already in the page cache stay correct.  A watchdog ends the process :data:`STOP_DEADLINE_S` seconds
+after the signal whatever is still running (the journal is written atomically: at worst the last pass's
+position is lost, as after a crash).
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ import re
 import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 
 import trio
@@ -30,12 +44,20 @@ from tierfs.options import MountConfig, format_size
 
 log = logging.getLogger("tierfs")
 
-__all__ = ["LOG_MAX_BYTES", "MountError", "RotatingLogHandler", "WholeLineHandler", "check_paths", "daemonize",
-           "default_log_path", "fuse_options", "log_max_bytes", "raise_fd_limit", "run_mount", "sd_notify"]
+__all__ = ["LOG_MAX_BYTES", "STOP_DEADLINE_S", "STOP_DRAIN_S", "MountError", "RotatingLogHandler", "WholeLineHandler",
+           "abort_connection", "check_paths", "daemonize", "default_log_path", "fuse_connection", "fuse_options",
+           "log_max_bytes", "raise_fd_limit", "run_mount", "sd_notify"]
 
 #: A daemon's log file is rotated at this size: renamed to ``NAME.log.1`` (one old file kept, so the two never
 #: take more than twice this); ``TIERFS_LOG_MAX`` in the environment sets another size (tests use a small one).
 LOG_MAX_BYTES = 16 << 20
+
+#: Seconds a stop waits, still serving, for a push or invalidation in flight to leave the kernel before it
+#: aborts the connection (normally milliseconds: a READ answered by the main loop lets it go).
+STOP_DRAIN_S = 5.0
+#: Seconds from the signal after which the process exits whatever is still running (a hung cache disk): the
+#: documented bound of a stop, well under systemd's TimeoutStopSec=60 of the unit.
+STOP_DEADLINE_S = 20.0
 
 
 class MountError(Exception):
@@ -145,6 +167,45 @@ def _is_fuse_mount(path: str) -> bool:
 
 def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def fuse_connection(mountpoint: str) -> str | None:
+    """The fusectl name (``/sys/fs/fuse/connections/NAME``) of the FUSE mount at ``mountpoint``, the topmost
+    one there, from /proc/self/mountinfo: without touching the mount (which may not answer)."""
+    from tierfs.tree import mountinfo
+
+    where = os.fsencode(os.path.abspath(mountpoint))
+    found = None
+    for dev, mnt, fstype in mountinfo():
+        if mnt == where and fstype.startswith("fuse"):
+            major, minor = (int(x) for x in dev.split(":"))
+            found = str(major << 20 | minor)  # the kernel's dev_t, which names the fusectl directory
+    return found
+
+
+def abort_connection(mountpoint: str, conn: str | None = None) -> bool:
+    """Abort the FUSE connection ``conn`` (default: the mount at ``mountpoint``): every request waiting on its
+    daemon fails (``ENOTCONN``), every page a READ locked is let go.  Through fusectl, which root and the
+    mount's owner may write (its files belong to the owner); where fusectl is not mounted, root forces an
+    unmount (``umount2(MNT_FORCE)`` aborts a FUSE connection first), only while ``conn`` is still mounted at
+    ``mountpoint``.  True if aborted."""
+    if conn is None:
+        conn = fuse_connection(mountpoint)
+        if conn is None:
+            return False
+    try:
+        with open(f"/sys/fs/fuse/connections/{conn}/abort", "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        pass
+    if os.geteuid() != 0 or fuse_connection(mountpoint) != conn:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    # EBUSY (files still open) is fine: umount_begin aborted the connection before the busy check
+    return libc.umount2(os.fsencode(mountpoint), 1) == 0 or ctypes.get_errno() == errno.EBUSY  # 1: MNT_FORCE
 
 
 def fuse_options(config: MountConfig) -> set[str]:
@@ -330,25 +391,58 @@ def daemonize(log_path: str) -> Callable[[str | None], None]:
 
 async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]) -> None:
     # The stat goes through the kernel to our own main loop, so it can only return once we are serving.
-    await trio.to_thread.run_sync(os.stat, os.path.join(mountpoint, ".tierfs", "status"))
+    # (abandoned on cancel: a stop before the first answer must not wait for this stat, which only the
+    # main loop being stopped could answer)
+    await trio.to_thread.run_sync(os.stat, os.path.join(mountpoint, ".tierfs", "status"), abandon_on_cancel=True)
     log.info("mounted %s", mountpoint)
     sd_notify("READY=1\nSTATUS=serving")
     on_ready()
 
 
-async def _stop_on_signal(cancel_scope: trio.CancelScope, pyfuse3) -> None:
+async def _stop_on_signal(cancel_scope: trio.CancelScope, engine, pyfuse3) -> None:
+    """On SIGTERM, SIGINT or SIGHUP: close the kernel calls while still serving, then end the main loop and
+    the engine's tasks (see the module docstring)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("%s: unmounting", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
+            _start_watchdog(STOP_DEADLINE_S)
+            if not await engine.stop_kernel_calls(STOP_DRAIN_S):
+                log.warning("a page-cache push is still in the kernel after %g s: aborting the connection",
+                            STOP_DRAIN_S)
             pyfuse3.terminate()
             cancel_scope.cancel()
             return
 
 
+def _start_watchdog(seconds: float) -> None:
+    def expire() -> None:
+        log.error("still not stopped %g s after the signal: exiting now", seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+
+
+def _free_stuck_kernel_call(engine, mountpoint: str, conn: str | None) -> None:
+    """A kernel call still in flight holds ``/dev/fuse`` open and waits on a READ nobody will answer now:
+    abort the connection, then give the call a moment to return."""
+    if not engine.kernel_call_stuck:
+        return
+    if not abort_connection(mountpoint, conn):
+        log.error("cannot abort FUSE connection %s (fusectl not mounted at /sys/fs/fuse/connections and not "
+                  "root): a push stays in the kernel until it is aborted; the process cannot exit until then",
+                  conn)
+        return
+    deadline = time.monotonic() + 2.0
+    while engine.kernel_call_stuck and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 async def _serve(config: MountConfig, engine, pyfuse3, on_ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, nursery.cancel_scope, pyfuse3)
+        nursery.start_soon(_stop_on_signal, nursery.cancel_scope, engine, pyfuse3)
         await nursery.start(engine.run)
         nursery.start_soon(_announce_when_answering, config.mountpoint, on_ready)
         # An external unmount makes main() return: then the staging tasks have nothing left to do.
@@ -380,9 +474,11 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     except RuntimeError as exc:
         engine.close()
         raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None
+    conn = fuse_connection(config.mountpoint)  # ours: the topmost FUSE mount there, just made
     try:
         trio.run(_serve, config, engine, pyfuse3, on_ready)
     finally:
+        _free_stuck_kernel_call(engine, config.mountpoint, conn)
         try:
             pyfuse3.close(unmount=True)
         except OSError as exc:

@@ -6,6 +6,11 @@ it.  Called on the trio thread, either call deadlocks the whole mount (issue 11,
 makes every such call in one worker thread of its own: one at a time and in the order asked, so the bytes of
 an old push always land before the invalidation that follows them.
 
+**Closed before the main loop stops.**  For the same reason a call in flight at shutdown returns only while the
+trio thread still answers READs: ended first, the call stays in the kernel for good, and its reference to
+``/dev/fuse`` keeps the connection (and every reader waiting on it) alive after the unmount.  So the mount
+stops by :meth:`KernelCache.close` -- no new call, and a wait for the one in flight -- while it still serves.
+
 :class:`Pusher` (a background task, started in the engine's nursery) pushes the staged copies of the current
 and next mini-epochs into the page cache, so a first pass over a mini-epoch is served like a repeated one (no
 READ requests): current mini-epoch first (what a switch left unpushed), then the next as its copies land, at
@@ -61,34 +66,69 @@ class KernelCache:
         self._invalidate = invalidate
         self.limiter = trio.CapacityLimiter(1)
         self.invalidations = 0
+        self.closed = False  # read by the worker thread too: a bool, atomic under the GIL
+        self._in_kernel = 0  # calls now inside the kernel (counted by the worker thread itself)
 
     @property
     def live(self) -> bool:
         return self._invalidate is not None
 
+    @property
+    def in_kernel(self) -> bool:
+        """A call is inside the kernel now (one abandoned by a cancelled caller included)."""
+        return self._in_kernel > 0
+
     async def invalidate(self, inode: int, *, attr_only: bool = False) -> None:
         """Make the kernel forget the inode's attributes (and pages, unless ``attr_only``); waits until it did.
-
-        Abandoned on cancel: at shutdown an invalidation may wait on a page lock until the unmount aborts the
-        connection."""
-        if self._invalidate is None:
+        Nothing once closed (the kernel's caches go with the connection)."""
+        if self._invalidate is None or self.closed:
             return
         self.invalidations += 1
-        await trio.to_thread.run_sync(_quietly, self._invalidate, inode, attr_only, limiter=self.limiter,
+        await trio.to_thread.run_sync(self._invalidate_now, inode, attr_only, limiter=self.limiter,
                                       abandon_on_cancel=True)
 
     async def store_files(self, data_fd: int, jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
         """Push cached copies' bytes into the page cache; ``jobs``: (copy name in ``data_fd``, size, copy id,
         inode).  Per job the bytes pushed, ``-errno`` (``-ENOENT``: the kernel has no inode for it; the copy
-        was not even opened), or the reason the copy is damaged (:class:`~tierfs.copies.CopyDamaged`)."""
+        was not even opened; ``-ESHUTDOWN``: closed), or the reason the copy is damaged
+        (:class:`~tierfs.copies.CopyDamaged`)."""
         assert self.store is not None
-        return await trio.to_thread.run_sync(_store_files, self.store, data_fd, jobs, limiter=self.limiter,
+        if self.closed:
+            return [-errno.ESHUTDOWN] * len(jobs)
+        return await trio.to_thread.run_sync(_store_files, self._store_now, data_fd, jobs, limiter=self.limiter,
                                              abandon_on_cancel=True)
 
+    async def close(self, timeout: float) -> bool:
+        """No call from now on, and wait up to ``timeout`` seconds for the one in flight to come back (the
+        main loop must still serve meanwhile).  False when one is still inside the kernel."""
+        self.closed = True
+        with trio.move_on_after(timeout):
+            # the worker thread gives its token back only when its call returned, abandoned or not; the calls
+            # queued before this one find ``closed`` set and return at once
+            await self.limiter.acquire_on_behalf_of(self)
+            return True
+        return not self.in_kernel
 
-def _quietly(invalidate: Callable[[int, bool], None], inode: int, attr_only: bool) -> None:
-    with contextlib.suppress(OSError):  # ENOENT: the kernel never saw this inode, so it has nothing to drop
-        invalidate(inode, attr_only)
+    def _store_now(self, inode: int, offset: int, data: bytes) -> None:
+        if self.closed:  # between the messages of a batch: stop there
+            raise OSError(errno.ESHUTDOWN, "the mount is stopping")
+        assert self.store is not None
+        self._in_kernel += 1  # (only this thread writes the counter: one worker at a time)
+        try:
+            self.store(inode, offset, data)
+        finally:
+            self._in_kernel -= 1
+
+    def _invalidate_now(self, inode: int, attr_only: bool) -> None:
+        if self.closed:
+            return
+        assert self._invalidate is not None
+        self._in_kernel += 1
+        try:
+            with contextlib.suppress(OSError):  # ENOENT: the kernel never saw this inode: nothing to drop
+                self._invalidate(inode, attr_only)
+        finally:
+            self._in_kernel -= 1
 
 
 def _store_files(store: Callable[[int, int, bytes], None], data_fd: int,

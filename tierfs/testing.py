@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from tierfs.client import Client
+from tierfs.mount import abort_connection as abort_fuse_connection
+from tierfs.mount import fuse_connection
 
 __all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "is_mounted", "mounted", "passthrough",
            "wait_until"]
@@ -39,30 +41,15 @@ def wait_until(pred: Callable[[], object], timeout: float = 30.0, what: str = "t
         time.sleep(0.02)
 
 
-def _connection(path: str | os.PathLike[str]) -> str | None:
-    """The fusectl connection of the FUSE mount at ``path`` (its device number), without touching the mount."""
-    from tierfs.tree import mountinfo
-
-    where = os.fsencode(os.path.realpath(path))
-    for dev, mnt, fstype in mountinfo():
-        if mnt == where and fstype.startswith("fuse"):
-            major, minor = (int(x) for x in dev.split(":"))
-            return str(os.makedev(major, minor))
-    return None
-
-
-def abort_connection(path: str | os.PathLike[str]) -> bool:
-    """Abort the FUSE connection of the mount at ``path`` (/sys/fs/fuse/connections/N/abort): every request
-    waiting on its daemon fails with ECONNABORTED, so a hung mount lets go of its readers.  True if aborted."""
-    conn = _connection(path)
-    if conn is None:
-        return False
-    try:
-        with open(f"/sys/fs/fuse/connections/{conn}/abort", "w") as f:
-            f.write("1")
-    except OSError:
-        return False
-    return True
+def abort_connection(path: str | os.PathLike[str], connection: str | None = None) -> bool:
+    """Abort the FUSE connection of the mount at ``path``, or ``connection`` (its fusectl name, see
+    :attr:`Mounted.connection`: the only handle left once a daemon lazily unmounted): every request waiting on
+    its daemon fails, so a hung mount lets go of its readers.  True if aborted.  As root, mounts fusectl first
+    where it is missing (systemd mounts it at boot; a container may not)."""
+    fusectl = "/sys/fs/fuse/connections"
+    if os.geteuid() == 0 and os.path.isdir(fusectl) and not is_mounted(fusectl):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", fusectl], capture_output=True, check=False)
+    return abort_fuse_connection(os.path.realpath(path), connection)
 
 
 def force_unmount(path: str | os.PathLike[str]) -> None:
@@ -80,6 +67,7 @@ class Mounted:
     cache: str
     process: subprocess.Popen[bytes]
     stderr_path: str
+    connection: str | None = None  # its fusectl name (/sys/fs/fuse/connections/NAME), read once mounted
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.mountpoint, *parts)
@@ -132,6 +120,7 @@ def mounted(backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
             if proc.poll() is not None:
                 raise RuntimeError(f"tierfs exited with {proc.returncode} before mounting: {m.stderr().strip()}")
             if is_mounted(mountpoint) and os.path.exists(status):
+                m.connection = fuse_connection(os.path.realpath(mountpoint))
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"tierfs did not mount within {timeout} s: {m.stderr().strip()}")
@@ -147,11 +136,11 @@ def mounted(backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 # a daemon that does not stop may be stuck in the kernel: abort its connection to free it
-                abort_connection(mountpoint)
+                abort_connection(mountpoint, m.connection)
                 proc.kill()
                 proc.wait(timeout=10)
         if is_mounted(mountpoint):
-            abort_connection(mountpoint)
+            abort_connection(mountpoint, m.connection)
         force_unmount(mountpoint)
         log = m.stderr()
         if "Traceback" in log:  # a bug in the daemon, even one it survived: show it with the test's output
