@@ -138,8 +138,8 @@ class Engine:
         self.data.kernel = kernel
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Stage, push, revalidate, rescan, watch for a lost backing and return leases in the background until
-        cancelled."""
+        """Stage, push, revalidate, rescan, watch for a lost backing and for stuck copies, and return leases in the
+        background until cancelled."""
         rescan = functools.partial(self.trees.run, self.tree, limiter=self.cache_limiter,
                                    confirm_all=self.reval.confirm_all, changed=self._changed, gone=self._gone)
         try:
@@ -151,6 +151,7 @@ class Engine:
                                                                                    self.cache_limiter))
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
                 nursery.start_soon(supervised, "backing watch", self.backing.run)
+                nursery.start_soon(supervised, "staging watch", self.stager.watch)  # (readers' copies too)
                 if self.policy.walks_plans:
                     nursery.start_soon(supervised, "pusher", self.pusher.run)
                     nursery.start_soon(supervised, "stager", self.stager.run)

@@ -31,7 +31,7 @@ a reason to skip anything: staging waits for it to come back and goes on where i
 **A copy stuck on the backing is abandoned.**  A copy whose backing call (its open, a read) has not come back
 for ``backing_timeout`` seconds (at least :data:`STUCK_AFTER_MIN`; never with ``backing_timeout=hard``) while
 the backing root still answers ``statfs`` -- one file whose server hangs, not a stalled backing, for which
-staging waits -- is given up by a watcher (:meth:`Stager._watch`): the file is skipped as above (the reason says
+staging waits -- is given up by a watcher (:meth:`Stager.watch`): the file is skipped as above (the reason says
 so), readers waiting on its copy read from the backing themselves, the copies of its batch that landed are
 taken, and the files after it are queued again.  Its thread stays in the kernel, holding one of the
 :data:`MAX_STREAMS` staging threads and the copy's disk reservation (its temp file may hold disk) until the
@@ -261,7 +261,6 @@ class Stager:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._retry_timer)
-            nursery.start_soon(self._watch)
             task_status.started()
             while True:
                 if self.backing.lost:
@@ -324,9 +323,10 @@ class Stager:
         t = self.backing_timeout
         return None if t == "hard" else max(float(t), STUCK_AFTER_MIN)
 
-    async def _watch(self) -> None:
+    async def watch(self) -> None:
         """Abandon the copies stuck on one backing call for longer than :meth:`stuck_after` while the backing
-        root answers; give back what an abandoned copy held once its thread returns (see the module docstring)."""
+        root answers; give back what an abandoned copy held once its thread returns (see the module docstring).
+        A background job of its own: under ``lru`` only readers' copies run, and :meth:`run` does not."""
         while True:
             await trio.sleep(WATCH_EVERY)
             self._reap()

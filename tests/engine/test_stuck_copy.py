@@ -113,3 +113,33 @@ def test_a_backing_that_answers_nothing_is_a_stall_and_staging_waits(hanging, op
             n.cancel_scope.cancel()
 
     t.run(main)
+
+
+def test_under_lru_a_reader_whose_copy_hangs_gets_eio_and_the_copy_never_lands(hanging, open_engine, t):
+    """``lru`` stages nothing ahead: a reader's open copies its file in and waits for it.  A copy that hangs is
+    abandoned; the reader gets EIO from its own backing open, later readers too, every other file is served, and
+    once the server answers the file is copied and read whole, the abandoned copy nowhere."""
+    e, hang = hanging(open_engine, policy="lru", backing_timeout=1)
+    stuck = 5
+    hang.write_text(f"{_rel(e, stuck)}\n")
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            for _ in range(3):
+                with trio.fail_after(30), pytest.raises(BackingError) as exc:
+                    await e.data.open_file(stuck)
+                assert exc.value.errno == errno.EIO
+            assert e.stager.statistics().stuck == 1
+            for f in range(e.tree.n_files):
+                if f != stuck:
+                    with trio.fail_after(10):
+                        assert await t.read_file(e, f) == t.backing_bytes(e, f)
+            hang.write_text("")
+            await _until(lambda: not e.stager.statistics().stuck and not e.cache.reserved)
+            with trio.fail_after(10):
+                assert await t.read_file(e, stuck) == t.backing_bytes(e, stuck)
+            assert e.cache.get(stuck) is not None and _orphans(e) == set()
+            n.cancel_scope.cancel()
+
+    t.run(main)
