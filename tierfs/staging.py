@@ -456,7 +456,7 @@ class Stager:
                 self._charge(cpu_s + copy_s + time.thread_time() - cpu0)
         finally:
             if copies is not None and copies.stuck is None:
-                copies.stop()  # cancelled (the mount ends): nothing more lands
+                copies.stop()  # (if cancelled -- the mount ends -- nothing more lands; else a no-op)
             for fidx, reserved in batch[taken:]:  # given back: cancelled, or never copied
                 self._finished(fidx, reserved)
             self._jobs -= 1
