@@ -148,7 +148,6 @@ class Backing:
         self._bw_next = 0.0
         self.limiter = trio.CapacityLimiter(threads)
         self._outstanding: dict[int, float] = {}  # request id -> monotonic start (or last progress)
-        self._local = threading.local()
         self._ids = itertools.count()
         self._requests = 0
         self._timeouts = 0
@@ -258,30 +257,25 @@ class Backing:
                 with self._files_lock:
                     self._end(ticket)
 
-    def run_in_thread(self, fn: Callable[..., T]) -> Callable[..., T]:
-        """``fn`` for a thread that the caller already runs under :attr:`limiter` (the stager's copies):
-        counted as outstanding while it runs, so a copy stuck on the backing shows as a stall."""
+    def track(self) -> int:
+        """(a thread the caller runs under its own limiter: the stager's copies) A backing request starts: it counts
+        as outstanding until :meth:`untrack`, so a copy stuck on the backing shows as a stall.  Its id."""
+        rid = next(self._ids)
+        self._outstanding[rid] = time.monotonic()  # dict operations are atomic under the GIL
+        self._requests += 1
+        return rid
 
-        @functools.wraps(fn)
-        def tracked(*args: object, **kwargs: object) -> T:
-            rid = next(self._ids)
-            self._outstanding[rid] = time.monotonic()  # dict ops are atomic under the GIL
-            self._requests += 1
-            self._local.rid = rid
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._local.rid = None
-                self._outstanding.pop(rid, None)
-
-        return tracked
-
-    def progress(self) -> None:
-        """Called from a thread run by :meth:`run_in_thread` whenever a backing call came back (a copy's
-        read): a long copy that moves is not a stall, one call that hangs is."""
-        rid = getattr(self._local, "rid", None)
-        if rid is not None and rid in self._outstanding:
+    def moved(self, rid: int) -> None:
+        """(that thread) A backing call of request ``rid`` came back (a copy's read): a long copy that moves is not
+        a stall, one call that hangs is."""
+        if rid in self._outstanding:
             self._outstanding[rid] = time.monotonic()
+
+    def untrack(self, rid: int, *, abandoned: bool = False) -> None:
+        """Request ``rid`` is over -- or ``abandoned`` (the stager gave it up: counted in ``timeouts``, its thread
+        left to the kernel, as a call past its timeout is); once, whoever comes first."""
+        if self._outstanding.pop(rid, None) is not None and abandoned:
+            self._timeouts += 1
 
     # -------------------------------------------------------------------------------------------- calls
 
@@ -312,6 +306,15 @@ class Backing:
         with contextlib.suppress(OSError):
             self._statvfs = await self.call(os.fstatvfs, self.root_fd, timeout=timeout)
         return self._statvfs
+
+    async def answering(self, *, timeout: float) -> bool:
+        """Whether the backing root answers ``statfs`` within ``timeout`` seconds: a copy that hangs while it does
+        hangs on its own file, not on a stalled backing.  At most :data:`PER_FILE` such questions hold threads."""
+        try:
+            await self.call(os.fstatvfs, self.root_fd, timeout=timeout, file=b"")
+        except OSError:
+            return False
+        return True
 
     async def parent_alive(self, relpath: bytes, *, timeout: float | None) -> bool:
         """Whether the backing root and the directory holding ``relpath`` are still there: a file gone from a

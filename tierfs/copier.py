@@ -10,6 +10,11 @@ Round trips to the backing: one ``open`` (the ``fstat`` that checks its type is 
 the open brought), the reads (exactly the file's size: no read at EOF, the ``fstat`` after them sees a file
 that grew) and one ``fstat`` -- on a network filesystem each is a request, and a latency-bound tier is paid
 per request.
+
+Copies run in batches, one after the other in one worker thread (:class:`CopyBatch`), watched from the trio
+thread: a copy whose backing call hangs can be *abandoned* (see staging.py).  An abandoned copy's thread stops
+after it, and the copy never lands -- it asks the batch immediately before its rename, and deletes its temp file
+instead -- so whenever the kernel lets the thread go, nothing appears in ``data/`` that the cache does not count.
 """
 
 from __future__ import annotations
@@ -17,17 +22,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
 
+from tierfs.backing import Backing
 from tierfs.beneath import open_regular
 from tierfs.cache import COPY_MTIME_NS, allocated, entry_name, temp_copy_name
 from tierfs.tree import Fingerprint, fingerprint
 
-__all__ = ["CHUNK", "BackingChanged", "Copied", "copy_into_cache", "run_copies"]
+__all__ = ["CHUNK", "BackingChanged", "Copied", "CopyAbandoned", "CopyBatch", "copy_into_cache"]
 
 CHUNK = 1 << 20
 
@@ -38,6 +45,10 @@ class BackingChanged(Exception):
     def __init__(self, st: os.stat_result | None) -> None:
         super().__init__("backing file changed while staging")
         self.st = st
+
+
+class CopyAbandoned(Exception):
+    """The stager gave the copy up while it waited on the backing: its temp file is deleted, never renamed."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +62,14 @@ class Copied:
 
 def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprint, data_fd: int, serial: int, *,
                     sparse: bool, hash_content: bool, throttle: Callable[[int], None] | None, block: int,
-                    progress: Callable[[], None] = lambda: None) -> Copied:
+                    progress: Callable[[], None] = lambda: None,
+                    may_commit: Callable[[], bool] = lambda: True) -> Copied:
     """Copy one backing file of fingerprint ``expected`` into ``data_fd`` (a worker thread).
 
-    ``sparse``: the tree saw fewer blocks than bytes (its holes are looked for with ``SEEK_DATA``).  Raises
-    :class:`BackingChanged` when the file is not ``expected`` after the copy, ``OSError`` when it cannot be
-    read or written.
+    ``sparse``: the tree saw fewer blocks than bytes (its holes are looked for with ``SEEK_DATA``).
+    ``progress()`` is called after every read, ``may_commit()`` right before the rename (False: the copy was
+    abandoned).  Raises :class:`BackingChanged` when the file is not ``expected`` after the copy,
+    :class:`CopyAbandoned`, ``OSError`` when it cannot be read or written.
     """
     size = expected[0]
     src, _ = open_regular(root_fd, relpath, dev)
@@ -75,6 +88,8 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
             raise BackingChanged(after)
         digest = hasher.intdigest() if hasher is not None else None
         name = entry_name(relpath, expected, serial, digest)
+        if not may_commit():
+            raise CopyAbandoned  # (the temp file goes in the finally below)
         os.rename(tmp, name, src_dir_fd=data_fd, dst_dir_fd=data_fd)
         tmp = None
         cst = os.stat(name, dir_fd=data_fd, follow_symlinks=False)  # (after the rename: it moves ctime)
@@ -139,17 +154,94 @@ def _hash_zeros(hasher: xxhash.xxh3_64, n: int) -> None:
         n -= k
 
 
-def run_copies(jobs: list[Callable[[], Copied] | None]) -> tuple[list[Copied | BaseException | None], float]:
-    """Run copies one after the other (a worker thread): per job its result or the exception it raised, and
-    the CPU seconds this thread spent on them."""
-    cpu0 = time.thread_time()
-    out: list[Copied | BaseException | None] = []
-    for job in jobs:
-        if job is None:
-            out.append(None)
-            continue
+class CopyBatch:
+    """Copies run one after the other in one worker thread (:meth:`run`), watched from the trio thread.
+
+    ``jobs``: per file a copy (:func:`copy_into_cache` with everything but ``progress`` and ``may_commit``), or
+    None (no longer wanted).  The stager's watcher asks :meth:`waiting` how long the copy in progress has waited on
+    one backing call and may :meth:`abandon` it: the thread then starts no further copy and that one never lands
+    (:meth:`_may_commit`, asked right before the rename, says no).  The two sides meet under a lock held for a few
+    assignments only, never across a disk or backing call: the trio thread never waits on the copying thread.
+
+    After the thread returned, or after :meth:`abandon`: ``outcomes[:done]`` are the stager's to take (a
+    :class:`Copied`, the exception raised, or None), ``stuck`` is the index of the abandoned copy (None if none),
+    and the files after it were never copied.  ``ended`` says the thread has returned (an abandoned copy's
+    reservation is given back then: its temp file may hold disk until that moment).
+    """
+
+    def __init__(self, jobs: list[Callable[..., Copied] | None], backing: Backing) -> None:
+        self.jobs = jobs
+        self.outcomes: list[Copied | BaseException | None] = [None] * len(jobs)
+        self.done = 0
+        self.stuck: int | None = None
+        self.ended = False
+        self._backing = backing
+        self._lock = threading.Lock()
+        self._rid: int | None = None  # the backing request the batch counts as (set once the thread runs)
+        self._since = 0.0  # monotonic: the copy in progress started, or its last backing call came back
+        self._committing = False  # the copy in progress is past the backing: renaming into place
+        self._stopped = False  # abandoned (or cancelled): no further copy starts, the one in progress never lands
+
+    def run(self) -> float:
+        """(a worker thread) Run the copies; the CPU seconds this thread spent."""
+        cpu0 = time.thread_time()
+        self._since = time.monotonic()
+        rid = self._rid = self._backing.track()
         try:
-            out.append(job())
-        except (BackingChanged, OSError) as exc:
-            out.append(exc)
-    return out, time.thread_time() - cpu0
+            for i, job in enumerate(self.jobs):
+                with self._lock:
+                    if self._stopped:
+                        break
+                    self._since, self._committing = time.monotonic(), False
+                outcome: Copied | BaseException | None = None
+                if job is not None:
+                    try:
+                        outcome = job(progress=self._progress, may_commit=self._may_commit)
+                    except (BackingChanged, CopyAbandoned, OSError) as exc:
+                        outcome = exc
+                with self._lock:
+                    if self._stopped:
+                        break  # (abandoned: its outcome is nobody's; its copy did not land)
+                    self.outcomes[i] = outcome
+                    self.done = i + 1
+                    self._since, self._committing = time.monotonic(), False
+        finally:
+            with self._lock:
+                self.ended = True
+            self._backing.untrack(rid)
+        return time.thread_time() - cpu0
+
+    def _progress(self) -> None:
+        self._since = time.monotonic()  # (one attribute store: atomic under the GIL)
+        if self._rid is not None:
+            self._backing.moved(self._rid)
+
+    def _may_commit(self) -> bool:
+        with self._lock:
+            self._committing = not self._stopped
+            return self._committing
+
+    def waiting(self, now: float) -> float:
+        """Seconds the copy in progress has waited on one backing call (0: not started, renaming, or over)."""
+        if self._rid is None or self.ended or self._committing or self._stopped:
+            return 0.0
+        return max(0.0, now - self._since)
+
+    def abandon(self, bound: float) -> bool:
+        """Give up the copy in progress if it has waited on the backing for over ``bound`` seconds (its thread is
+        left to the kernel; the copies after it were never made); True if it was given up."""
+        with self._lock:
+            if self.waiting(time.monotonic()) <= bound:
+                return False
+            self._stopped = True
+            self.stuck = self.done
+            rid = self._rid
+        assert rid is not None  # (waiting() is 0 until the thread runs)
+        self._backing.untrack(rid, abandoned=True)  # (no longer a stall of the backing: a skipped file)
+        return True
+
+    def stop(self) -> None:
+        """The stager stops waiting (the mount ends): no further copy starts, none that has not begun its rename
+        lands."""
+        with self._lock:
+            self._stopped = True

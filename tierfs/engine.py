@@ -106,7 +106,8 @@ class Engine:
         self.backing = Backing(self.root_fd, backing, tree, bandwidth=lambda: self.settings.bandwidth)
         self.arf = Arf(Arf.controller_for(s), pos.arf_history)
         self.stager = Stager(tree, self.cache, self.backing, streams=s.staging_streams,
-                             hash_content=s.verify == "xxhash", throttle=self.backing.throttle_from_thread,
+                             hash_content=s.verify == "xxhash", backing_timeout=s.backing_timeout,
+                             throttle=self.backing.throttle_from_thread,
                              disk_size=lambda f: int(self.schedule.disk_sizes[f]),
                              ahead=lambda: self.schedule.staging_ahead(self.rf_now()), wanted=self.policy.keeps,
                              make_room=self.policy.make_room, landed=self._landed, changed=self._changed,
@@ -142,8 +143,8 @@ class Engine:
         self.data.kernel = kernel
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Stage, push, revalidate, rescan, watch for a lost backing and return leases in the background until
-        cancelled."""
+        """Stage, push, revalidate, rescan, watch for a lost backing and for stuck copies, and return leases in the
+        background until cancelled."""
         rescan = functools.partial(self.trees.run, self.tree, limiter=self.cache_limiter,
                                    confirm_all=self.reval.confirm_all, changed=self._changed, gone=self._gone)
         try:
@@ -155,6 +156,7 @@ class Engine:
                                                                                    self.cache_limiter))
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
                 nursery.start_soon(supervised, "backing watch", self.backing.run)
+                nursery.start_soon(supervised, "staging watch", self.stager.watch)  # (readers' copies too)
                 if self.policy.walks_plans:
                     nursery.start_soon(supervised, "pusher", self.pusher.run)
                     nursery.start_soon(supervised, "stager", self.stager.run)
@@ -292,9 +294,9 @@ class Engine:
         self._advance_if_ready()
 
     def _stage_gave_up(self, fidx: int) -> None:
-        """A file of the next mini-epoch could not be staged (gone, unreadable, no room on the cache disk): the
-        mini-epoch counts as staged without it, so ``advance=ready`` never waits for it (it is retried, and
-        read from the backing meanwhile)."""
+        """A file of the next mini-epoch could not be staged (gone, unreadable, no room on the cache disk, its copy
+        stuck on the backing): the mini-epoch counts as staged without it, so ``advance=ready`` never waits for it
+        (it is retried, and read from the backing meanwhile)."""
         self.schedule.pending_next.discard(fidx)
         self._advance_if_ready()
 
@@ -363,6 +365,7 @@ class Engine:
         self.schedule.settings = new
         if new.revalidate != old.revalidate:
             self.reval.set(new.revalidate)
+        self.stager.backing_timeout = new.backing_timeout
         if new.staging_streams != old.staging_streams:
             self.stager.tuner.set(new.staging_streams)
             self.stager.notify()

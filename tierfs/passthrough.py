@@ -4,8 +4,9 @@
 stopped -- as sshfs or rclone show a remote tree.  Killed with SIGKILL, its mount answers ``ENOTCONN`` to every
 call (a network FUSE daemon that crashed); started again at the same mountpoint (after ``fusermount3 -uz``) it
 shows the same inode numbers, sizes and times, so a tree scanned through the first one still matches.
-``--hang LIST``: opens of the files whose paths (relative to ``SOURCE``) are lines of the file ``LIST``, read at
-every open, never answer (a file whose server hangs).
+``--hang LIST``: opens of the files whose paths (relative to ``SOURCE``) are lines of the file ``LIST`` do not
+answer while they are listed (a file whose server hangs; taking the line out lets them go on); a line ``.``
+does the same to ``statfs`` (a server that stopped answering altogether).
 
 Not part of a mount: tierfs never imports it (see :func:`tierfs.testing.passthrough`).
 """
@@ -93,10 +94,14 @@ class Passthrough(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attr(path, ino), i + 1):
                 return
 
+    async def _hang(self, path: str) -> None:
+        """Wait while ``path`` is listed in the hang file."""
+        while self._hangs(path):
+            await trio.sleep(0.1)
+
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         path = self._path(inode)
-        if self._hangs(path):
-            await trio.sleep_forever()
+        await self._hang(path)
         if flags & os.O_ACCMODE != os.O_RDONLY:
             raise pyfuse3.FUSEError(errno.EROFS)
         try:
@@ -112,6 +117,7 @@ class Passthrough(pyfuse3.Operations):
         os.close(fh)
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        await self._hang(self.source)
         v = os.statvfs(self.paths[pyfuse3.ROOT_INODE])
         out = pyfuse3.StatvfsData()
         for f in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source")
     ap.add_argument("mountpoint")
-    ap.add_argument("--hang", help="a file listing paths (one a line) whose opens never answer")
+    ap.add_argument("--hang", help="a file listing paths (one a line) whose opens do not answer while listed")
     args = ap.parse_args(argv)
     if not stat.S_ISDIR(os.stat(args.source).st_mode):
         ap.error(f"{args.source} is not a directory")

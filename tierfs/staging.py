@@ -27,6 +27,19 @@ device --, unreadable, no room): it is served from the backing dir meanwhile, tr
 names the files whose last try failed, with the reason (``staging.unstaged``); the newest of those reasons stays
 the staging error (``last_error``) until each of them is staged.  A backing that is *lost* (backing.py) is not
 a reason to skip anything: staging waits for it to come back and goes on where it was.
+
+**A copy stuck on the backing is abandoned.**  A copy whose backing call (its open, a read) has not come back
+for ``backing_timeout`` seconds (at least :data:`STUCK_AFTER_MIN`; never with ``backing_timeout=hard``) while
+the backing root still answers ``statfs`` -- one file whose server hangs, not a stalled backing, for which
+staging waits -- is given up by a watcher (:meth:`Stager.watch`): the file is skipped as above (the reason says
+so), readers waiting on its copy read from the backing themselves, the copies of its batch that landed are
+taken, and the files after it are queued again.  Its thread stays in the kernel, holding one of the
+:data:`MAX_STREAMS` staging threads and the copy's disk reservation (its temp file may hold disk) until the
+kernel lets it go; the copy then never lands (:class:`~tierfs.copier.CopyBatch`), the reservation is given back
+and the file may be tried again.  A file is never copied again while an abandoned copy of it holds a thread, so
+stuck threads are at most one per file; copies run at most ``min(streams, MAX_STREAMS - stuck)`` at once, and
+only :data:`MAX_STREAMS` files stuck at the same time stop staging (``status``: ``staging.stuck``,
+``staging.threads_left``).
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ import trio
 
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore
-from tierfs.copier import BackingChanged, Copied, copy_into_cache, run_copies
+from tierfs.copier import BackingChanged, Copied, CopyBatch, copy_into_cache
 from tierfs.tree import Tree, fingerprint
 
 __all__ = ["Stager", "StagerStatistics", "StreamTuner", "Unstaged"]
@@ -58,6 +71,8 @@ BATCH_FILES = 16  # at most this many to one hop
 UNSTAGED_SHOWN = 8  # files status names under staging.unstaged
 READERS_ACTIVE_S = 0.5  # readers count as active this long after an open
 SHARE_WHILE_SERVING = 0.15  # of one core: what the copies may use while readers are active
+STUCK_AFTER_MIN = 1.0  # seconds: a copy is never abandoned sooner, whatever backing_timeout says
+WATCH_EVERY = 0.25  # seconds between two looks of the watcher at the copies in flight
 
 
 class StreamTuner:
@@ -145,6 +160,8 @@ class StagerStatistics:
     skipped: int  # times a file could not be staged and was skipped (since mount)
     unstaged: tuple[Unstaged, ...]  # the files whose last try failed, newest first (at most UNSTAGED_SHOWN)
     unstaged_files: int  # how many files that is in all
+    stuck: int  # copies abandoned on a backing call that has not come back: each holds a staging thread
+    threads_left: int  # staging threads not held by stuck copies (MAX_STREAMS - stuck; 0: staging stops)
     error: str | None  # the last staging error, kept while a file it names is not staged (or a copy succeeds)
 
 
@@ -156,9 +173,12 @@ class Stager:
     ``landed(fidx, entry)`` hears of a committed copy, ``changed(fidx, st)`` of a backing file found changed,
     ``blocked()`` that nothing fits until a switch frees space, ``data_dir_lost()`` that the cache's ``data/``
     is gone (it answers why it could not be made again, None once it is), ``gave_up(fidx)`` that a file could
-    not be staged now (it is served from the backing meanwhile, and a mini-epoch never waits for it)."""
+    not be staged now (it is served from the backing meanwhile, and a mini-epoch never waits for it).
+    ``backing_timeout`` is the setting (seconds or ``hard``): how long a copy may wait on one backing call before
+    it is abandoned."""
 
     def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, streams: int | str, hash_content: bool,
+                 backing_timeout: float | str,
                  throttle: Callable[[int], None] | None, disk_size: Callable[[int], int],
                  ahead: Callable[[], bool], wanted: Callable[[int], bool],
                  make_room: Callable[[int], bool], landed: Callable[[int, CacheEntry], None],
@@ -168,6 +188,7 @@ class Stager:
         self.cache = cache
         self.backing = backing
         self.hash_content = hash_content
+        self.backing_timeout = backing_timeout
         self.tuner = StreamTuner(streams)
         self.limiter = trio.CapacityLimiter(MAX_STREAMS)
         self._throttle = throttle
@@ -185,6 +206,8 @@ class Stager:
         self.failed: dict[int, float] = {}  # fidx -> monotonic time it may be tried again
         self.unstaged: dict[int, str] = {}  # fidx -> why its last try failed (insertion order: oldest first)
         self.skipped = 0
+        self.running: dict[CopyBatch, trio.CancelScope] = {}  # batches in threads; the scope lets the watcher go
+        self.stuck: dict[int, tuple[CopyBatch, int]] = {}  # fidx -> its abandoned batch, the bytes still reserved
         self.blocked = False
         self.error: str | None = None
         self._jobs = 0  # copy jobs (threads) running: what ``streams`` bounds
@@ -224,8 +247,8 @@ class Stager:
         while self.queue:
             fidx = self.queue[0]
             if self.cache.get(fidx) is not None or fidx in self.inflight or fidx in self.failed \
-                    or not self._wanted(fidx):
-                self.queue.popleft()  # (a failed file comes back through _retry_timer)
+                    or fidx in self.stuck or not self._wanted(fidx):
+                self.queue.popleft()  # (a failed or stuck file comes back through _retry_timer)
                 continue
             return fidx
         return None
@@ -245,7 +268,7 @@ class Stager:
                     await self.backing.wait_answering()  # (its files are not skipped: they are staged after)
                     continue
                 wake = self._wake
-                if self._jobs >= self.tuner.streams:
+                if self._jobs >= min(self.tuner.streams, MAX_STREAMS - len(self.stuck)):
                     await wake.wait()
                     continue
                 fidx = self.next_job()
@@ -294,6 +317,50 @@ class Stager:
             if due:
                 self.notify()
 
+    # ------------------------------------------------------------------------------------ stuck copies
+
+    def stuck_after(self) -> float | None:
+        """Seconds a copy may wait on one backing call before it is abandoned; None: never (``hard``)."""
+        t = self.backing_timeout
+        return None if t == "hard" else max(float(t), STUCK_AFTER_MIN)
+
+    async def watch(self) -> None:
+        """Abandon the copies stuck on one backing call for longer than :meth:`stuck_after` while the backing
+        root answers; give back what an abandoned copy held once its thread returns (see the module docstring).
+        A background job of its own: under ``lru`` only readers' copies run, and :meth:`run` does not."""
+        while True:
+            await trio.sleep(WATCH_EVERY)
+            self._reap()
+            bound = self.stuck_after()
+            if bound is None:
+                continue
+            now = time.monotonic()
+            late = [b for b in self.running if b.waiting(now) > bound]
+            # (a backing that answers nothing is stalled, not one file: staging waits for it, skipping nothing)
+            if late and await self.backing.answering(timeout=bound):
+                for batch in late:
+                    scope = self.running.get(batch)
+                    if scope is not None and batch.abandon(bound):
+                        scope.cancel()  # _stage takes what landed, skips the stuck file, queues the rest
+
+    def _reap(self) -> None:
+        """The abandoned copies whose thread has returned: their reservation goes back (their copy did not land)
+        and their file may be tried again."""
+        for fidx, (batch, reserved) in list(self.stuck.items()):
+            if batch.ended:
+                del self.stuck[fidx]
+                self.cache.unreserve(reserved)
+                self.failed[fidx] = time.monotonic()  # (the retry timer's next round queues it, if wanted)
+                self.notify()
+
+    def _abandoned(self, fidx: int, reserved: int, batch: CopyBatch) -> None:
+        """The copy of ``fidx`` was abandoned: skipped; readers waiting on it are let go (to the backing)."""
+        self.stuck[fidx] = (batch, reserved)  # (its reservation stays until its thread returns: _reap)
+        self._finished(fidx, 0)
+        bound = self.stuck_after()
+        self._fail(fidx, f"the backing did not answer for {bound:g} s (backing_timeout): copy abandoned, its "
+                         "thread held until the backing lets go")
+
     # ---------------------------------------------------------------------------------- readers first
 
     def serving(self) -> None:
@@ -341,8 +408,9 @@ class Stager:
         if ev is not None:
             await ev.wait()
             return self.cache.get(fidx)
-        if self.failed.get(fidx, 0.0) > time.monotonic() or self.backing.lost:
-            return None  # it failed moments ago (a full cache disk, say): not again for every reader
+        if self.failed.get(fidx, 0.0) > time.monotonic() or self.backing.lost or fidx in self.stuck \
+                or len(self.stuck) >= MAX_STREAMS:
+            return None  # it failed moments ago (a full cache disk, say; a copy stuck): not again for every reader
         reserved = self._reserve(fidx)
         if reserved is None:
             return None
@@ -353,8 +421,11 @@ class Stager:
 
     async def _stage(self, batch: list[tuple[int, int]], *, for_reader: bool = False) -> None:
         """Copy the files of ``batch`` (file index, reserved disk bytes) in one worker thread, one after the
-        other, and take each result.  ``for_reader``: a reader waits for it (not background work to pace)."""
-        done = 0
+        other, and take each result.  ``for_reader``: a reader waits for it (not background work to pace).
+        The watcher may abandon a copy stuck on the backing: what landed before it is taken, it is skipped, the
+        files after it are queued again."""
+        taken = 0  # files of the batch handed on (taken, or stuck): the rest are given back in the finally
+        copies: CopyBatch | None = None
         cpu0 = time.thread_time()  # the trio thread's own work for this batch counts as staging's too
         try:
             jobs = []
@@ -364,18 +435,30 @@ class Stager:
                     copy_into_cache, self.backing.root_fd, self.backing.dev, node.path, fingerprint(node.st),
                     self.cache.data_fd, self.cache.next_serial(),
                     sparse=node.st.st_blocks * 512 < node.st.st_size, hash_content=self.hash_content,
-                    throttle=self._throttle, block=self.cache.block, progress=self.backing.progress))
+                    throttle=self._throttle, block=self.cache.block))
+            copies = CopyBatch(jobs, self.backing)
             cpu_s = time.thread_time() - cpu0
-            outcomes, copy_s = await trio.to_thread.run_sync(self.backing.run_in_thread(run_copies), jobs,
-                                                             limiter=self.limiter, abandon_on_cancel=True)
+            copy_s = 0.0
+            scope = self.running[copies] = trio.CancelScope()  # (the watcher cancels it when it abandons a copy)
+            try:
+                with scope:
+                    copy_s = await trio.to_thread.run_sync(copies.run, limiter=self.limiter, abandon_on_cancel=True)
+            finally:
+                del self.running[copies]
             cpu0 = time.thread_time()
-            for (fidx, reserved), outcome in zip(batch, outcomes, strict=True):
-                done += 1
-                await self._take(fidx, reserved, outcome)  # (no checkpoint unless a copy failed)
-            if not for_reader:
+            for fidx, reserved in batch[:copies.done]:
+                taken += 1
+                await self._take(fidx, reserved, copies.outcomes[taken - 1])  # (no checkpoint unless one failed)
+            if copies.stuck is not None:
+                taken += 1
+                self._abandoned(*batch[copies.stuck], copies)
+                self.queue.extendleft(f for f, _ in reversed(batch[taken:]))  # (never copied: their turn again)
+            elif not for_reader:
                 self._charge(cpu_s + copy_s + time.thread_time() - cpu0)
         finally:
-            for fidx, reserved in batch[done:]:  # cancelled: give back what was never taken
+            if copies is not None and copies.stuck is None:
+                copies.stop()  # (if cancelled -- the mount ends -- nothing more lands; else a no-op)
+            for fidx, reserved in batch[taken:]:  # given back: cancelled, or never copied
                 self._finished(fidx, reserved)
             self._jobs -= 1
             self.notify()
@@ -480,5 +563,7 @@ class Stager:
             unstaged=tuple(Unstaged(os.fsdecode(self.tree.file_path(f)), why)
                            for f, why in itertools.islice(reversed(self.unstaged.items()), UNSTAGED_SHOWN)),
             unstaged_files=len(self.unstaged),
+            stuck=len(self.stuck),
+            threads_left=MAX_STREAMS - len(self.stuck),
             error=self.error,
         )

@@ -176,6 +176,8 @@ class Status:
         metric("staging_skipped_total", "counter", "Times a file could not be staged and was skipped.",
                st.get("skipped", 0))
         metric("staging_unstaged_files", "gauge", "Files whose last staging try failed.", st.get("unstaged_files", 0))
+        metric("staging_stuck_copies", "gauge", "Copies abandoned on a backing call that has not come back.",
+               st.get("stuck", 0))
         metric("staging_yielded_seconds_total", "counter", "Seconds staging waited so that readers kept the CPU.",
                st.get("yielded_seconds", 0))
         metric("reads_total", "counter", "Opens of dataset files by where they were served from.", r.hits,

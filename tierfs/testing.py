@@ -154,7 +154,8 @@ def mounted(backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
 class PassthroughMount:
     """A read-only passthrough FUSE mount of ``source`` at ``mountpoint`` (:mod:`tierfs.passthrough`): a backing
     dir whose daemon a test can kill (its mount then answers ENOTCONN) and start again at the same path.
-    ``hang``: a file listing paths (relative to ``source``, one a line) whose opens never answer."""
+    ``hang``: a file listing paths (relative to ``source``, one a line) whose opens do not answer while they are
+    listed (a line ``.``: nor does ``statfs``)."""
 
     source: str
     mountpoint: str

@@ -7,6 +7,7 @@ the test fails), and ``mounted``/``passthrough`` unmount whatever is left.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -15,6 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
+from sampler.atomic import TEMP_PREFIX
+from tierfs.cache import allocated, cache_block, path_hash
 from tierfs.testing import abort_connection, make_dataset, mounted, passthrough, wait_until
 
 
@@ -181,3 +184,66 @@ def test_a_dead_fuse_backing_keeps_cached_files_served_and_is_taken_back_by_itse
         for rel in sorted(files):
             assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
         assert _status(m)["backing"]["recoveries"] == 1 and m.process.poll() is None
+
+
+def test_a_file_whose_copy_hangs_is_skipped_and_the_schedule_moves_to_its_mini_epoch(tmp_path):
+    """A file of a later mini-epoch whose opens hang in a FUSE backing: when its mini-epoch is next, staging gives
+    its copy up after ``backing_timeout`` (the rest of the mini-epoch stages), ``advance`` moves the schedule there
+    (``advance=ready``), status names the file and why; its reader gets EIO, the other files read whole; once the
+    server answers again the abandoned copy never lands: ``data/`` holds what the cache counts, nothing more."""
+    data, inner, outer, hang = tmp_path / "data", tmp_path / "inner", tmp_path / "outer", tmp_path / "hang"
+    files = make_dataset(data, dirs=4, files_per_dir=10, max_size=4096, seed=8)
+    inner.mkdir()
+    outer.mkdir()
+    cache = tmp_path / "c"
+    with passthrough(data, inner, hang=str(hang)) as pt, \
+            mounted(inner, outer, cache, "16M", nm=4, rf=1000, backing_timeout=2) as m:
+        try:
+            wait_until(lambda: _status(m)["next_ready"] and _status(m)["staging"]["inflight"] == 0)
+            view = set(_within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+            cached = {rel for rel in files if _within(str(outer), lambda rel=rel: _cached(m.path(rel)))}
+            stuck = sorted(set(files) - view - cached)[0]  # in a mini-epoch after the next one
+            hang.write_text(stuck + "\n")
+            for _ in range(4):  # advance until the stuck file's mini-epoch is the current one
+                st = _status(m)
+                at = (st["epoch"], st["mini_epoch"])
+                _within(str(outer), lambda: m.control("advance\n"))
+                wait_until(lambda at=at: (_status(m)["epoch"], _status(m)["mini_epoch"]) != at, timeout=60,
+                           what=f"the schedule to move on from {at} (the stuck file's mini-epoch next)")
+                view = set(_within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+                if stuck in view:
+                    break
+            assert stuck in view
+            st = _status(m)["staging"]
+            assert st.get("stuck") == 1 and st["skipped"] >= 1, st
+            assert any(u["file"] == stuck and "abandoned" in u["why"] for u in st["unstaged"]), st["unstaged"]
+            assert stuck in (_status(m)["last_error"] or "")
+            for rel in sorted(view - {stuck}):  # the rest of its mini-epoch was staged, and reads whole
+                assert _within(str(outer), lambda rel=rel: _cached(m.path(rel))), rel
+                assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
+            got = _within(str(outer), lambda: _read(m.path(stuck)), 30)
+            assert isinstance(got, OSError) and got.errno == errno.EIO, got
+            hang.write_text("")  # the server answers again: the abandoned copy completes in its thread
+            wait_until(lambda: _status(m)["staging"]["stuck"] == 0, what="the abandoned copy's thread to return")
+            # it is staged again (it is current); nothing but what the cache counts is in data/
+            wait_until(lambda: _within(str(outer), lambda: _cached(m.path(stuck))), what="the file staged again")
+            wait_until(lambda: _accounted(m, cache), what="status cache_bytes to equal the disk usage of data/")
+            copies = [n for n in os.listdir(cache / "data") if n.startswith(f"{path_hash(stuck.encode()):016x}-")]
+            assert copies == [os.path.basename(os.getxattr(m.path(stuck), "user.tierfs.cache_path").decode())]
+            assert not [n for n in os.listdir(cache / "data") if n.startswith(TEMP_PREFIX)]
+            assert _within(str(outer), lambda: _read(m.path(stuck))) == _read(data / stuck)
+            assert m.process.poll() is None
+        finally:
+            hang.write_text("")
+            pt.kill()
+
+
+def _accounted(m, cache) -> bool:
+    """Nothing in flight, and ``cache_bytes`` is what the files in the cache's data/ occupy on disk."""
+    st = _status(m)
+    block = cache_block(str(cache))
+    on_disk = 0
+    for n in os.listdir(cache / "data"):
+        with contextlib.suppress(FileNotFoundError):  # (evicted meanwhile: the next look agrees)
+            on_disk += allocated(os.stat(cache / "data" / n, follow_symlinks=False), block)
+    return st["staging"]["inflight"] == 0 and st["cache_bytes"] == on_disk
