@@ -256,6 +256,9 @@ class WholeLineHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
+        self.write_line(line)
+
+    def write_line(self, line: bytes) -> None:
         try:
             n = os.write(self.fd, line)
         except OSError:
@@ -271,9 +274,10 @@ class RotatingLogHandler(WholeLineHandler):
     """A daemon's log file, whole lines, rotated by size.
 
     The file is the daemon's stdout and stderr too (:func:`daemonize`), so what does not go through logging --
-    a traceback, a library's warning -- lands in it as well.  When a line takes it to ``max_bytes``, the file is
-    renamed to ``path + ".1"`` (replacing the older one) and a fresh ``path`` takes its place on descriptors 1
-    and 2; a rename that fails (a read-only dir) is tried again after another ``max_bytes``."""
+    a traceback, a library's warning -- lands in it as well.  When a line would take it past ``max_bytes``, the
+    file is first renamed to ``path + ".1"`` (replacing the older one) and a fresh ``path`` takes its place on
+    descriptors 1 and 2, so the newest line is always in ``path``; a rename that fails (a read-only dir) is tried
+    again after another ``max_bytes``."""
 
     def __init__(self, path: str, max_bytes: int) -> None:
         super().__init__(sys.stderr.fileno())
@@ -282,14 +286,14 @@ class RotatingLogHandler(WholeLineHandler):
         self.rotations = 0
         self._rotate_at = max_bytes
 
-    def emit(self, record: logging.LogRecord) -> None:
-        super().emit(record)
+    def write_line(self, line: bytes) -> None:
         try:
             size = os.fstat(self.fd).st_size
         except OSError:
-            return
-        if size >= self._rotate_at:
+            size = 0
+        if size and size + len(line) > self._rotate_at:
             self._rotate(size)
+        super().write_line(line)
 
     def _rotate(self, size: int) -> None:
         try:
