@@ -1,0 +1,154 @@
+"""Plans made ahead, off the trio thread (issue 22): the request that ends an epoch's last pass never plans.
+
+The big test resumes an engine over a saved tree of 2,000,000 files (the path a remount takes: ``tree.bin`` and
+the journal in the cache dir), so the planning it moves off the trio thread costs what it costs at scale.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import trio
+
+import tierfs.schedule
+from tierfs.journal import load_position
+from tierfs.opening import TREE_NAME
+from tierfs.tree import _STAT_FIELDS, KIND_DIR, KIND_FILE, Tree
+
+
+def synthetic_tree(root: os.PathLike[str], *, dirs: int, per_dir: int, size: int) -> Tree:
+    """A tree of ``dirs`` x ``per_dir`` files of ``size`` bytes made from arrays (no file behind them), rooted
+    at the real directory ``root`` (a saved tree is only loaded for the root it was saved for)."""
+    n_files = dirs * per_dir
+    n = 1 + dirs + n_files
+    parents = np.zeros(n, np.int64)
+    parents[1 + dirs:] = 1 + np.arange(n_files) // per_dir
+    kinds = np.full(n, KIND_FILE, np.int8)
+    kinds[:1 + dirs] = KIND_DIR
+    names = [b""] + [b"d%05d" % d for d in range(dirs)] + [b"f%07d.bin" % i for i in range(n_files)]
+    root_st = os.stat(root)
+    stats = np.zeros((n, len(_STAT_FIELDS)), np.int64)
+    col = {f: i for i, f in enumerate(_STAT_FIELDS)}
+    stats[:, col["st_mode"]] = 0o100644
+    stats[:1 + dirs, col["st_mode"]] = 0o040755
+    stats[:, col["st_ino"]] = np.arange(n) + 1000
+    stats[0, col["st_ino"]] = root_st.st_ino
+    stats[:, col["st_dev"]] = root_st.st_dev
+    stats[:, col["st_nlink"]] = 1
+    stats[1 + dirs:, col["st_size"]] = size
+    stats[1 + dirs:, col["st_blocks"]] = -(-size // 512)
+    for f in ("st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
+        stats[:, col[f]] = 1_700_000_000 * 10**9
+    return Tree(parents=parents, kinds=kinds, names=b"".join(names),
+                name_ends=np.cumsum([len(x) for x in names], dtype=np.int64), links=b"",
+                link_ends=np.zeros(n, np.int64), stats=stats, files=np.arange(1 + dirs, n, dtype=np.int64),
+                dev=root_st.st_dev, path_hashes=np.arange(n_files, dtype=np.uint64) * 0x9E3779B97F4A7C15)
+
+
+@pytest.fixture
+def plan_threads(monkeypatch):
+    """The thread of every ``plan_epoch`` call the schedule makes (the real planner runs; only its caller's
+    thread is noted)."""
+    threads: list[int] = []
+    real = tierfs.schedule.plan_epoch
+
+    def noted(*args, **kwargs):
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tierfs.schedule, "plan_epoch", noted)
+    return threads
+
+
+async def _until(what: str, pred, timeout: float = 300.0) -> None:
+    with trio.move_on_after(timeout):
+        while not pred():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ending_an_epochs_last_pass_at_2m_files_never_plans_on_the_trio_thread(open_engine, tmp_path, dataset, t,
+                                                                                plan_threads):
+    backing, _ = dataset
+    cache = tmp_path / "big-cache"
+    settings = dict(capacity=8 << 30, cache=cache, nm=2, rf=1, advance="strict")  # 2 x 3.8 GiB of 4 KiB
+    open_engine(**settings).close()  # a cache dir of tierfs's own, with a journal at (0, 0, 0)
+    synthetic_tree(backing, dirs=1000, per_dir=2000, size=4096).save(os.fspath(cache / TREE_NAME))
+    e = open_engine(**settings)
+    assert e.tree.n_files == 2_000_000 and e.trees.statistics().source == "saved"
+
+    async def main():
+        trio_thread = threading.get_ident()
+        plan_threads.clear()
+        async with trio.open_nursery() as n:
+            # the planner alone (the rest of ``run`` would rescan a backing without these files), as run starts it
+            e.schedule.plans_ahead = True
+            n.start_soon(e.planner.run)
+            e.control_write(b"next-pass\n")  # rf=1: mini-epoch 1, the epoch's last
+            assert e.current_mini_epoch == (0, 1)
+            e.control_write(b"next-pass\n")  # its last pass: the switch into epoch 1 is due
+            assert trio_thread not in plan_threads, "a request planned on the trio thread"
+            await _until("the switch into epoch 1", lambda: e.current_mini_epoch == (1, 0))
+            assert e.schedule.pos.rf_effective == [1, 1, 0] and not e.schedule.pos.switch_due
+            assert len(e.schedule.view) == len(e.schedule.plans[1][0]) > 900_000
+            await _until("epoch 2 planned ahead", lambda: 2 in e.schedule.plans)
+            n.cancel_scope.cancel()
+        assert plan_threads and trio_thread not in plan_threads
+        assert len(plan_threads) >= e.planner.made >= 2  # epochs 1 and 2
+
+    t.run(main)
+
+
+def test_a_switch_due_while_the_next_epoch_is_planned_is_made_when_the_plan_lands(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    e.schedule.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
+    e.control_write(b"next-pass\n")  # into mini-epoch 1, the epoch's last: what comes after is not planned
+    assert e.current_mini_epoch == (0, 1) and e.schedule.next_coords is None and not len(e.schedule.next_files)
+    assert not e.next_ready()
+    e.control_write(b"next-pass\n")  # the last pass ends: the switch is due, the view stays
+    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due and e.schedule.pos.pass_index == 1
+    assert len(e.schedule.view) == len(e.schedule.plans[0][1])
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(e.planner.run)
+            await _until("the switch", lambda: e.current_mini_epoch == (1, 0))
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert not e.schedule.pos.switch_due and e.schedule.pos.rf_effective == [1, 1, 0]
+    assert (e.schedule.view.files == e.schedule.plans[1][0]).all()
+
+
+def test_a_due_switch_is_journalled_and_made_when_the_mount_resumes(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    e.schedule.plans_ahead = True  # as while the planner runs, epoch 1's plan not landed
+    e.control_write(b"next-pass\n")
+    e.control_write(b"next-pass\n")
+    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
+    e.close()
+    assert load_position(e.config.cache).switch_due
+    e2 = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    assert e2.current_mini_epoch == (1, 0) and not e2.schedule.pos.switch_due
+    assert e2.schedule.pos.rf_effective == [1, 1, 0] and e2.schedule.pos.pass_index == 0
+
+
+def test_a_plan_made_with_settings_replaced_meanwhile_is_not_kept(open_engine):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1)
+    sch = e.schedule
+    sch.plans_ahead = True
+    job = sch.plan_job()  # what the planner takes: epoch 1, with nm=2
+    assert job is not None and job.epoch == 1 and job.settings.nm == 2
+    sizes = job.sizes.copy()
+    sch.set_disk_size(0, 1 << 19)  # a file grew while the job ran: the job's sizes are not written
+    assert (job.sizes == sizes).all() and sch.disk_sizes[0] == 1 << 19
+    e.control_write(b"nm=4\n")
+    assert not sch.adopt(job, *job.make(), e._is_cached) and 1 not in sch.plans
+    again = sch.plan_job()
+    assert again is not None and again.epoch == 1 and again.settings.nm == 4
+    sch.adopt(again, *again.make(), e._is_cached)
+    assert len(sch.plans[1]) == 4 and sch.plan_job() is None
