@@ -232,8 +232,8 @@ class Engine:
 
     def _switch_when_planned(self) -> bool:
         """Switch now (True), or, while the next epoch is being planned (only ``advance=strict`` switches then),
-        mark the switch due: it is made when the plan lands (:meth:`_planned`), and the last mini-epoch is
-        shown again meanwhile.  The request that ended the pass never waits for a plan."""
+        mark the switch due: the last mini-epoch is shown again meanwhile, and the switch is made when the plan
+        lands (:meth:`_planned`) or at the end of that pass.  The request that ended the pass never plans."""
         if self.schedule.next_coords is None:
             self.schedule.pos.switch_due = True
             return False
@@ -241,8 +241,10 @@ class Engine:
         return True
 
     def _planned(self) -> None:
-        """The plan the next mini-epoch waited for landed: make the switch that was due, or stage it."""
-        if self.schedule.pos.switch_due:
+        """The plan the next mini-epoch waited for landed: make the switch that was due if no file of the pass
+        shown meanwhile was opened yet (never under a reader's feet: else at that pass's end), or stage it."""
+        sch = self.schedule
+        if sch.pos.switch_due and not sch.reads_in_pass:
             self._switch()
         else:
             self._entered()

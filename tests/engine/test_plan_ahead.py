@@ -124,6 +124,29 @@ def test_a_switch_due_while_the_next_epoch_is_planned_is_made_when_the_plan_land
     assert (e.schedule.view.files == e.schedule.plans[1][0]).all()
 
 
+def test_a_due_switch_never_takes_the_view_from_a_reader_who_began_the_pass_shown_meanwhile(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    e.schedule.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
+    e.control_write(b"next-pass\n")
+    e.control_write(b"next-pass\n")
+    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
+
+    async def main():
+        order = e.schedule.view.order.tolist()
+        await t.read_file(e, order[0])  # a reader begins the pass shown while epoch 1 is planned
+        async with trio.open_nursery() as n:
+            n.start_soon(e.planner.run)
+            await _until("the plan of epoch 1", lambda: e.schedule.next_coords is not None)
+            n.cancel_scope.cancel()
+        assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due  # the reader's view stays
+        for f in order[1:]:
+            assert await t.read_file(e, f) == t.backing_bytes(e, f)
+        assert e.current_mini_epoch == (1, 0) and not e.schedule.pos.switch_due  # switched at the pass's end
+        assert e.schedule.pos.rf_effective == [1, 2, 0]
+
+    t.run(main)
+
+
 def test_a_due_switch_is_journalled_and_made_when_the_mount_resumes(open_engine, t):
     e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
     e.schedule.plans_ahead = True  # as while the planner runs, epoch 1's plan not landed
