@@ -14,8 +14,9 @@ Plans are made ahead, off the trio thread, while the mount runs: planning 10 mil
 out a :class:`PlanJob` for the next one (``plan_job``), which the :class:`~tierfs.planner.Planner` makes in a
 worker thread and hands back (``adopt``).  Until it lands, the next mini-epoch of an epoch's last one is unknown
 (``next_coords`` is None): nothing of it is staged, ``advance=ready`` waits, and a switch that is due is recorded
-(``pos.switch_due``) and made when the plan lands.  Before the mount serves (``start``) and where no planner runs
-(engine tests), a missing plan is made at once.
+(``pos.switch_due``, journalled) and made by the engine when the plan lands or at the end of the pass shown
+meanwhile.  Before the mount serves (``start``) and where no planner runs (engine tests), a missing plan is made
+at once.
 """
 
 from __future__ import annotations
@@ -190,8 +191,8 @@ class Schedule:
     def _keep(self, epoch: int, plan: list[np.ndarray], note: str | None) -> None:
         if note is not None:
             self.plan_note = note
-        for old in [e for e in self.plans if e < min(epoch, self.pos.epoch) - 1]:
-            del self.plans[old]
+        for old in [e for e in self.plans if e < min(epoch, self.pos.epoch)]:
+            del self.plans[old]  # (the position never goes back)
         self.plans[epoch] = plan
 
     def plan_job(self) -> PlanJob | None:
@@ -262,7 +263,6 @@ class Schedule:
             assert coords is not None  # (no planner runs yet: a missing plan is made at once)
             self.pos.epoch, self.pos.mini_epoch = coords
             self.pos.pass_index, self.pos.switch_due = 0, False
-            self.plan(self.pos.epoch)
         self.enter(self.pos.epoch, self.pos.mini_epoch, is_cached)
         if self.pos.switch_due:
             self.switch(is_cached)  # due when the mount stopped, waiting for the next epoch's plan

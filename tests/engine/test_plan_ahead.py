@@ -9,43 +9,13 @@ from __future__ import annotations
 import os
 import threading
 
-import numpy as np
 import pytest
 import trio
 
 import tierfs.schedule
 from tierfs.journal import load_position
 from tierfs.opening import TREE_NAME
-from tierfs.tree import _STAT_FIELDS, KIND_DIR, KIND_FILE, Tree
-
-
-def synthetic_tree(root: os.PathLike[str], *, dirs: int, per_dir: int, size: int) -> Tree:
-    """A tree of ``dirs`` x ``per_dir`` files of ``size`` bytes made from arrays (no file behind them), rooted
-    at the real directory ``root`` (a saved tree is only loaded for the root it was saved for)."""
-    n_files = dirs * per_dir
-    n = 1 + dirs + n_files
-    parents = np.zeros(n, np.int64)
-    parents[1 + dirs:] = 1 + np.arange(n_files) // per_dir
-    kinds = np.full(n, KIND_FILE, np.int8)
-    kinds[:1 + dirs] = KIND_DIR
-    names = [b""] + [b"d%05d" % d for d in range(dirs)] + [b"f%07d.bin" % i for i in range(n_files)]
-    root_st = os.stat(root)
-    stats = np.zeros((n, len(_STAT_FIELDS)), np.int64)
-    col = {f: i for i, f in enumerate(_STAT_FIELDS)}
-    stats[:, col["st_mode"]] = 0o100644
-    stats[:1 + dirs, col["st_mode"]] = 0o040755
-    stats[:, col["st_ino"]] = np.arange(n) + 1000
-    stats[0, col["st_ino"]] = root_st.st_ino
-    stats[:, col["st_dev"]] = root_st.st_dev
-    stats[:, col["st_nlink"]] = 1
-    stats[1 + dirs:, col["st_size"]] = size
-    stats[1 + dirs:, col["st_blocks"]] = -(-size // 512)
-    for f in ("st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
-        stats[:, col[f]] = 1_700_000_000 * 10**9
-    return Tree(parents=parents, kinds=kinds, names=b"".join(names),
-                name_ends=np.cumsum([len(x) for x in names], dtype=np.int64), links=b"",
-                link_ends=np.zeros(n, np.int64), stats=stats, files=np.arange(1 + dirs, n, dtype=np.int64),
-                dev=root_st.st_dev, path_hashes=np.arange(n_files, dtype=np.uint64) * 0x9E3779B97F4A7C15)
+from tierfs.testing import synthetic_tree
 
 
 @pytest.fixture
