@@ -30,6 +30,7 @@ import logging
 import os
 from collections.abc import Callable
 
+import numpy as np
 import trio
 
 from sampler.iomodel import stall_free_rf
@@ -118,11 +119,11 @@ class Engine:
                              changed=self._changed, restage=self._restage, data_dir_lost=self._data_dir_lost)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
         self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self.end_pass)
-        self.planner = Planner(self.schedule, self._is_cached, landed=self._planned)
+        self.planner = Planner(self.schedule, self._cached, landed=self._planned)
         if self.trees.scanned:
             self.reval.confirm_all()  # the scan just read every fingerprint
         # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
-        self.schedule.start(self._is_cached)
+        self.schedule.start(self._cached)
         self._entered()
         self._opened = True
         self.save_journal()
@@ -181,8 +182,8 @@ class Engine:
     def current_mini_epoch(self) -> tuple[int, int]:
         return self.schedule.pos.epoch, self.schedule.pos.mini_epoch
 
-    def _is_cached(self, fidx: int) -> bool:
-        return self.cache.get(fidx) is not None
+    def _cached(self, files: np.ndarray) -> np.ndarray:
+        return self.cache.cached(files)
 
     def _entered(self) -> None:
         """A mini-epoch became current (mount, switch, replan): evict, re-queue staging and pushes."""
@@ -191,7 +192,7 @@ class Engine:
             self.stager.notify()
         order = sch.staging_order()
         self.stager.reset(order)
-        self.pusher.reset(order, {*sch.wanted.nonzero()[0].tolist()} if self.pusher.pushed else set())
+        self.pusher.reset(order, sch.wanted)
         self.planner.notify()  # (a new epoch: plan the next one now, ready when its last mini-epoch needs it)
 
     def rf_now(self) -> int:
@@ -252,7 +253,7 @@ class Engine:
 
     def _switch(self) -> None:
         """The next mini-epoch takes over; the previous one is evicted (open files on release)."""
-        self.schedule.switch(self._is_cached)
+        self.schedule.switch(self._cached)
         self._entered()
         self.batch.pass_over()  # (after the eviction: a copy a plan named goes now, by its own name)
         self.save_journal()
@@ -357,7 +358,7 @@ class Engine:
             self.stager.tuner.set(new.staging_streams)
             self.stager.notify()
         if replan:
-            self.schedule.replan(new, self._is_cached)
+            self.schedule.replan(new, self._cached)
             self._entered()
 
     def rf_changed(self) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import trio
 
-from tierfs.schedule import Schedule
+from tierfs.schedule import Cached, Schedule
 
 __all__ = ["Planner"]
 
@@ -23,9 +23,9 @@ class Planner:
     """See the module docstring.  ``landed()`` is told when a plan made the next mini-epoch known (the engine
     stages it, or makes the switch that waited for it); ``notify()`` says the schedule may lack a plan now."""
 
-    def __init__(self, schedule: Schedule, is_cached: Callable[[int], bool], landed: Callable[[], None]) -> None:
+    def __init__(self, schedule: Schedule, cached: Cached, landed: Callable[[], None]) -> None:
         self.schedule = schedule
-        self._is_cached = is_cached
+        self._cached = cached
         self._landed = landed
         self._wake = trio.Event()
         self.made = 0  # plans made in a worker thread (the trio thread makes none while this runs)
@@ -46,5 +46,5 @@ class Planner:
             # abandoned on unmount: the thread only computes, and a stop must not wait seconds for it
             plan, note = await trio.to_thread.run_sync(job.make, abandon_on_cancel=True)
             self.made += 1
-            if sch.adopt(job, plan, note, self._is_cached):
+            if sch.adopt(job, plan, note, self._cached):
                 self._landed()

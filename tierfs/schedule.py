@@ -33,7 +33,10 @@ from tierfs.options import Settings, format_size
 from tierfs.tree import Tree
 from tierfs.view import View
 
-__all__ = ["PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
+__all__ = ["Cached", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
+
+#: which of some files have a copy in the cache, as a mask (the engine's ``CacheStore.cached``)
+Cached = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class Schedule:
                                self._generation)
         return None
 
-    def adopt(self, job: PlanJob, plan: list[np.ndarray], note: str | None, is_cached: Callable[[int], bool]) -> bool:
+    def adopt(self, job: PlanJob, plan: list[np.ndarray], note: str | None, cached: Cached) -> bool:
         """Keep a plan made from ``job``, unless the settings changed meanwhile (the planner is then asked for a
         new one); True if it made the next mini-epoch known (its files are now wanted and pending)."""
         if job.sizes is self.disk_sizes:
@@ -217,7 +220,7 @@ class Schedule:
         self._keep(job.epoch, plan, note)
         if self.next_coords is not None or self._awaited != job.epoch:
             return False
-        self.enter(self.pos.epoch, self.pos.mini_epoch, is_cached, keep_view=True)
+        self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)
         return self.next_coords is not None
 
     def set_disk_size(self, fidx: int, size: int) -> None:
@@ -249,7 +252,7 @@ class Schedule:
 
     # ========================================================================================= position
 
-    def start(self, is_cached: Callable[[int], bool]) -> None:
+    def start(self, cached: Cached) -> None:
         """Enter the journalled position (or the next valid one, if the plan changed under the journal)."""
         if not self.walks_plans:
             n = self.tree.n_files
@@ -263,11 +266,11 @@ class Schedule:
             assert coords is not None  # (no planner runs yet: a missing plan is made at once)
             self.pos.epoch, self.pos.mini_epoch = coords
             self.pos.pass_index, self.pos.switch_due = 0, False
-        self.enter(self.pos.epoch, self.pos.mini_epoch, is_cached)
+        self.enter(self.pos.epoch, self.pos.mini_epoch, cached)
         if self.pos.switch_due:
-            self.switch(is_cached)  # due when the mount stopped, waiting for the next epoch's plan
+            self.switch(cached)  # due when the mount stopped, waiting for the next epoch's plan
 
-    def enter(self, epoch: int, me: int, is_cached: Callable[[int], bool], *, keep_view: bool = False) -> None:
+    def enter(self, epoch: int, me: int, cached: Cached, *, keep_view: bool = False) -> None:
         """Make (epoch, me) current and recompute next, wanted and pending; a new view unless ``keep_view``
         (a plan change keeps the view and pass it is in).  The one way into a mini-epoch."""
         if not keep_view:
@@ -283,11 +286,11 @@ class Schedule:
             self.next_files = self.plans[self.next_coords[0]][self.next_coords[1]]
         self.wanted = self.current_mask.copy()
         self.wanted[self.next_files] = True
-        self.pending_next = {f for f in self.next_files.tolist() if not is_cached(f)}
+        self.pending_next = set(self.next_files[~cached(self.next_files)].tolist())
         if not keep_view:
             self.new_view()
 
-    def switch(self, is_cached: Callable[[int], bool]) -> None:
+    def switch(self, cached: Cached) -> None:
         """The next mini-epoch takes over (it must be known: ``next_coords``)."""
         assert self.next_coords is not None
         epoch, me = self.next_coords
@@ -295,14 +298,14 @@ class Schedule:
         self.pos.switch_due = False
         self.pos.rf_effective.append(0)
         self.advance_requested = False
-        self.enter(epoch, me, is_cached)
+        self.enter(epoch, me, cached)
 
-    def replan(self, settings: Settings, is_cached: Callable[[int], bool]) -> None:
+    def replan(self, settings: Settings, cached: Cached) -> None:
         """New nm/mini_epoch_size/composition: the current epoch keeps its plan, later epochs use the new one."""
         self.settings = settings
         self.plans = {e: p for e, p in self.plans.items() if e <= self.pos.epoch}
         self._generation += 1  # a plan under way with the old settings is not kept
-        self.enter(self.pos.epoch, self.pos.mini_epoch, is_cached, keep_view=True)
+        self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)
 
     def new_view(self) -> None:
         s = self.settings
@@ -319,11 +322,11 @@ class Schedule:
         self._pass_started = None
         self._pass_opened = 0
 
-    def staging_order(self) -> list[int]:
+    def staging_order(self) -> np.ndarray:
         """What the stager should copy, in order: what the current mini-epoch lacks, then the next one."""
         if not self.walks_plans:
-            return []
-        return [*self.current.tolist(), *self.next_files.tolist()]
+            return np.zeros(0, np.int64)
+        return np.concatenate([self.current, self.next_files])
 
     def statistics(self) -> ScheduleStatistics:
         pos, view, sizes, nxt = self.pos, self.view, self.tree.sizes, self.next_files

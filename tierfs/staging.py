@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
 import trio
 
 from tierfs.backing import Backing
@@ -178,9 +179,9 @@ class Stager:
 
     # ------------------------------------------------------------------------------------- the queue
 
-    def reset(self, files: list[int]) -> None:
+    def reset(self, files: np.ndarray) -> None:
         """Stage these files, in this order, instead of whatever was queued (copies in flight go on)."""
-        self.queue = deque(f for f in files if self.cache.get(f) is None)
+        self.queue = deque(files[~self.cache.cached(files)].tolist())
         self.failed.clear()
         self.blocked = False
         self.notify()
