@@ -316,6 +316,7 @@ class Engine:
         self.pusher.forget(fidx)
         self._restage(fidx)
         self.data.mark_stale(fidx)
+        self.planner.notify()  # (a plan that failed on its size may fit now)
 
     def _gone(self, fidx: int) -> None:
         """The backing file is gone (or no longer a regular file): the next open finds that out (ENOENT)."""
@@ -334,7 +335,8 @@ class Engine:
     @property
     def last_error(self) -> str | None:
         """What ``status`` shows: a staging error until staging works again, else the last control error."""
-        return self.stager.error or self.journal.error or self.control_error or self.schedule.plan_note
+        sch = self.schedule
+        return self.stager.error or self.journal.error or self.control_error or sch.plan_error or sch.plan_note
 
     def control_text(self) -> bytes:
         return self.settings.as_lines().encode()

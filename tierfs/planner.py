@@ -43,8 +43,14 @@ class Planner:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 continue
-            # abandoned on unmount: the thread only computes, and a stop must not wait seconds for it
-            plan, note = await trio.to_thread.run_sync(job.make, abandon_on_cancel=True)
+            try:
+                # abandoned on unmount: the thread only computes, and a stop must not wait seconds for it
+                plan, note = await trio.to_thread.run_sync(job.make, abandon_on_cancel=True)
+            except ValueError as exc:  # a file grew past half the cache since the mount checked the sizes
+                sch.plan_failed(job, str(exc))
+                await self._wake.wait()  # (a replan, a changed file, a new mini-epoch: try again)
+                self._wake = trio.Event()
+                continue
             self.made += 1
             if sch.adopt(job, plan, note, self._cached):
                 self._landed()

@@ -158,6 +158,7 @@ class Schedule:
         self.view: View | None = None
         self.advance_requested = False
         self.plan_note: str | None = None  # why a later epoch needed more mini-epochs (shown as last_error)
+        self.plan_error: str | None = None  # why the planner could not plan the next epoch (until it can)
         #: (epoch, mini_epoch) of the last completed pass: what a ``feedback`` line is about (see control.py)
         self.last_pass: tuple[int, int] | None = tuple(pos.last_pass) if pos.last_pass else None  # type: ignore
         self._read_mark = np.zeros(n, bool)
@@ -192,6 +193,7 @@ class Schedule:
         return None
 
     def _keep(self, epoch: int, plan: list[np.ndarray], note: str | None) -> None:
+        self.plan_error = None
         if note is not None:
             self.plan_note = note
         for old in [e for e in self.plans if e < min(epoch, self.pos.epoch)]:
@@ -222,6 +224,10 @@ class Schedule:
             return False
         self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)
         return self.next_coords is not None
+
+    def plan_failed(self, job: PlanJob, reason: str) -> None:
+        """No plan fits (``status.last_error`` says why); the position stays until one does."""
+        self.plan_error = f"epoch {job.epoch} cannot be planned: {reason}"
 
     def set_disk_size(self, fidx: int, size: int) -> None:
         """A file changed: its copy's new estimate.  An array a plan job reads is copied first (never written

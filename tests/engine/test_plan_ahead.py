@@ -33,7 +33,7 @@ def plan_threads(monkeypatch):
     return threads
 
 
-async def _until(what: str, pred, timeout: float = 300.0) -> None:
+async def _until(what: str, pred, timeout: float = 120.0) -> None:
     with trio.move_on_after(timeout):
         while not pred():
             await trio.sleep(0.02)
@@ -145,3 +145,26 @@ def test_a_plan_made_with_settings_replaced_meanwhile_is_not_kept(open_engine):
     assert again is not None and again.epoch == 1 and again.settings.nm == 4
     sch.adopt(again, *again.make(), e._cached)
     assert len(sch.plans[1]) == 4 and sch.plan_job() is None
+
+
+def test_a_plan_that_cannot_be_made_is_reported_and_made_once_it_can(open_engine, t):
+    e = open_engine(capacity=1 << 20, mini_epoch_size=256 << 10, rf=1)  # (the data set: one mini-epoch)
+    sch = e.schedule
+    sch.plans_ahead = True  # as while the engine runs
+    e.control_write(b"mini_epoch_size=200K\n")  # epoch 1 is to be planned again
+    assert 1 not in sch.plans and sch.next_coords is None
+    size = int(sch.disk_sizes[0])
+    sch.set_disk_size(0, 1 << 20)  # then a file grows past half the cache
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(e.planner.run)
+            await _until("the failure reported", lambda: e.status().last_error is not None)
+            assert "epoch 1 cannot be planned" in e.status().last_error and 1 not in sch.plans
+            sch.set_disk_size(0, size)
+            e.planner.notify()
+            await _until("the plan", lambda: 1 in sch.plans)
+            n.cancel_scope.cancel()
+        assert e.status().last_error is None
+
+    t.run(main)
