@@ -3,7 +3,8 @@
 ``mounted()`` starts ``python -m tierfs mount ...`` in the foreground, waits until ``/.tierfs/status`` answers
 (or the process dies, which raises with its stderr), yields, and on the way out sends SIGTERM, waits, kills if
 it must, and lazily unmounts (``fusermount3 -uz``) whatever is left -- a failing test never leaves a mount or
-a process behind.
+a process behind.  ``synthetic_tree()`` makes a tree of millions of files from arrays, with no file behind
+them: engine tests and benchmarks resume an engine over it (its ``tree.bin`` in the cache dir) at that scale.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tierfs.client import Client
 from tierfs.mount import abort_connection as abort_fuse_connection
 from tierfs.mount import fuse_connection
 
+if TYPE_CHECKING:
+    from tierfs.tree import Tree
+
 __all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "is_mounted", "mounted", "passthrough",
-           "wait_until"]
+           "synthetic_tree", "wait_until"]
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -234,3 +239,38 @@ def make_dataset(root: str | os.PathLike[str], *, dirs: int = 4, files_per_dir: 
                 f.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
             out[rel] = size
     return out
+
+
+def synthetic_tree(root: str | os.PathLike[str], *, dirs: int, per_dir: int, size: int) -> Tree:
+    """A tree of ``dirs`` x ``per_dir`` files of ``size`` bytes made from arrays, no file behind them, rooted at
+    the real directory ``root`` (a saved tree is loaded only for the root it was saved for).  Save it as the
+    cache dir's ``tree.bin`` (``opening.TREE_NAME``) beside a journal and an engine opened on that cache resumes
+    over it."""
+    import numpy as np
+
+    from tierfs.tree import _STAT_FIELDS, KIND_DIR, KIND_FILE, Tree
+
+    n_files = dirs * per_dir
+    n = 1 + dirs + n_files
+    parents = np.zeros(n, np.int64)
+    parents[1 + dirs:] = 1 + np.arange(n_files) // per_dir
+    kinds = np.full(n, KIND_FILE, np.int8)
+    kinds[:1 + dirs] = KIND_DIR
+    names = [b""] + [b"d%05d" % d for d in range(dirs)] + [b"f%08d.bin" % i for i in range(n_files)]
+    root_st = os.stat(root)
+    col = {f: i for i, f in enumerate(_STAT_FIELDS)}
+    stats = np.zeros((n, len(_STAT_FIELDS)), np.int64)
+    stats[:, col["st_mode"]] = 0o100644
+    stats[:1 + dirs, col["st_mode"]] = 0o040755
+    stats[:, col["st_ino"]] = np.arange(n) + (1 << 32)
+    stats[0, col["st_ino"]] = root_st.st_ino
+    stats[:, col["st_dev"]] = root_st.st_dev
+    stats[:, col["st_nlink"]] = 1
+    stats[1 + dirs:, col["st_size"]] = size
+    stats[1 + dirs:, col["st_blocks"]] = -(-size // 512)
+    for f in ("st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
+        stats[:, col[f]] = 1_700_000_000 * 10**9
+    return Tree(parents=parents, kinds=kinds, names=b"".join(names),
+                name_ends=np.cumsum([len(x) for x in names], dtype=np.int64), links=b"",
+                link_ends=np.zeros(n, np.int64), stats=stats, files=np.arange(1 + dirs, n, dtype=np.int64),
+                dev=root_st.st_dev, path_hashes=np.arange(n_files, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
