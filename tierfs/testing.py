@@ -245,32 +245,28 @@ def synthetic_tree(root: str | os.PathLike[str], *, dirs: int, per_dir: int, siz
     """A tree of ``dirs`` x ``per_dir`` files of ``size`` bytes made from arrays, no file behind them, rooted at
     the real directory ``root`` (a saved tree is loaded only for the root it was saved for).  Save it as the
     cache dir's ``tree.bin`` (``opening.TREE_NAME``) beside a journal and an engine opened on that cache resumes
-    over it."""
+    over it.  Built through the scan's own assembly (``tree._Scan``), as a scan of such a tree would be."""
     import numpy as np
 
-    from tierfs.tree import _STAT_FIELDS, KIND_DIR, KIND_FILE, Tree
+    from tierfs.tree import KIND_DIR, KIND_FILE, _Batch, _Scan, path_hash
 
-    n_files = dirs * per_dir
-    n = 1 + dirs + n_files
-    parents = np.zeros(n, np.int64)
-    parents[1 + dirs:] = 1 + np.arange(n_files) // per_dir
-    kinds = np.full(n, KIND_FILE, np.int8)
-    kinds[:1 + dirs] = KIND_DIR
-    names = [b""] + [b"d%05d" % d for d in range(dirs)] + [b"f%08d.bin" % i for i in range(n_files)]
     root_st = os.stat(root)
-    col = {f: i for i, f in enumerate(_STAT_FIELDS)}
-    stats = np.zeros((n, len(_STAT_FIELDS)), np.int64)
-    stats[:, col["st_mode"]] = 0o100644
-    stats[:1 + dirs, col["st_mode"]] = 0o040755
-    stats[:, col["st_ino"]] = np.arange(n) + (1 << 32)
-    stats[0, col["st_ino"]] = root_st.st_ino
-    stats[:, col["st_dev"]] = root_st.st_dev
-    stats[:, col["st_nlink"]] = 1
-    stats[1 + dirs:, col["st_size"]] = size
-    stats[1 + dirs:, col["st_blocks"]] = -(-size // 512)
-    for f in ("st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
-        stats[:, col[f]] = 1_700_000_000 * 10**9
-    return Tree(parents=parents, kinds=kinds, names=b"".join(names),
-                name_ends=np.cumsum([len(x) for x in names], dtype=np.int64), links=b"",
-                link_ends=np.zeros(n, np.int64), stats=stats, files=np.arange(1 + dirs, n, dtype=np.int64),
-                dev=root_st.st_dev, path_hashes=np.arange(n_files, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    scan = _Scan(root_st, frozenset())
+    t = 1_700_000_000 * 10**9
+
+    def batch(names: list[bytes], kind: int, mode: int, first_ino: int, hashes: np.ndarray) -> _Batch:
+        k = len(names)
+        columns = np.tile(np.array([size if kind == KIND_FILE else 4096, -(-size // 512), t, t], np.int64), (k, 1))
+        return _Batch(names, np.full(k, kind, np.int8), [(mode, 1, 0, 0, 0)], np.zeros(k, np.int32),
+                      np.arange(first_ino, first_ino + k, dtype=np.uint64), columns, hashes)
+
+    dir_names = [b"d%05d" % d for d in range(dirs)]
+    scan.add(0, b"", batch(dir_names, KIND_DIR, 0o040755, 1 << 32, np.zeros(dirs, np.uint64)))
+    scan.levels.append(scan.count)
+    for d, dname in enumerate(dir_names):
+        names = [b"f%08d.bin" % (d * per_dir + i) for i in range(per_dir)]
+        hashes = np.fromiter((path_hash(dname + b"/" + n) for n in names), np.uint64, per_dir)
+        scan.add(1 + d, dname + b"/", batch(names, KIND_FILE, 0o100644, (1 << 33) + d * per_dir, hashes))
+    scan.levels.append(scan.count)
+    return scan.tree()
+
