@@ -500,6 +500,11 @@ class CacheStore:
     def get(self, fidx: int) -> CacheEntry | None:
         return self.entries.get(fidx)
 
+    def cached(self, files: np.ndarray) -> np.ndarray:
+        """Which of ``files`` have a copy, as a mask: one pass over the index, not a lookup per file (a switch
+        asks about millions, on the trio thread)."""
+        return np.isin(files, np.fromiter(self.entries, np.int64, len(self.entries)))
+
     def touch(self, entry: CacheEntry) -> None:
         """Mark as most recently used (the LRU policy evicts from the other end)."""
         if self.entries.get(entry.fidx) is entry:

@@ -32,6 +32,7 @@ import logging
 import os
 from collections.abc import Callable
 
+import numpy as np
 import trio
 
 from sampler.iomodel import stall_free_rf
@@ -43,6 +44,7 @@ from tierfs.journal import JournalWriter, Position, load_position
 from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
 from tierfs.options import MountConfig, Settings, format_size
+from tierfs.planner import Planner
 from tierfs.policy import POLICIES
 from tierfs.pusher import KernelCache, Pusher, push_budget
 from tierfs.revalidate import Revalidator
@@ -127,10 +129,11 @@ class Engine:
                              changed=self._changed, restage=self._restage, data_dir_lost=self._data_dir_lost)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
         self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self._root_relisted)
+        self.planner = Planner(self.schedule, self._cached, landed=self._planned)
         if self.trees.scanned:
             self.reval.confirm_all()  # the scan just read every fingerprint
         # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
-        self.schedule.start(self._is_cached)
+        self.schedule.start(self._cached)
         self._entered()
         self._opened = True
         self.save_journal()
@@ -147,6 +150,7 @@ class Engine:
         background until cancelled."""
         rescan = functools.partial(self.trees.run, self.tree, limiter=self.cache_limiter,
                                    confirm_all=self.reval.confirm_all, changed=self._changed, gone=self._gone)
+        self.schedule.plans_ahead = True  # from now on a missing plan is the planner's, never a request's
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = self.data.nursery = nursery
@@ -158,11 +162,13 @@ class Engine:
                 nursery.start_soon(supervised, "backing watch", self.backing.run)
                 nursery.start_soon(supervised, "staging watch", self.stager.watch)  # (readers' copies too)
                 if self.policy.walks_plans:
+                    nursery.start_soon(supervised, "planner", self.planner.run)
                     nursery.start_soon(supervised, "pusher", self.pusher.run)
                     nursery.start_soon(supervised, "stager", self.stager.run)
                 task_status.started()
         finally:
             self._nursery = self.data.nursery = None
+            self.schedule.plans_ahead = False
             self.journal.flush()  # what the writer had not written yet
 
     async def stop_kernel_calls(self, timeout: float) -> bool:
@@ -200,8 +206,8 @@ class Engine:
     def current_mini_epoch(self) -> tuple[int, int]:
         return self.schedule.pos.epoch, self.schedule.pos.mini_epoch
 
-    def _is_cached(self, fidx: int) -> bool:
-        return self.cache.get(fidx) is not None
+    def _cached(self, files: np.ndarray) -> np.ndarray:
+        return self.cache.cached(files)
 
     def _entered(self) -> None:
         """A mini-epoch became current (mount, switch, replan): evict, re-queue staging and pushes."""
@@ -210,7 +216,8 @@ class Engine:
             self.stager.notify()
         order = sch.staging_order()
         self.stager.reset(order)
-        self.pusher.reset(order, {*sch.wanted.nonzero()[0].tolist()} if self.pusher.pushed else set())
+        self.pusher.reset(order, sch.wanted)
+        self.planner.notify()  # (a new epoch: plan the next one now, ready when its last mini-epoch needs it)
 
     def rf_now(self) -> int:
         """The rf in force: the setting, or with ``auto`` the smallest stall-free one measured so far."""
@@ -223,7 +230,10 @@ class Engine:
 
     def next_ready(self) -> bool:
         """The next mini-epoch is cached, or as much of it as fits: staging is stuck on space that only a
-        switch can free (a mini-epoch a little over half the cache).  Always under lru (no next one)."""
+        switch can free (a mini-epoch a little over half the cache).  Never while its epoch is being planned;
+        always under lru (no next one)."""
+        if self.schedule.next_coords is None:
+            return False
         if not self.schedule.pending_next:
             return True
         return self.stager.blocked and not self.stager.inflight and not self.cache.doomed_bytes
@@ -239,16 +249,35 @@ class Engine:
         sch = self.schedule
         limit = sch.end_pass(self.rf_now())  # (never under lru: its passes do not switch)
         self.batch.pass_over()
-        if (limit and (self.settings.advance == "strict" or self.next_ready())) \
-                or (sch.advance_requested and self.next_ready()):
+        if ((limit and (self.settings.advance == "strict" or self.next_ready()))
+                or (sch.advance_requested and self.next_ready())) and self._switch_when_planned():
+            return
+        sch.new_view()
+        self.save_journal()
+
+    def _switch_when_planned(self) -> bool:
+        """Switch now (True), or, while the next epoch is being planned (only ``advance=strict`` switches then),
+        mark the switch due: the last mini-epoch is shown again meanwhile, and the switch is made when the plan
+        lands (:meth:`_planned`) or at the end of that pass.  The request that ended the pass never plans."""
+        if self.schedule.next_coords is None:
+            self.schedule.pos.switch_due = True
+            return False
+        self._switch()
+        return True
+
+    def _planned(self) -> None:
+        """The plan the next mini-epoch waited for landed: make the switch that was due if no file of the pass
+        shown meanwhile was opened yet (never under a reader's feet: else at that pass's end), or stage it."""
+        sch = self.schedule
+        if sch.pos.switch_due and not sch.reads_in_pass:
             self._switch()
         else:
-            sch.new_view()
-            self.save_journal()
+            self._entered()
+            self._advance_if_ready()
 
     def _switch(self) -> None:
         """The next mini-epoch takes over; the previous one is evicted (open files on release)."""
-        self.schedule.switch(self._is_cached)
+        self.schedule.switch(self._cached)
         self._entered()
         self.batch.pass_over()  # (after the eviction: a copy a plan named goes now, by its own name)
         self.save_journal()
@@ -312,11 +341,12 @@ class Engine:
         """The backing file now has stat ``st``: forget the old copy and pushed pages, stage it again."""
         self.tree.update_stat(fidx, st)
         self.data.changed_files.add(fidx)
-        self.schedule.disk_sizes[fidx] = self.cache.estimate(st.st_size, st.st_blocks)
+        self.schedule.set_disk_size(fidx, self.cache.estimate(st.st_size, st.st_blocks))
         self.cache.evict(fidx)
         self.pusher.forget(fidx)
         self._restage(fidx)
         self.data.mark_stale(fidx)
+        self.planner.notify()  # (a plan that failed on its size may fit now)
 
     def _gone(self, fidx: int) -> None:
         """The backing file is gone (or no longer a regular file): the next open finds that out (ENOENT)."""
@@ -342,7 +372,8 @@ class Engine:
     @property
     def last_error(self) -> str | None:
         """What ``status`` shows: a staging error until staging works again, else the last control error."""
-        return self.stager.error or self.journal.error or self.control_error or self.schedule.plan_note
+        sch = self.schedule
+        return self.stager.error or self.journal.error or self.control_error or sch.plan_error or sch.plan_note
 
     def control_text(self) -> bytes:
         return self.settings.as_lines().encode()
@@ -356,8 +387,9 @@ class Engine:
         return ControlWriter(self)
 
     def check_plan(self, settings: Settings) -> None:
-        """``ValueError`` if ``settings`` cannot plan the next epoch (a control write is then refused)."""
-        self.schedule.plan_for(settings, self.schedule.pos.epoch + 1)
+        """``ValueError`` if ``settings`` cannot plan the next epoch (a control write is then refused); a sum
+        and a max over the sizes, no plan: the plan is made off the trio thread (planner.py)."""
+        self.schedule.check(settings)
 
     def apply_settings(self, new: Settings, *, replan: bool) -> None:
         """Settings from a validated control write; ``replan``: nm/mini_epoch_size/composition changed."""
@@ -370,13 +402,13 @@ class Engine:
             self.stager.tuner.set(new.staging_streams)
             self.stager.notify()
         if replan:
-            self.schedule.replan(new, self._is_cached)
+            self.schedule.replan(new, self._cached)
             self._entered()
 
     def rf_changed(self) -> None:
         """A new ``rf``: under ``advance=strict`` a mini-epoch already past it leaves at once."""
         if self.settings.advance == "strict" and self.schedule.pos.pass_index >= self.rf_now():
-            self._switch()
+            self._switch_when_planned()
 
     def notify(self) -> None:
         self.stager.notify()

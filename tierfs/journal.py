@@ -34,6 +34,7 @@ class Position:
     rf_effective: list[int] = field(default_factory=lambda: [0])
     arf_history: list[dict[str, Any]] = field(default_factory=list)
     last_pass: list[int] | None = None  # [epoch, mini_epoch] of the last completed pass (what feedback is about)
+    switch_due: bool = False  # a switch waits for the next epoch's plan (made at the next mount's start)
 
 
 def load_position(cache_dir: str) -> Position | None:
@@ -54,6 +55,7 @@ def load_position(cache_dir: str) -> Position | None:
             rf_effective=[int(x) for x in raw.get("rf_effective", [0])] or [0],
             arf_history=list(raw.get("arf_history", [])),
             last_pass=_pair(raw.get("last_pass")),
+            switch_due=raw.get("switch_due", False) is True,
         )
     except (KeyError, TypeError, ValueError):
         return None

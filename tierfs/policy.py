@@ -74,7 +74,7 @@ class MetPolicy(CachePolicy):
     walks_plans = True
 
     def check_fits(self) -> None:
-        """A copy at most half the cache, and a plan of the position's epoch that fits."""
+        """A copy at most half the cache, and settings that can plan an epoch."""
         sch = self.schedule
         cap, disk = sch.capacity, sch.disk_sizes
         if disk.size and int(disk.max()) * 2 > cap:
@@ -83,7 +83,7 @@ class MetPolicy(CachePolicy):
                 f"capacity must be at least 2 x the largest file's copy ({os.fsdecode(sch.tree.file_path(i))}: "
                 f"{int(disk[i])} bytes on the cache disk), got {cap} ({format_size(cap)})"
             )
-        sch.plan_for(sch.settings, sch.pos.epoch)  # raises ValueError with the reason
+        sch.check(sch.settings)  # raises ValueError with the reason
 
     def keeps(self, fidx: int) -> bool:
         return bool(self.schedule.wanted[fidx])  # the current and the next mini-epoch

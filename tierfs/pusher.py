@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
 import trio
 
 from tierfs.cache import CacheEntry, CacheStore
@@ -199,13 +200,18 @@ class Pusher:
     def enabled(self) -> bool:
         return self.kernel.store is not None
 
-    def reset(self, files: list[int], wanted_now: set[int] | None) -> None:
-        """A new current mini-epoch: push what ``files`` (current, then next) still lack."""
+    def reset(self, files: np.ndarray, wanted_now: np.ndarray | None) -> None:
+        """A new current mini-epoch: push what ``files`` (current, then next) still lack; what was pushed stays
+        counted only where ``wanted_now`` (a mask per file) says.  Masks, not a lookup per file: a switch of a
+        big tree hands over millions, on the trio thread."""
         if wanted_now is not None:
-            self.pushed &= wanted_now
+            self.pushed = {f for f in self.pushed if wanted_now[f]}
         self.window = sum(int(self.tree.sizes[f]) for f in self.pushed)
         self.unknown = {}
-        self.queue = deque(f for f in files if f not in self.pushed and self.cache.get(f) is not None)
+        have = files[self.cache.cached(files)]
+        if self.pushed:
+            have = have[~np.isin(have, np.fromiter(self.pushed, np.int64, len(self.pushed)))]
+        self.queue = deque(have.tolist())
         self.wake()
 
     def want(self, fidx: int) -> None:

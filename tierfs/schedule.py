@@ -8,6 +8,15 @@ says whether the pass limit is reached and the engine decides (see ``Engine.end_
 With ``walks_plans`` (policy ``met``) it walks the mini-epochs of the sampler's plans.  Without (``lru``) there
 is no plan: the view is the whole tree and nothing is wanted ahead (copies are made on open); its passes are
 counted all the same.
+
+Plans are made ahead, off the trio thread, while the mount runs: planning 10 million files takes 0.25-2.6 s
+(docs/benchmarks.md), too long for a FUSE request to wait.  From the moment an epoch starts the schedule hands
+out a :class:`PlanJob` for the next one (``plan_job``), which the :class:`~tierfs.planner.Planner` makes in a
+worker thread and hands back (``adopt``).  Until it lands, the next mini-epoch of an epoch's last one is unknown
+(``next_coords`` is None): nothing of it is staged, ``advance=ready`` waits, and a switch that is due is recorded
+(``pos.switch_due``, journalled) and made by the engine when the plan lands or at the end of the pass shown
+meanwhile.  Before the mount serves (``start``) and where no planner runs (engine tests), a missing plan is made
+at once.
 """
 
 from __future__ import annotations
@@ -18,13 +27,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sampler.plan import min_mini_epochs, plan_epoch
+from sampler.plan import plan_epoch
 from tierfs.journal import Position
 from tierfs.options import Settings, format_size
 from tierfs.tree import Tree
 from tierfs.view import View
 
-__all__ = ["Schedule", "ScheduleStatistics"]
+__all__ = ["Cached", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
+
+#: which of some files have a copy in the cache, as a mask (the engine's ``CacheStore.cached``)
+Cached = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,76 @@ class ScheduleStatistics:
     consumption_bytes_per_s: float
 
 
+def _budget(settings: Settings, capacity: int) -> tuple[int, int | None]:
+    """(bytes a mini-epoch may take, nm or None): half the cache, or ``mini_epoch_size`` (then no nm)."""
+    if settings.mini_epoch_size:
+        return min(capacity // 2, settings.mini_epoch_size), None
+    return capacity // 2, settings.nm
+
+
+def check_fits(sizes: np.ndarray, settings: Settings, capacity: int) -> None:
+    """``ValueError`` with the reason and the fix if ``settings`` cannot plan an epoch of files of ``sizes`` (on
+    the cache disk) in ``capacity``; a sum and a max, no plan (a control write validates with it).
+
+    Exactly when :func:`make_plan` takes the settings: with ``mini_epoch_size`` (no nm) the planner picks the
+    count and fails only on a file larger than a mini-epoch; with ``nm`` a plan whose mini-epochs all fit half
+    the cache has ``total <= budget x nm x world_size``, and when no cut fits, the balanced cut is taken as
+    long as a mini-epoch fits on average within one file: ``total <= (budget + biggest) x nm x world_size``."""
+    budget, nm = _budget(settings, capacity)
+    ws = settings.world_size
+    total, biggest = int(sizes.sum()), int(sizes.max(initial=0))
+    if (biggest <= budget) if nm is None else (total <= (budget + biggest) * nm * ws):
+        return
+    need = max(1, -(-total // max(1, budget * ws)))  # nm >= this always fits (the formula of docs/tuning.md)
+    what = f"nm={nm}" if nm is not None else f"mini_epoch_size={settings.mini_epoch_size}"
+    per = -(-total // ((nm or need) * ws))
+    rank_note = " per rank" if ws > 1 else ""
+    raise ValueError(
+        f"{what} does not fit capacity={format_size(capacity)}: a mini-epoch must fit in half the "
+        f"cache, {format_size(budget)}, but the copies of the data set take {format_size(total)} of the "
+        f"cache disk, in {nm or need} mini-epochs {format_size(per)} each{rank_note}; use nm >= {need} or "
+        f"capacity >= {format_size(2 * per)}"
+    )
+
+
+def make_plan(sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacity: int,
+              epoch: int) -> tuple[list[np.ndarray], str | None]:
+    """The plan of ``epoch`` and, if ``settings`` cannot plan it (the sizes changed since they were checked),
+    why: it then takes as many mini-epochs as half the cache needs.  Pure: a worker thread runs it."""
+    budget, nm = _budget(settings, capacity)
+    args = dict(seed=settings.seed, epoch=epoch, composition=settings.composition,
+                groups=groups if settings.composition == "stratified" else None, rank=settings.rank,
+                world_size=settings.world_size)
+    try:
+        check_fits(sizes, settings, capacity)
+    except ValueError as exc:
+        note = f"epoch {epoch}: {exc}; this epoch uses more mini-epochs"
+        return plan_epoch(sizes, budget=capacity // 2, **args), note
+    try:
+        return plan_epoch(sizes, nm=nm, budget=budget, **args), None
+    except ValueError:
+        # (nm is given: without it the planner picks a count that fits.)  On average a mini-epoch fits half the
+        # cache (within a file), but no cut keeps every one under it.  Take the balanced cut: the stager never
+        # passes the cap, and a mini-epoch a little over half is finished after the switch (Engine.next_ready).
+        return plan_epoch(sizes, nm=nm, **args), None
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    """One epoch's plan to make in a worker thread, with what it reads: ``sizes`` is not written while a job
+    holds it (:meth:`Schedule.set_disk_size` copies it first), the rest never changes."""
+
+    epoch: int
+    settings: Settings
+    capacity: int
+    sizes: np.ndarray
+    groups: np.ndarray
+    generation: int
+
+    def make(self) -> tuple[list[np.ndarray], str | None]:
+        return make_plan(self.sizes, self.groups, self.settings, self.capacity, self.epoch)
+
+
 class Schedule:
     """See the module docstring.  ``pos`` is the journalled position (owned here from now on)."""
 
@@ -60,16 +142,23 @@ class Schedule:
         self.capacity = capacity
         self.pos = pos
         self.plans: dict[int, list[np.ndarray]] = {}
+        #: set while the engine runs (``Engine.run``): a missing plan is left to its planner, never made here
+        self.plans_ahead = False
+        self._awaited: int | None = None  # the epoch whose plan the walk to the next mini-epoch waits for
+        self._generation = 0  # bumped by a replan: plans made from older settings are not kept
+        self._sizes_lent = False  # disk_sizes is read by a plan job (copy before writing)
         n = tree.n_files
         self.current = np.zeros(0, np.int64)
         self.current_mask = np.zeros(n, bool)
         self.next_files = np.zeros(0, np.int64)
-        self.next_coords = (0, 0)
+        #: the mini-epoch after the current one; None while its epoch's plan is being made
+        self.next_coords: tuple[int, int] | None = (0, 0)
         self.wanted = np.zeros(n, bool)
         self.pending_next: set[int] = set()  # files of the next mini-epoch not cached yet
         self.view: View | None = None
         self.advance_requested = False
         self.plan_note: str | None = None  # why a later epoch needed more mini-epochs (shown as last_error)
+        self.plan_error: str | None = None  # why the planner could not plan the next epoch (until it can)
         #: (epoch, mini_epoch) of the last completed pass: what a ``feedback`` line is about (see control.py)
         self.last_pass: tuple[int, int] | None = tuple(pos.last_pass) if pos.last_pass else None  # type: ignore
         self._read_mark = np.zeros(n, bool)
@@ -83,64 +172,84 @@ class Schedule:
 
     # ============================================================================================= plans
 
-    def plan_for(self, settings: Settings, epoch: int, *, budget_only: bool = False) -> list[np.ndarray]:
-        """The plan of ``epoch`` under ``settings``; ``ValueError`` with the reason and the fix if none fits."""
-        budget = self.capacity // 2
-        nm: int | None = None if budget_only else settings.nm
-        if settings.mini_epoch_size:
-            budget, nm = min(budget, settings.mini_epoch_size), None
-        sizes = self.disk_sizes
-        groups = self.tree.groups if settings.composition == "stratified" else None
-        args = dict(seed=settings.seed, epoch=epoch, composition=settings.composition, groups=groups,
-                    rank=settings.rank, world_size=settings.world_size)
-        try:
-            return plan_epoch(sizes, nm=nm, budget=budget, **args)
-        except ValueError:
-            total = int(sizes.sum())
-            biggest = int(sizes.max(initial=0))
-            if nm is not None and total <= (budget + biggest) * nm * settings.world_size:
-                # On average a mini-epoch fits half the cache (within a file), but no cut keeps every one under
-                # it.  Take the balanced cut: the stager never passes the cap, and a mini-epoch a little over
-                # half is finished after the switch (see Engine.next_ready).
-                return plan_epoch(sizes, nm=nm, **args)
-            try:
-                need = min_mini_epochs(sizes, budget=budget, seed=settings.seed, epoch=epoch,
-                                       composition=settings.composition, groups=groups,
-                                       world_size=settings.world_size)
-            except ValueError:
-                need = -(-total // max(1, budget * settings.world_size))
-            what = f"nm={nm}" if nm is not None else f"mini_epoch_size={settings.mini_epoch_size}"
-            per = -(-total // ((nm or need) * settings.world_size))
-            rank_note = " per rank" if settings.world_size > 1 else ""
-            raise ValueError(
-                f"{what} does not fit capacity={format_size(self.capacity)}: a mini-epoch must fit in half the "
-                f"cache, {format_size(budget)}, but the copies of the data set take {format_size(total)} of the "
-                f"cache disk, in {nm or need} mini-epochs {format_size(per)} each{rank_note}; use nm >= {need} or "
-                f"capacity >= {format_size(2 * per)}"
-            ) from None
+    def check(self, settings: Settings) -> None:
+        """``ValueError`` with the reason and the fix if ``settings`` cannot plan an epoch (no plan is made)."""
+        check_fits(self.disk_sizes, settings, self.capacity)
 
     def plan(self, epoch: int) -> list[np.ndarray]:
+        """The plan of ``epoch``, made now if it is missing: only where nothing waits on the trio thread for it
+        (before the mount serves, engine tests without a planner); see :meth:`_plan_or_none`."""
         plan = self.plans.get(epoch)
         if plan is None:
-            try:
-                plan = self.plan_for(self.settings, epoch)
-            except ValueError as exc:
-                # A random cut of a later epoch can miss the budget with this nm: take as many as it needs.
-                self.plan_note = f"epoch {epoch}: {exc}; this epoch uses more mini-epochs"
-                plan = self.plan_for(Settings(**{**self.settings.__dict__, "mini_epoch_size": None}), epoch,
-                                     budget_only=True)
-            for old in [e for e in self.plans if e < epoch - 1]:
-                del self.plans[old]
-            self.plans[epoch] = plan
+            plan, note = make_plan(self.disk_sizes, self.tree.groups, self.settings, self.capacity, epoch)
+            self._keep(epoch, plan, note)
         return plan
 
-    def coords_after(self, epoch: int, me: int) -> tuple[int, int]:
-        """The mini-epoch after (epoch, me), skipping empty shares (fewer files than nm x world_size)."""
-        for _ in range(4 * max(1, len(self.plan(epoch))) + 4):
+    def _plan_or_none(self, epoch: int) -> list[np.ndarray] | None:
+        """The plan of ``epoch``; while a planner runs, None if it is not made yet (the planner is asked for it)."""
+        if epoch in self.plans or not self.plans_ahead:
+            return self.plan(epoch)
+        self._awaited = epoch
+        return None
+
+    def _keep(self, epoch: int, plan: list[np.ndarray], note: str | None) -> None:
+        self.plan_error = None
+        if note is not None:
+            self.plan_note = note
+        for old in [e for e in self.plans if e < min(epoch, self.pos.epoch)]:
+            del self.plans[old]  # (the position never goes back)
+        self.plans[epoch] = plan
+
+    def plan_job(self) -> PlanJob | None:
+        """The plan to make next off the trio thread: the next epoch's from the moment an epoch starts (ready
+        when its last mini-epoch is entered), or a later one the walk to the next mini-epoch waits for."""
+        if not self.walks_plans:
+            return None
+        for epoch in range(self.pos.epoch + 1, max(self.pos.epoch + 1, self._awaited or 0) + 1):
+            if epoch not in self.plans:
+                self._sizes_lent = True  # (copied before it is written: set_disk_size)
+                return PlanJob(epoch, self.settings, self.capacity, self.disk_sizes, self.tree.groups,
+                               self._generation)
+        return None
+
+    def adopt(self, job: PlanJob, plan: list[np.ndarray], note: str | None, cached: Cached) -> bool:
+        """Keep a plan made from ``job``, unless the settings changed meanwhile (the planner is then asked for a
+        new one); True if it made the next mini-epoch known (its files are now wanted and pending)."""
+        if job.sizes is self.disk_sizes:
+            self._sizes_lent = False
+        if job.generation != self._generation or job.epoch in self.plans or job.epoch <= self.pos.epoch:
+            return False
+        self._keep(job.epoch, plan, note)
+        if self.next_coords is not None or self._awaited != job.epoch:
+            return False
+        self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)
+        return self.next_coords is not None
+
+    def plan_failed(self, job: PlanJob, reason: str) -> None:
+        """No plan fits (``status.last_error`` says why); the position stays until one does."""
+        self.plan_error = f"epoch {job.epoch} cannot be planned: {reason}"
+
+    def set_disk_size(self, fidx: int, size: int) -> None:
+        """A file changed: its copy's new estimate.  An array a plan job reads is copied first (never written
+        under a worker thread); a plan under way stays one of the sizes when it started, as a plan made earlier
+        stays one of its own (epochs are never replanned for a changed size: the stager keeps the cap)."""
+        if self._sizes_lent:
+            self.disk_sizes = self.disk_sizes.copy()
+            self._sizes_lent = False
+        self.disk_sizes[fidx] = size
+
+    def coords_after(self, epoch: int, me: int) -> tuple[int, int] | None:
+        """The mini-epoch after (epoch, me), skipping empty shares (fewer files than nm x world_size); None while
+        the plan of a later epoch it needs is being made."""
+        plan = self.plans[epoch]
+        for _ in range(4 * max(1, len(plan)) + 4):
             me += 1
-            if me >= len(self.plan(epoch)):
-                epoch, me = epoch + 1, 0
-            if len(self.plan(epoch)[me]):
+            if me >= len(plan):
+                nxt = self._plan_or_none(epoch + 1)
+                if nxt is None:
+                    return None
+                epoch, me, plan = epoch + 1, 0, nxt
+            if len(plan[me]):
                 return epoch, me
         return epoch, me
 
@@ -149,7 +258,7 @@ class Schedule:
 
     # ========================================================================================= position
 
-    def start(self, is_cached: Callable[[int], bool]) -> None:
+    def start(self, cached: Cached) -> None:
         """Enter the journalled position (or the next valid one, if the plan changed under the journal)."""
         if not self.walks_plans:
             n = self.tree.n_files
@@ -159,41 +268,50 @@ class Schedule:
             return
         plan = self.plan(self.pos.epoch)
         if self.pos.mini_epoch >= len(plan) or not len(plan[self.pos.mini_epoch]):
-            e, m = self.coords_after(self.pos.epoch, min(self.pos.mini_epoch, len(plan)) - 1)
-            self.pos.epoch, self.pos.mini_epoch, self.pos.pass_index = e, m, 0
-        self.enter(self.pos.epoch, self.pos.mini_epoch, is_cached)
+            coords = self.coords_after(self.pos.epoch, min(self.pos.mini_epoch, len(plan)) - 1)
+            assert coords is not None  # (no planner runs yet: a missing plan is made at once)
+            self.pos.epoch, self.pos.mini_epoch = coords
+            self.pos.pass_index, self.pos.switch_due = 0, False
+        self.enter(self.pos.epoch, self.pos.mini_epoch, cached)
+        if self.pos.switch_due:
+            self.switch(cached)  # due when the mount stopped, waiting for the next epoch's plan
 
-    def enter(self, epoch: int, me: int, is_cached: Callable[[int], bool], *, keep_view: bool = False) -> None:
+    def enter(self, epoch: int, me: int, cached: Cached, *, keep_view: bool = False) -> None:
         """Make (epoch, me) current and recompute next, wanted and pending; a new view unless ``keep_view``
         (a plan change keeps the view and pass it is in).  The one way into a mini-epoch."""
         if not keep_view:
             self.pos.epoch, self.pos.mini_epoch = epoch, me
-            self.current = self.plan(epoch)[me]
+            self.current = self.plans[epoch][me]
             self.current_mask[:] = False
             self.current_mask[self.current] = True
+        self._awaited = None
         self.next_coords = self.coords_after(self.pos.epoch, self.pos.mini_epoch)
-        self.next_files = self.plan(self.next_coords[0])[self.next_coords[1]]
-        if self.next_coords == (self.pos.epoch, self.pos.mini_epoch):
-            self.next_files = np.zeros(0, np.int64)
+        if self.next_coords is None or self.next_coords == (self.pos.epoch, self.pos.mini_epoch):
+            self.next_files = np.zeros(0, np.int64)  # (not planned yet, or no other mini-epoch)
+        else:
+            self.next_files = self.plans[self.next_coords[0]][self.next_coords[1]]
         self.wanted = self.current_mask.copy()
         self.wanted[self.next_files] = True
-        self.pending_next = {f for f in self.next_files.tolist() if not is_cached(f)}
+        self.pending_next = set(self.next_files[~cached(self.next_files)].tolist())
         if not keep_view:
             self.new_view()
 
-    def switch(self, is_cached: Callable[[int], bool]) -> None:
-        """The next mini-epoch takes over."""
+    def switch(self, cached: Cached) -> None:
+        """The next mini-epoch takes over (it must be known: ``next_coords``)."""
+        assert self.next_coords is not None
         epoch, me = self.next_coords
         self.pos.pass_index = 0
+        self.pos.switch_due = False
         self.pos.rf_effective.append(0)
         self.advance_requested = False
-        self.enter(epoch, me, is_cached)
+        self.enter(epoch, me, cached)
 
-    def replan(self, settings: Settings, is_cached: Callable[[int], bool]) -> None:
+    def replan(self, settings: Settings, cached: Cached) -> None:
         """New nm/mini_epoch_size/composition: the current epoch keeps its plan, later epochs use the new one."""
         self.settings = settings
         self.plans = {e: p for e, p in self.plans.items() if e <= self.pos.epoch}
-        self.enter(self.pos.epoch, self.pos.mini_epoch, is_cached, keep_view=True)
+        self._generation += 1  # a plan under way with the old settings is not kept
+        self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)
 
     def new_view(self) -> None:
         s = self.settings
@@ -212,11 +330,11 @@ class Schedule:
         self._pass_started = None
         self._pass_opened = 0
 
-    def staging_order(self) -> list[int]:
+    def staging_order(self) -> np.ndarray:
         """What the stager should copy, in order: what the current mini-epoch lacks, then the next one."""
         if not self.walks_plans:
-            return []
-        return [*self.current.tolist(), *self.next_files.tolist()]
+            return np.zeros(0, np.int64)
+        return np.concatenate([self.current, self.next_files])
 
     def statistics(self) -> ScheduleStatistics:
         pos, view, sizes, nxt = self.pos, self.view, self.tree.sizes, self.next_files

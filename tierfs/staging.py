@@ -54,6 +54,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
 import trio
 
 from tierfs.backing import Backing
@@ -223,9 +224,9 @@ class Stager:
 
     # ------------------------------------------------------------------------------------- the queue
 
-    def reset(self, files: list[int]) -> None:
+    def reset(self, files: np.ndarray) -> None:
         """Stage these files, in this order, instead of whatever was queued (copies in flight go on)."""
-        self.queue = deque(f for f in files if self.cache.get(f) is None)
+        self.queue = deque(files[~self.cache.cached(files)].tolist())
         self.failed.clear()
         self.unstaged = {f: why for f, why in self.unstaged.items() if self._wanted(f)}  # (what status names)
         self.blocked = False

@@ -3,7 +3,8 @@
 ``mounted()`` starts ``python -m tierfs mount ...`` in the foreground, waits until ``/.tierfs/status`` answers
 (or the process dies, which raises with its stderr), yields, and on the way out sends SIGTERM, waits, kills if
 it must, and lazily unmounts (``fusermount3 -uz``) whatever is left -- a failing test never leaves a mount or
-a process behind.
+a process behind.  ``synthetic_tree()`` makes a tree of millions of files from arrays, with no file behind
+them: engine tests and benchmarks resume an engine over it (its ``tree.bin`` in the cache dir) at that scale.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tierfs.client import Client
 from tierfs.mount import abort_connection as abort_fuse_connection
 from tierfs.mount import fuse_connection
 
+if TYPE_CHECKING:
+    from tierfs.tree import Tree
+
 __all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "is_mounted", "mounted", "passthrough",
-           "wait_until"]
+           "synthetic_tree", "wait_until"]
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -234,3 +239,34 @@ def make_dataset(root: str | os.PathLike[str], *, dirs: int = 4, files_per_dir: 
                 f.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
             out[rel] = size
     return out
+
+
+def synthetic_tree(root: str | os.PathLike[str], *, dirs: int, per_dir: int, size: int) -> Tree:
+    """A tree of ``dirs`` x ``per_dir`` files of ``size`` bytes made from arrays, no file behind them, rooted at
+    the real directory ``root`` (a saved tree is loaded only for the root it was saved for).  Save it as the
+    cache dir's ``tree.bin`` (``opening.TREE_NAME``) beside a journal and an engine opened on that cache resumes
+    over it.  Built through the scan's own assembly (``tree._Scan``), as a scan of such a tree would be."""
+    import numpy as np
+
+    from tierfs.tree import KIND_DIR, KIND_FILE, _Batch, _Scan, path_hash
+
+    root_st = os.stat(root)
+    scan = _Scan(root_st, frozenset())
+    t = 1_700_000_000 * 10**9
+
+    def batch(names: list[bytes], kind: int, mode: int, first_ino: int, hashes: np.ndarray) -> _Batch:
+        k = len(names)
+        columns = np.tile(np.array([size if kind == KIND_FILE else 4096, -(-size // 512), t, t], np.int64), (k, 1))
+        return _Batch(names, np.full(k, kind, np.int8), [(mode, 1, 0, 0, 0)], np.zeros(k, np.int32),
+                      np.arange(first_ino, first_ino + k, dtype=np.uint64), columns, hashes)
+
+    dir_names = [b"d%05d" % d for d in range(dirs)]
+    scan.add(0, b"", batch(dir_names, KIND_DIR, 0o040755, 1 << 32, np.zeros(dirs, np.uint64)))
+    scan.levels.append(scan.count)
+    for d, dname in enumerate(dir_names):
+        names = [b"f%08d.bin" % (d * per_dir + i) for i in range(per_dir)]
+        hashes = np.fromiter((path_hash(dname + b"/" + n) for n in names), np.uint64, per_dir)
+        scan.add(1 + d, dname + b"/", batch(names, KIND_FILE, 0o100644, (1 << 33) + d * per_dir, hashes))
+    scan.levels.append(scan.count)
+    return scan.tree()
+

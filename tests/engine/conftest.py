@@ -90,9 +90,10 @@ async def read_view(engine: Engine) -> int:
 
 
 async def settle(engine: Engine) -> None:
-    """Wait until the stager has nothing left to do (everything wanted is cached or failed)."""
+    """Wait until the next mini-epoch is known (its epoch planned by the engine's planner) and the stager has
+    nothing left to do (everything wanted is cached or failed)."""
     for _ in range(2000):
-        if engine.stager.settled():
+        if engine.schedule.next_coords is not None and engine.stager.settled():
             return
         await trio.sleep(0.005)
     raise AssertionError("staging did not settle")

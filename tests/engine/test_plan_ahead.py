@@ -1,0 +1,170 @@
+"""Plans made ahead, off the trio thread (issue 22): the request that ends an epoch's last pass never plans.
+
+The big test resumes an engine over a saved tree of 2,000,000 files (the path a remount takes: ``tree.bin`` and
+the journal in the cache dir), so the planning it moves off the trio thread costs what it costs at scale.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import trio
+
+import tierfs.schedule
+from tierfs.journal import load_position
+from tierfs.opening import TREE_NAME
+from tierfs.testing import synthetic_tree
+
+
+@pytest.fixture
+def plan_threads(monkeypatch):
+    """The thread of every ``plan_epoch`` call the schedule makes (the real planner runs; only its caller's
+    thread is noted)."""
+    threads: list[int] = []
+    real = tierfs.schedule.plan_epoch
+
+    def noted(*args, **kwargs):
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tierfs.schedule, "plan_epoch", noted)
+    return threads
+
+
+async def _until(what: str, pred, timeout: float = 120.0) -> None:
+    with trio.move_on_after(timeout):
+        while not pred():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ending_an_epochs_last_pass_at_2m_files_never_plans_on_the_trio_thread(open_engine, tmp_path, dataset, t,
+                                                                                plan_threads):
+    backing, _ = dataset
+    cache = tmp_path / "big-cache"
+    settings = dict(capacity=8 << 30, cache=cache, nm=2, rf=1, advance="strict")  # 2 x 3.8 GiB of 4 KiB
+    open_engine(**settings).close()  # a cache dir of tierfs's own, with a journal at (0, 0, 0)
+    synthetic_tree(backing, dirs=1000, per_dir=2000, size=4096).save(os.fspath(cache / TREE_NAME))
+    e = open_engine(**settings)
+    assert e.tree.n_files == 2_000_000 and e.trees.statistics().source == "saved"
+
+    async def main():
+        trio_thread = threading.get_ident()
+        plan_threads.clear()
+        async with trio.open_nursery() as n:
+            # the planner alone (the rest of ``run`` would rescan a backing without these files), as run starts it
+            e.schedule.plans_ahead = True
+            n.start_soon(e.planner.run)
+            e.control_write(b"next-pass\n")  # rf=1: mini-epoch 1, the epoch's last
+            assert e.current_mini_epoch == (0, 1)
+            e.control_write(b"next-pass\n")  # its last pass: the switch into epoch 1 is due
+            assert trio_thread not in plan_threads, "a request planned on the trio thread"
+            await _until("the switch into epoch 1", lambda: e.current_mini_epoch == (1, 0))
+            assert e.schedule.pos.rf_effective == [1, 1, 0] and not e.schedule.pos.switch_due
+            assert len(e.schedule.view) == len(e.schedule.plans[1][0]) > 900_000
+            await _until("epoch 2 planned ahead", lambda: 2 in e.schedule.plans)
+            n.cancel_scope.cancel()
+        assert plan_threads and trio_thread not in plan_threads
+        assert len(plan_threads) >= e.planner.made >= 2  # epochs 1 and 2
+
+    t.run(main)
+
+
+def test_a_switch_due_while_the_next_epoch_is_planned_is_made_when_the_plan_lands(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    e.schedule.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
+    e.control_write(b"next-pass\n")  # into mini-epoch 1, the epoch's last: what comes after is not planned
+    assert e.current_mini_epoch == (0, 1) and e.schedule.next_coords is None and not len(e.schedule.next_files)
+    assert not e.next_ready()
+    e.control_write(b"next-pass\n")  # the last pass ends: the switch is due, the view stays
+    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due and e.schedule.pos.pass_index == 1
+    assert len(e.schedule.view) == len(e.schedule.plans[0][1])
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(e.planner.run)
+            await _until("the switch", lambda: e.current_mini_epoch == (1, 0))
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert not e.schedule.pos.switch_due and e.schedule.pos.rf_effective == [1, 1, 0]
+    assert (e.schedule.view.files == e.schedule.plans[1][0]).all()
+
+
+def test_a_due_switch_never_takes_the_view_from_a_reader_who_began_the_pass_shown_meanwhile(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    e.schedule.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
+    e.control_write(b"next-pass\n")
+    e.control_write(b"next-pass\n")
+    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
+
+    async def main():
+        order = e.schedule.view.order.tolist()
+        await t.read_file(e, order[0])  # a reader begins the pass shown while epoch 1 is planned
+        async with trio.open_nursery() as n:
+            n.start_soon(e.planner.run)
+            await _until("the plan of epoch 1", lambda: e.schedule.next_coords is not None)
+            n.cancel_scope.cancel()
+        assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due  # the reader's view stays
+        for f in order[1:]:
+            assert await t.read_file(e, f) == t.backing_bytes(e, f)
+        assert e.current_mini_epoch == (1, 0) and not e.schedule.pos.switch_due  # switched at the pass's end
+        assert e.schedule.pos.rf_effective == [1, 2, 0]
+
+    t.run(main)
+
+
+def test_a_due_switch_is_journalled_and_made_when_the_mount_resumes(open_engine, t):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    e.schedule.plans_ahead = True  # as while the planner runs, epoch 1's plan not landed
+    e.control_write(b"next-pass\n")
+    e.control_write(b"next-pass\n")
+    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
+    e.close()
+    assert load_position(e.config.cache).switch_due
+    e2 = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    assert e2.current_mini_epoch == (1, 0) and not e2.schedule.pos.switch_due
+    assert e2.schedule.pos.rf_effective == [1, 1, 0] and e2.schedule.pos.pass_index == 0
+
+
+def test_a_plan_made_with_settings_replaced_meanwhile_is_not_kept(open_engine):
+    e = open_engine(capacity=1 << 20, nm=2, rf=1)
+    sch = e.schedule
+    sch.plans_ahead = True
+    job = sch.plan_job()  # what the planner takes: epoch 1, with nm=2
+    assert job is not None and job.epoch == 1 and job.settings.nm == 2
+    sizes = job.sizes.copy()
+    sch.set_disk_size(0, 1 << 19)  # a file grew while the job ran: the job's sizes are not written
+    assert (job.sizes == sizes).all() and sch.disk_sizes[0] == 1 << 19
+    e.control_write(b"nm=4\n")
+    assert not sch.adopt(job, *job.make(), e._cached) and 1 not in sch.plans
+    again = sch.plan_job()
+    assert again is not None and again.epoch == 1 and again.settings.nm == 4
+    sch.adopt(again, *again.make(), e._cached)
+    assert len(sch.plans[1]) == 4 and sch.plan_job() is None
+
+
+def test_a_plan_that_cannot_be_made_is_reported_and_made_once_it_can(open_engine, t):
+    e = open_engine(capacity=1 << 20, mini_epoch_size=256 << 10, rf=1)  # (the data set: one mini-epoch)
+    sch = e.schedule
+    sch.plans_ahead = True  # as while the engine runs
+    e.control_write(b"mini_epoch_size=200K\n")  # epoch 1 is to be planned again
+    assert 1 not in sch.plans and sch.next_coords is None
+    size = int(sch.disk_sizes[0])
+    sch.set_disk_size(0, 1 << 20)  # then a file grows past half the cache
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(e.planner.run)
+            await _until("the failure reported", lambda: e.status().last_error is not None)
+            assert "epoch 1 cannot be planned" in e.status().last_error and 1 not in sch.plans
+            sch.set_disk_size(0, size)
+            e.planner.notify()
+            await _until("the plan", lambda: 1 in sch.plans)
+            n.cancel_scope.cancel()
+        assert e.status().last_error is None
+
+    t.run(main)

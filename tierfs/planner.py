@@ -1,0 +1,56 @@
+"""The planner: the background job that makes the schedule's plans ahead, in a worker thread.
+
+Planning an epoch of 10 million files takes 0.25-2.6 s (docs/benchmarks.md, "Planning 10 million files"); made
+on the trio thread, inside the request that ended a pass, it held every reader of the mount for that long.  The
+:class:`~tierfs.schedule.Schedule` owns the plans and says which one is missing (``plan_job``: the next epoch's,
+from the moment an epoch starts); this job makes it with ``trio.to_thread.run_sync`` (the sampler is pure numpy
+and the job's inputs are not written meanwhile) and hands it back (``adopt``), which keeps it unless the
+settings changed meanwhile -- then the next job plans with the new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from tierfs.schedule import Cached, Schedule
+
+__all__ = ["Planner"]
+
+
+class Planner:
+    """See the module docstring.  ``landed()`` is told when a plan made the next mini-epoch known (the engine
+    stages it, or makes the switch that waited for it); ``notify()`` says the schedule may lack a plan now."""
+
+    def __init__(self, schedule: Schedule, cached: Cached, landed: Callable[[], None]) -> None:
+        self.schedule = schedule
+        self._cached = cached
+        self._landed = landed
+        self._wake = trio.Event()
+        self.made = 0  # plans made in a worker thread (the trio thread makes none while this runs)
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Make each plan the schedule lacks, until cancelled (the engine sets ``plans_ahead`` before it starts
+        this, so no request plans on the trio thread meanwhile)."""
+        sch = self.schedule
+        while True:
+            job = sch.plan_job()
+            if job is None:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            try:
+                # abandoned on unmount: the thread only computes, and a stop must not wait seconds for it
+                plan, note = await trio.to_thread.run_sync(job.make, abandon_on_cancel=True)
+            except ValueError as exc:  # a file grew past half the cache since the mount checked the sizes
+                sch.plan_failed(job, str(exc))
+                await self._wake.wait()  # (a replan, a changed file, a new mini-epoch: try again)
+                self._wake = trio.Event()
+                continue
+            self.made += 1
+            if sch.adopt(job, plan, note, self._cached):
+                self._landed()
