@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from tierfs import __version__
 from tierfs.client import Client, NotAMount
@@ -42,28 +43,44 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _option_help(name: str, default: str) -> str:
+    """An option's help with its default, from the one table (``tierfs.options.OPTIONS``; its choices are the
+    flag's metavar)."""
+    opt = OPTIONS[name]
+    shown = "off" if opt.flag and default == "false" else default or "none"
+    return f"{opt.help} (default {shown})"
+
+
 def _mount_parser(prog: str) -> _Parser:
-    p = _Parser(prog=prog, description="Mount BACKING at MOUNTPOINT, showing the current mini-epoch.")
-    p.add_argument("backing", metavar="BACKING")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("--cache", metavar="DIR", help="fast-tier cache dir (created 0700 if missing)")
-    p.add_argument("--capacity", metavar="SIZE", help="cap on the cache's bytes, e.g. 150G")
+    from tierfs.options import Settings
+
+    p = _Parser(prog=prog, description="Mount BACKING at MOUNTPOINT, showing the current mini-epoch.  Every option "
+                "is also -o key=value; those marked live can be changed later with 'tierfs set'.")
+    p.add_argument("backing", metavar="BACKING", help="the data set on the slow tier (only ever read)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
+    p.add_argument("--cache", metavar="DIR", help="fast-tier cache dir, created 0700 if missing (required)")
+    p.add_argument("--capacity", metavar="SIZE", help="cap on the cache's bytes, e.g. 150G; it must hold two "
+                   "mini-epochs (required; see docs/tuning.md)")
     p.add_argument("-o", dest="o", action="append", default=[], metavar="KEY=VALUE,...",
-                   help="options in fstab form; generic mount options (rw, nosuid, x-systemd.*, ...) are ignored")
-    p.add_argument("--daemon", action="store_true", help="return once the mount is ready (0) or failed (1)")
+                   help="options in fstab form (default none); generic mount options (defaults, rw, nosuid, "
+                   "x-systemd.*, ...) are ignored; remount applies the live ones to the running mount")
+    p.add_argument("--daemon", action="store_true", help="return once the mount is ready (0) or failed (1) "
+                   "(default for the fstab form; mount stays in the foreground)")
     p.add_argument("--nonempty", action="store_true",
-                   help="mount over a non-empty mountpoint, hiding what is there (refused otherwise)")
+                   help="mount over a non-empty mountpoint, hiding what is there (default: refused)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (the default for mount)")
     # what mount(8) may pass a mount helper besides -o: the type, and -n (no mtab), -s (sloppy), -v (verbose)
     p.add_argument("-t", dest="fstype", metavar="TYPE", help=argparse.SUPPRESS)
     for flag in ("-n", "-s", "-v"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    defaults = dict(parse_assignments(Settings().as_lines()))
     for opt in OPTIONS.values():
         flag = "--" + opt.name.replace("_", "-")
+        text = _option_help(opt.name, defaults[opt.name]) + (" [live]" if opt.live else "")
         if opt.flag:
-            p.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=opt.help)
+            p.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=text)
         else:
-            p.add_argument(flag, dest=f"opt_{opt.name}", metavar="VALUE", help=opt.help)
+            p.add_argument(flag, dest=f"opt_{opt.name}", metavar="|".join(opt.choices) or "VALUE", help=text)
     return p
 
 
@@ -89,20 +106,17 @@ def _attach_negative_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], bool, bool]:
-    """Merge ``-o`` items and ``--key value`` flags (flags win); returns (options, foreground, nonempty)."""
+def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], set[str]]:
+    """Merge ``-o`` items and ``--key value`` flags (flags win); returns (options, switches), the switches
+    being those of ``foreground``, ``nonempty`` and ``remount`` that were given."""
     raw: dict[str, str] = {}
-    foreground = False
-    nonempty = ns.nonempty
+    switches = {"nonempty"} if ns.nonempty else set()
     for item in ns.o:
         for key, value in parse_assignments(item):
-            if key in GENERIC_MOUNT_OPTIONS or key.startswith("x_systemd.") or key.startswith("x-systemd."):
+            if key in GENERIC_MOUNT_OPTIONS or key.startswith("x_"):  # (x-*: userspace options, e.g. x-systemd.*)
                 continue
-            if key == "foreground":
-                foreground = True
-                continue
-            if key == "nonempty":
-                nonempty = True
+            if key in ("foreground", "nonempty", "remount"):
+                switches.add(key)
                 continue
             raw[key] = value
     for key in ("cache", "capacity"):
@@ -112,7 +126,51 @@ def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], bool
         value = getattr(ns, f"opt_{name}")
         if value is not None:
             raw[name] = value
-    return raw, foreground, nonempty
+    return raw, switches
+
+
+def remount(mountpoint: str, raw: dict[str, str]) -> list[str]:
+    """``mount -o remount,...``: a FUSE mount cannot be remounted in the kernel, so the live options given are
+    applied through the control file; a fixed one given with a value other than the mount's is refused (mount(8)
+    repeats the fstab line's options, so the unchanged ones come along).  Returns what changed, as
+    ``tierfs set`` prints it."""
+    from tierfs.options import parse_size, parse_value
+
+    client = _client(mountpoint)
+    if client.mountpoint != Path(os.path.abspath(mountpoint)):
+        raise RuntimeFailure(f"remount: {mountpoint} is inside the tierfs mount {client.mountpoint}, not it")
+    current = client.settings()
+    live: dict[str, str] = {}
+    for key, text in raw.items():
+        try:
+            if key == "cache":
+                continue  # (the status does not name the cache dir; a mount keeps its own)
+            if key == "capacity":
+                now = int(client.status()["cache_capacity"])
+                if parse_size(text) != now:
+                    raise UsageError(f"remount: capacity is fixed at mount time (the mount has {now} bytes); "
+                                     "unmount and mount to change it")
+            elif OPTIONS.get(key) is None:
+                parse_value(key, text)  # unknown key: its message
+            elif OPTIONS[key].live:
+                live[key] = text
+            elif parse_value(key, text) != parse_value(key, current[key]):
+                raise UsageError(f"remount: {key} is fixed at mount time (the mount has {key}={current[key]}); "
+                                 "unmount and mount to change it")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if live:
+        try:
+            client.write("".join(f"{k}={v}\n" for k, v in live.items()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return _changes(current, client.settings(), live)
+
+
+def _changes(before: dict[str, str], after: dict[str, str], keys: Iterable[str]) -> list[str]:
+    """``rf: 2 -> 7`` for each key (``rf: 7 (unchanged)`` when it was already so): what ``set`` prints."""
+    return [f"{k}: {before.get(k)} -> {after.get(k)}" if before.get(k) != after.get(k) else f"{k}: {after.get(k)} "
+            "(unchanged)" for k in keys]
 
 
 def _configure_logging(level: str, log_path: str | None = None) -> None:
@@ -128,18 +186,22 @@ def cmd_mount(argv: Sequence[str], *, prog: str, daemon_default: bool) -> int:
     from tierfs.mount import MountError, check_paths
 
     ns = _mount_parser(prog).parse_args(_attach_negative_values(argv))
-    raw, foreground, nonempty = _collect_mount_options(ns)
+    raw, switches = _collect_mount_options(ns)
+    if "remount" in switches:
+        for line in remount(ns.mountpoint, raw):
+            print(line)
+        return EXIT_OK
     try:
         config = MountConfig.from_options(ns.backing, ns.mountpoint, raw)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     made_cache = not os.path.isdir(config.cache)
     try:
-        config = check_paths(config, nonempty=nonempty)
+        config = check_paths(config, nonempty="nonempty" in switches)
     except MountError as exc:
         raise RuntimeFailure(str(exc)) from None
     try:
-        return _serve(config, ns, daemon_default and not (ns.foreground or foreground))
+        return _serve(config, ns, daemon_default and not (ns.foreground or "foreground" in switches))
     finally:
         if made_cache:
             # a mount refused before it began leaves no empty cache dir behind (rmdir fails on a used one)
@@ -219,12 +281,17 @@ def format_status(st: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_status(argv: Sequence[str]) -> int:
+def _status_parser() -> _Parser:
     p = _Parser(prog="tierfs status", description="Show a mount's status.")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("--json", action="store_true", help="print the raw JSON object")
-    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
-    ns = p.parse_args(argv)
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint, or any path inside the mount")
+    p.add_argument("--json", action="store_true", help="print the raw JSON object (default: a summary)")
+    p.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="refresh every SECONDS until interrupted (default: print once)")
+    return p
+
+
+def cmd_status(argv: Sequence[str]) -> int:
+    ns = _status_parser().parse_args(argv)
     try:
         while True:
             st = read_status(ns.mountpoint)
@@ -243,14 +310,20 @@ def cmd_status(argv: Sequence[str]) -> int:
         raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}{hint}") from None
 
 
+def _set_parser() -> _Parser:
+    live = ", ".join(o.name for o in OPTIONS.values() if o.live)
+    p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control); "
+                "prints what changed.  next-pass and advance are sent as commands.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint, or any path inside the mount")
+    p.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
+                   help=f"the live options: {live} (their defaults: 'tierfs mount --help'); or next-pass, advance")
+    return p
+
+
 def cmd_set(argv: Sequence[str]) -> int:
     from tierfs.options import Settings, apply_assignments
 
-    p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control); "
-                "prints what changed.  next-pass and advance are sent as commands.")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
-    ns = p.parse_args(argv)
+    ns = _set_parser().parse_args(argv)
     items = [kv for a in ns.assignments for kv in parse_assignments(a)]
     commands = [k.replace("_", "-") for k, v in items if not v and k in ("next_pass", "advance")]
     items = [(k, v) for k, v in items if v or k not in ("next_pass", "advance")]
@@ -270,17 +343,15 @@ def cmd_set(argv: Sequence[str]) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise RuntimeFailure(f"cannot write {client.dir}/control: {exc.strerror}") from None
-    after = client.settings()
-    for key in dict(items):
-        old, new = before.get(key), after.get(key)
-        print(f"{key}: {old} -> {new}" if old != new else f"{key}: {new} (unchanged)")
+    for line in _changes(before, client.settings(), dict(items)):
+        print(line)
     for cmd in commands:
         print(f"{cmd}: sent")
     return EXIT_OK
 
 
-def cmd_install(argv: Sequence[str]) -> int:
-    from tierfs.install import Layout, install, uninstall
+def _install_parser() -> _Parser:
+    from tierfs.install import Layout
 
     defaults = Layout()
     p = _Parser(prog="tierfs install", description="Install the fstab helper (mount.fuse.tierfs), the commands, "
@@ -294,7 +365,13 @@ def cmd_install(argv: Sequence[str]) -> int:
                    help=f"systemd generators (default {defaults.generator_dir})")
     p.add_argument("--conf-dir", default=defaults.conf_dir, help=f"NAME.conf files (default {defaults.conf_dir})")
     p.add_argument("--uninstall", action="store_true", help="remove what an install with these dirs wrote")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_install(argv: Sequence[str]) -> int:
+    from tierfs.install import Layout, install, uninstall
+
+    ns = _install_parser().parse_args(argv)
     try:
         layout = Layout(prefix=ns.prefix, sbin_dir=ns.sbin_dir, unit_dir=ns.unit_dir,
                         generator_dir=ns.generator_dir, conf_dir=ns.conf_dir)
@@ -318,11 +395,16 @@ def cmd_install(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def cmd_umount(argv: Sequence[str]) -> int:
+def _umount_parser() -> _Parser:
     p = _Parser(prog="tierfs umount", description="Unmount a tierfs mount (the daemon then exits 0).")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
-    ns = p.parse_args(argv)
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint")
+    p.add_argument("-z", "--lazy", action="store_true",
+                   help="detach now even if files are open (default: refused while they are)")
+    return p
+
+
+def cmd_umount(argv: Sequence[str]) -> int:
+    ns = _umount_parser().parse_args(argv)
     mnt = os.path.realpath(ns.mountpoint)
     _client(mnt)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
@@ -343,8 +425,17 @@ usage: tierfs mount BACKING MOUNTPOINT --cache DIR --capacity SIZE [options]
        tierfs status MOUNTPOINT [--json] [--watch SECONDS]
        tierfs set MOUNTPOINT KEY=VALUE ...
        tierfs umount MOUNTPOINT [--lazy]
-       tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--uninstall]   (as root)
-Run 'tierfs mount --help' for the mount options."""
+       tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--generator-dir DIR] [--conf-dir DIR]
+                      [--uninstall]   (as root)
+       tierfs --version
+Run 'tierfs COMMAND --help' for a command's options and their defaults ('tierfs mount --help': the mount
+options)."""
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser, by command (what ``--help`` shows; tests read their defaults)."""
+    return {"mount": _mount_parser("tierfs mount"), "status": _status_parser(), "set": _set_parser(),
+            "umount": _umount_parser(), "install": _install_parser()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

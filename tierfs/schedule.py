@@ -20,7 +20,7 @@ import numpy as np
 
 from sampler.plan import min_mini_epochs, plan_epoch
 from tierfs.journal import Position
-from tierfs.options import Settings, format_size
+from tierfs.options import Settings, format_size, format_size_at_least
 from tierfs.tree import Tree
 from tierfs.view import View
 
@@ -87,6 +87,9 @@ class Schedule:
         """The plan of ``epoch`` under ``settings``; ``ValueError`` with the reason and the fix if none fits."""
         budget = self.capacity // 2
         nm: int | None = None if budget_only else settings.nm
+        if nm is not None and not settings.mini_epoch_size and nm > self.tree.n_files:
+            raise ValueError(f"nm={nm} is more mini-epochs than the data set has files: use at most "
+                             f"{self.tree.n_files:,}")
         if settings.mini_epoch_size:
             budget, nm = min(budget, settings.mini_epoch_size), None
         sizes = self.disk_sizes
@@ -116,8 +119,14 @@ class Schedule:
                 f"{what} does not fit capacity={format_size(self.capacity)}: a mini-epoch must fit in half the "
                 f"cache, {format_size(budget)}, but the copies of the data set take {format_size(total)} of the "
                 f"cache disk, in {nm or need} mini-epochs {format_size(per)} each{rank_note}; use nm >= {need} or "
-                f"capacity >= {format_size(2 * per)}"
+                f"capacity >= {format_size_at_least(self.capacity_needed(nm or need, settings.world_size))}"
             ) from None
+
+    def capacity_needed(self, nm: int, world_size: int) -> int:
+        """The least capacity that holds two mini-epochs of an even cut into ``nm`` (per rank) and twice the
+        largest copy: what an error suggests (plan_for takes a balanced cut when a random one misses)."""
+        sizes = self.disk_sizes
+        return 2 * max(-(-int(sizes.sum()) // (nm * world_size)), int(sizes.max(initial=0)))
 
     def plan(self, epoch: int) -> list[np.ndarray]:
         plan = self.plans.get(epoch)
