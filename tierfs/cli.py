@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -20,10 +21,12 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import overload
 
 from tierfs import __version__
 from tierfs.client import Client, NotAMount
-from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, format_size, parse_assignments
+from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, parse_assignments
+from tierfs.summary import format_status
 
 __all__ = ["main"]
 
@@ -234,51 +237,82 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
     return EXIT_OK
 
 
-def _client(mountpoint: str) -> Client:
+#: What a FUSE mount whose daemon is gone answers (the kernel keeps the mount until it is unmounted).
+_DEAD_MOUNT_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
+
+
+@overload
+def _client(mountpoint: str) -> Client: ...
+@overload
+def _client(mountpoint: str, *, dead_ok: bool) -> Client | None: ...
+def _client(mountpoint: str, *, dead_ok: bool = False) -> Client | None:
+    """The client of the mount at ``mountpoint``, or a failure that says what is there; ``dead_ok``: None for
+    a mount whose daemon is gone."""
     try:
         return Client(mountpoint)
     except NotAMount as exc:
-        raise RuntimeFailure(str(exc)) from None
+        raise RuntimeFailure(_not_a_mount(mountpoint) or str(exc)) from None
+    except OSError as exc:
+        if exc.errno in _DEAD_MOUNT_ERRNOS:
+            if dead_ok:
+                return None
+            raise RuntimeFailure(_dead_mount(mountpoint, exc)) from None
+        raise RuntimeFailure(f"{mountpoint}: {exc.strerror}") from None
+
+
+def _dead_mount(path: str, exc: OSError) -> str:
+    return (f"{path}: {exc.strerror}: the tierfs daemon of this mount is gone (killed?) and the kernel keeps the "
+            f"dead mount; clear it with 'tierfs umount {path}' (or fusermount3 -uz {path}) and mount again: it "
+            "resumes from its journal (docs/operations.md, A dead mount)")
+
+
+def _mounts() -> dict[str, str]:
+    """mountpoint -> filesystem type, from /proc/self/mountinfo (mount points have their octal escapes)."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            left, _, right = line.partition(b" - ")
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), left.split()[4])
+            found[os.fsdecode(point)] = os.fsdecode(right.split()[0]) if right else "?"
+    return found
+
+
+def _starting_daemons(mountpoint: str) -> list[int]:
+    """tierfs processes whose command line names ``mountpoint``: a mount that has not answered yet (its first
+    mount scans the backing dir first)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = [os.fsdecode(a) for a in f.read().split(b"\0")]
+            except OSError:
+                continue
+            if any("tierfs" in a for a in args[:3]) and any(os.path.abspath(a) == mountpoint for a in args[1:] if a):
+                pids.append(int(entry))
+    return pids
+
+
+def _not_a_mount(path: str) -> str | None:
+    """Why ``path`` is not a tierfs mount, and what to do (None: no better reason than the client's)."""
+    full = os.path.realpath(path)
+    if not os.path.isdir(full):
+        return f"{path} is not a tierfs mount: {'it is not a directory' if os.path.exists(full) else 'no such path'}"
+    fstype = _mounts().get(full)
+    if fstype is not None:
+        what = "a tierfs mount that does not answer" if fstype == "fuse.tierfs" else f"a {fstype} mount"
+        return f"{path} is not a tierfs mount: it is {what}"
+    starting = _starting_daemons(full)
+    if starting:
+        return (f"{path} is not a tierfs mount yet: tierfs (pid {starting[0]}) is starting there (a first mount "
+                "scans the backing dir; its progress is on its terminal or in its log); try again in a moment")
+    return (f"{path} is not a tierfs mount (nothing is mounted there); mount one with 'tierfs mount BACKING {path} "
+            "--cache DIR --capacity SIZE'")
 
 
 def read_status(mountpoint: str) -> dict:
     """The mount's status object (``MOUNTPOINT/.tierfs/status``)."""
     return _client(mountpoint).status()
-
-
-def _bar(done: float, total: float, width: int = 24) -> str:
-    frac = 0.0 if total <= 0 else min(1.0, done / total)
-    full = int(frac * width)
-    return "[" + "#" * full + "." * (width - full) + f"] {100 * frac:5.1f}%"
-
-
-def format_status(st: dict) -> str:
-    """A human summary of a status object (``tierfs status`` without ``--json``)."""
-    pf = st.get("prefetch", {})
-    reads = st.get("reads", {})
-    arf = st.get("arf", {})
-    total_reads = reads.get("hits", 0) + reads.get("misses", 0)
-    hit = f"{100 * reads.get('hits', 0) / total_reads:.1f}%" if total_reads else "-"
-    lines = [
-        f"epoch {st.get('epoch')}  mini-epoch {st.get('mini_epoch')}  pass {st.get('pass')}  "
-        f"rf {st.get('rf')} (made: {st.get('rf_effective')})",
-        f"view       {st.get('view_files')} files, {format_size(st.get('view_bytes', 0))}",
-        f"cache      {format_size(st.get('cache_bytes', 0))} of {format_size(st.get('cache_capacity', 0))}  "
-        + _bar(st.get("cache_bytes", 0), st.get("cache_capacity", 0)),
-        f"prefetch   {pf.get('files_done')}/{pf.get('files_total')} files  "
-        + _bar(pf.get("bytes_done", 0), pf.get("bytes_total", 0))
-        + f"  {format_size(pf.get('bytes_per_s', 0))}/s",
-        f"reads      {reads.get('hits')} hits, {reads.get('misses')} misses ({hit} hit), "
-        f"{reads.get('out_of_view')} out of view, {reads.get('direct', 0)} direct, "
-        f"{reads.get('plan', 0)} from plans",
-        f"backing    {format_size(st.get('backing_bytes_read', 0))} read;  opened "
-        f"{format_size(st.get('opened_bytes', 0))} (daemon served {format_size(st.get('served_bytes', 0))}, "
-        f"the rest from the page cache or read direct);  stalled {st.get('stall_seconds', 0):.1f} s",
-        f"arf        {arf.get('mode')}  score {arf.get('score')}",
-    ]
-    if st.get("last_error"):
-        lines.append(f"last error {st['last_error']}")
-    return "\n".join(lines)
 
 
 def _status_parser() -> _Parser:
@@ -295,7 +329,7 @@ def cmd_status(argv: Sequence[str]) -> int:
     try:
         while True:
             st = read_status(ns.mountpoint)
-            text = json.dumps(st, indent=2) if ns.json else format_status(st)
+            text = json.dumps(st, indent=2) if ns.json else format_status(st)  # (tierfs.summary)
             if ns.watch:
                 sys.stdout.write("\x1b[H\x1b[2J" if sys.stdout.isatty() else "")
             print(text, flush=True)
@@ -305,6 +339,8 @@ def cmd_status(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     except OSError as exc:
+        if exc.errno in _DEAD_MOUNT_ERRNOS:
+            raise RuntimeFailure(_dead_mount(ns.mountpoint, exc)) from None
         hint = (" (status names files: it is for the mount's owner and root; .tierfs/metrics has the figures for "
                 "everyone)") if isinstance(exc, PermissionError) else ""
         raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}{hint}") from None
@@ -406,7 +442,7 @@ def _umount_parser() -> _Parser:
 def cmd_umount(argv: Sequence[str]) -> int:
     ns = _umount_parser().parse_args(argv)
     mnt = os.path.realpath(ns.mountpoint)
-    _client(mnt)
+    _client(mnt, dead_ok=True)  # (a dead mount is unmounted all the same)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise RuntimeFailure("fusermount3 not found (install the fuse3 package)")

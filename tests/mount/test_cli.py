@@ -380,3 +380,23 @@ def test_fstab_remount_applies_live_options_and_refuses_fixed_changes(tierfs_mou
         assert m.status()["rf"] == 5 and is_mounted(mnt)
     res = run_tierfs(backing, mnt, "-o", f"remount,{line}")
     assert res.returncode == 1 and "not a tierfs mount" in res.stderr
+
+
+def test_status_of_a_dead_mount_and_of_a_plain_dir_says_what_to_do(tierfs_mount, mount_dirs, tmp_path):
+    mnt, _ = mount_dirs
+    res = run_tierfs("status", tmp_path)
+    assert res.returncode == 1
+    assert "is not a tierfs mount (nothing is mounted there); mount one with 'tierfs mount BACKING" in res.stderr
+    with tierfs_mount(capacity="1M") as m:
+        m.process.kill()  # the daemon dies; the kernel keeps a dead mount
+        m.process.wait(timeout=30)
+        res = run_tierfs("status", mnt)
+        assert res.returncode == 1
+        (line,) = res.stderr.strip().splitlines()
+        assert line == (f"tierfs: error: {mnt}: Transport endpoint is not connected: the tierfs daemon of this mount "
+                        f"is gone (killed?) and the kernel keeps the dead mount; clear it with 'tierfs umount {mnt}' "
+                        f"(or fusermount3 -uz {mnt}) and mount again: it resumes from its journal "
+                        "(docs/operations.md, A dead mount)")
+        res = run_tierfs("umount", mnt)  # the fix it names works
+        assert res.returncode == 0, res.stderr
+        assert not is_mounted(mnt)
