@@ -1,4 +1,5 @@
-"""``tierfs`` on the command line: ``mount``, the fstab form, ``status``, ``set``, ``umount``.
+"""``tierfs`` on the command line: ``mount``, the fstab form, ``status``, ``set``, ``metrics``, ``umount``,
+``install``.
 
 Exit codes: 0 ok, 2 usage error (a bad flag or value), 1 runtime error; every failure prints one line,
 ``tierfs: error: <reason>``, on stderr.  The fstab form (``tierfs SRC MNT -o cache=...,capacity=...``, what
@@ -346,6 +347,44 @@ def cmd_status(argv: Sequence[str]) -> int:
         raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}{hint}") from None
 
 
+def _metrics_parser() -> _Parser:
+    p = _Parser(prog="tierfs metrics", description="Print a mount's Prometheus metrics with its mountpoint on every "
+                "sample, or write them atomically into a node-exporter textfile-collector dir (one file per mount, "
+                "tierfs-NAME.prom; see docs/operations.md).  tierfs_up is 1, or 0 (and exit 1) when the mount does "
+                "not answer.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint")
+    p.add_argument("--textfile", metavar="DIR", help="write DIR/tierfs-NAME.prom instead of printing (default: print)")
+    return p
+
+
+_UP = "# HELP tierfs_up 1 if the mount answered.\n# TYPE tierfs_up gauge\ntierfs_up {}\n"
+
+
+def cmd_metrics(argv: Sequence[str]) -> int:
+    from tierfs.textfile import with_labels, write_textfile
+
+    ns = _metrics_parser().parse_args(argv)
+    mnt = os.path.realpath(ns.mountpoint)  # (what the mount's tierfs_info names)
+    failure: RuntimeFailure | None = None
+    try:
+        text = _UP.format(1) + _client(mnt).metrics()
+    except (RuntimeFailure, OSError) as exc:
+        # a dead or missing mount is a figure too: its file says tierfs_up 0, so an alert fires instead of the
+        # last good figures staying in the dir
+        failure = exc if isinstance(exc, RuntimeFailure) else RuntimeFailure(f"{mnt}: {exc.strerror}")
+        text = _UP.format(0)
+    if ns.textfile:
+        try:
+            write_textfile(ns.textfile, mnt, text)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot write into {ns.textfile}: {exc.strerror}") from None
+    else:
+        sys.stdout.write(with_labels(text, {"mountpoint": mnt}))
+    if failure is not None:
+        raise failure
+    return EXIT_OK
+
+
 def _set_parser() -> _Parser:
     live = ", ".join(o.name for o in OPTIONS.values() if o.live)
     p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control); "
@@ -460,6 +499,7 @@ usage: tierfs mount BACKING MOUNTPOINT --cache DIR --capacity SIZE [options]
        tierfs BACKING MOUNTPOINT -o cache=DIR,capacity=SIZE[,key=value...]   (fstab form)
        tierfs status MOUNTPOINT [--json] [--watch SECONDS]
        tierfs set MOUNTPOINT KEY=VALUE ...
+       tierfs metrics MOUNTPOINT [--textfile DIR]
        tierfs umount MOUNTPOINT [--lazy]
        tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--generator-dir DIR] [--conf-dir DIR]
                       [--uninstall]   (as root)
@@ -471,6 +511,7 @@ options)."""
 def parsers() -> dict[str, argparse.ArgumentParser]:
     """Each command's parser, by command (what ``--help`` shows; tests read their defaults)."""
     return {"mount": _mount_parser("tierfs mount"), "status": _status_parser(), "set": _set_parser(),
+            "metrics": _metrics_parser(),
             "umount": _umount_parser(), "install": _install_parser()}
 
 
@@ -490,6 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(rest)
         if cmd == "set":
             return cmd_set(rest)
+        if cmd == "metrics":
+            return cmd_metrics(rest)
         if cmd in ("umount", "unmount"):
             return cmd_umount(rest)
         if cmd == "install":

@@ -370,7 +370,7 @@ class Engine:
     def status(self) -> Status:
         """One consistent snapshot of everything ``status`` and ``metrics`` show, from the parts' statistics."""
         return build_status(
-            settings=self.settings, rf=self.rf_now(), next_ready=self.next_ready(),
+            mountpoint=self.config.mountpoint, settings=self.settings, rf=self.rf_now(), next_ready=self.next_ready(),
             schedule=self.schedule.statistics(), data=self.data.statistics(), cache=self.cache.statistics(),
             stager=self.stager.statistics(), pusher=self.pusher.statistics(), backing=self.backing.statistics(),
             revalidation=self.reval.statistics(), arf=self.arf, last_error=self.last_error,

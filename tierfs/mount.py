@@ -27,6 +27,7 @@ from collections.abc import Callable
 import trio
 
 from tierfs.options import MountConfig, format_size
+from tierfs.textfile import mountpoint_file_name
 
 log = logging.getLogger("tierfs")
 
@@ -265,8 +266,7 @@ def default_log_path(mountpoint: str) -> str:
     else:
         base = os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "tierfs")
     os.makedirs(base, mode=0o700, exist_ok=True)
-    name = os.path.abspath(mountpoint).strip("/").replace("-", "--").replace("/", "-") or "root"
-    return os.path.join(base, f"{name}.log")
+    return os.path.join(base, f"{mountpoint_file_name(mountpoint)}.log")
 
 
 def raise_fd_limit() -> tuple[int, int]:

@@ -18,6 +18,9 @@ import resource
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tierfs import __version__
+from tierfs.textfile import escape_label
+
 if TYPE_CHECKING:
     from tierfs.backing import BackingStatistics
     from tierfs.cache import CacheStatistics
@@ -122,6 +125,7 @@ class Status:
     tree: dict[str, Any] = field(default_factory=dict)  # where the tree came from (scan/saved), its rescan
     arf: ArfStatus = field(default_factory=ArfStatus)
     last_error: str | None = None
+    mountpoint: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -144,6 +148,8 @@ class Status:
             out.append(f"tierfs_{name}{labels} {v}\n")
 
         p, r, st, b, rv = self.prefetch, self.reads, self.staging, self.backing, self.revalidate
+        metric("info", "gauge", "The mount and its tierfs; 1.", 1,
+               f'{{mountpoint="{escape_label(self.mountpoint)}",version="{escape_label(__version__)}"}}')
         metric("epoch", "gauge", "Current epoch.", self.epoch)
         metric("mini_epoch", "gauge", "Current mini-epoch within the epoch.", self.mini_epoch)
         metric("pass", "gauge", "Current pass within the mini-epoch.", self.pass_)
@@ -210,8 +216,10 @@ class Status:
         metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
                self.opened_bytes)
         metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", self.stall_seconds)
-        metric("consumption_bytes_per_second", "gauge", "Measured consumption rate of the readers.",
-               self.consumption_bytes_per_s)
+        metric("consumption_bytes_per_second", "gauge", "Readers' consumption rate measured over the last pass "
+               "(its counter: tierfs_opened_bytes_total).", self.consumption_bytes_per_s)
+        metric("staging_bytes_per_second", "gauge", "Staging rate now (its counter: tierfs_staged_bytes_total).",
+               p.bytes_per_s)
         metric("open_handles", "gauge", "Dataset files open now.", self.handles)
         metric("open_fds", "gauge", "File descriptors the daemon holds.", self.fds)
         metric("fd_limit", "gauge", "The daemon's descriptor limit.", self.fd_limit)
@@ -224,7 +232,7 @@ class Status:
         return "".join(out)
 
 
-def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
+def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  arf: Arf, last_error: str | None, tree: TreeStatistics) -> Status:
@@ -249,6 +257,7 @@ def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: Sch
         handles=data.handles, plans=asdict(data.plans), fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
+        mountpoint=mountpoint,
     )
 
 
