@@ -210,6 +210,7 @@ def _cmd_gen(a: argparse.Namespace) -> int:
 def _cmd_train(a: argparse.Namespace) -> int:
     from dslide.lsh import RehashSchedule
     from dslide.model import ModelConfig
+    from dslide.progress import PassProgress
     from dslide.train import TrainOptions, list_train_files, run_training
 
     opts = TrainOptions(
@@ -231,7 +232,8 @@ def _cmd_train(a: argparse.Namespace) -> int:
         batch_budget=a.batch_budget, **{k: v for k, v in extra.items() if v is not None},
     )  # fmt: skip
     reporter = PassReporter(comm, a.control, list_train_files, a.feedback_score)
-    run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister)
+    progress = PassProgress(sys.stderr) if comm.rank == 0 else None  # (a bar on a terminal only)
+    run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister, progress=progress)
     return 0
 
 

@@ -27,6 +27,7 @@ from typing import overload
 from tierfs import __version__
 from tierfs.client import Client, NotAMount
 from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, parse_assignments
+from tierfs.progress import ScanProgress
 from tierfs.summary import format_status
 
 __all__ = ["main"]
@@ -218,12 +219,14 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
 
     daemon = ns.daemon or daemon_default
     report = log_path = None
+    terminal = ScanProgress(sys.stderr)  # (a foreground mount's; a daemon's parent shows its own)
+    scan_progress = terminal.update
     if daemon:
         log_path = default_log_path(config.mountpoint)
-        report = daemonize(log_path)
+        report, scan_progress = daemonize(log_path)
     _configure_logging(config.settings.log_level, log_path)
     try:
-        run_mount(config, on_ready=(lambda: report(None)) if report else (lambda: None))
+        run_mount(config, on_ready=(lambda: report(None)) if report else terminal.close, scan_progress=scan_progress)
     except MountError as exc:
         if report:
             report(str(exc))
@@ -235,6 +238,8 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
             return EXIT_OK
         logging.getLogger("tierfs").exception("the mount failed")
         raise RuntimeFailure(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        terminal.close()
     return EXIT_OK
 
 

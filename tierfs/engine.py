@@ -273,6 +273,7 @@ class Engine:
         """A copy was committed: its fingerprint was confirmed by the copy itself."""
         self.reval.confirm(fidx)
         self.schedule.pending_next.discard(fidx)
+        self.schedule.pending_current.discard(fidx)
         if not self.policy.keeps(fidx):
             self.cache.evict(fidx)  # the view moved on while we copied
             return
@@ -285,6 +286,7 @@ class Engine:
         mini-epoch counts as staged without it, so ``advance=ready`` never waits for it (it is retried, and
         read from the backing meanwhile)."""
         self.schedule.pending_next.discard(fidx)
+        self.schedule.pending_current.discard(fidx)  # (read from the backing: nothing to wait for)
         self._advance_if_ready()
 
     def _restage(self, fidx: int) -> None:
@@ -293,6 +295,8 @@ class Engine:
         if self.policy.walks_plans and self.policy.keeps(fidx):
             if fidx in sch.next_files:
                 sch.pending_next.add(fidx)
+            elif sch.current_mask[fidx]:
+                sch.pending_current.add(fidx)
             self.stager.push_front(fidx)
 
     def _changed(self, fidx: int, st: os.stat_result) -> None:

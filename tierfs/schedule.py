@@ -44,6 +44,10 @@ class ScheduleStatistics:
     next_bytes: int
     next_pending_bytes: int
     consumption_bytes_per_s: float
+    current_files: int = 0  # the current mini-epoch (the view, unless view=full)
+    current_bytes: int = 0
+    current_pending: int = 0  # files of it not cached yet (right after a mount, a switch)
+    current_pending_bytes: int = 0
 
 
 class Schedule:
@@ -67,6 +71,7 @@ class Schedule:
         self.next_coords = (0, 0)
         self.wanted = np.zeros(n, bool)
         self.pending_next: set[int] = set()  # files of the next mini-epoch not cached yet
+        self.pending_current: set[int] = set()  # and of the current one (what status shows staging of)
         self.view: View | None = None
         self.advance_requested = False
         self.plan_note: str | None = None  # why a later epoch needed more mini-epochs (shown as last_error)
@@ -187,6 +192,7 @@ class Schedule:
         self.wanted = self.current_mask.copy()
         self.wanted[self.next_files] = True
         self.pending_next = {f for f in self.next_files.tolist() if not is_cached(f)}
+        self.pending_current = {f for f in self.current.tolist() if not is_cached(f)} if self.walks_plans else set()
         if not keep_view:
             self.new_view()
 
@@ -234,8 +240,10 @@ class Schedule:
             dataset_files=self.tree.n_files, dataset_bytes=int(sizes.sum()),
             next_files=len(nxt), next_pending=len(self.pending_next),
             next_bytes=int(sizes[nxt].sum()) if len(nxt) else 0,
-            next_pending_bytes=int(sizes[np.fromiter(self.pending_next, np.int64, len(self.pending_next))].sum()),
-            consumption_bytes_per_s=self.consumption_bps,
+            next_pending_bytes=_bytes_of(sizes, self.pending_next),
+            consumption_bytes_per_s=self.consumption_bps, current_files=len(self.current),
+            current_bytes=int(sizes[self.current].sum()), current_pending=len(self.pending_current),
+            current_pending_bytes=_bytes_of(sizes, self.pending_current),
         )
 
     # ============================================================================================ passes
@@ -292,3 +300,7 @@ class Schedule:
         self.pos.passes_total += 1
         self.pos.rf_effective[-1] += 1
         return self.walks_plans and self.pos.pass_index >= rf
+
+
+def _bytes_of(sizes: np.ndarray, files: set[int]) -> int:
+    return int(sizes[np.fromiter(files, np.int64, len(files))].sum())

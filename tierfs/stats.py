@@ -39,13 +39,16 @@ __all__ = ["ArfStatus", "DataPathStatistics", "Prefetch", "Reads", "Status", "bu
 
 @dataclass(frozen=True)
 class Prefetch:
-    """Staging of the next mini-epoch (the current one too while it is incomplete, e.g. right after mount)."""
+    """Staging of a mini-epoch: the next one (``prefetch``), or the current one (``current_staging``: incomplete
+    right after a mount or a switch to a next one that was not staged in time).  ``eta_s``: seconds left at the
+    staging rate, the current mini-epoch's copies counted first; None while there is no rate."""
 
     files_done: int = 0
     files_total: int = 0
     bytes_done: int = 0
     bytes_total: int = 0
     bytes_per_s: float = 0.0
+    eta_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class Status:
     cache_repairs: int = 0
     next_ready: bool = False
     prefetch: Prefetch = field(default_factory=Prefetch)
+    current_staging: Prefetch = field(default_factory=Prefetch)
     staging: dict[str, Any] = field(default_factory=dict)
     reads: Reads = field(default_factory=Reads)
     backing: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +179,11 @@ class Status:
         metric("prefetch_done_files", "gauge", "Files of the mini-epoch being staged that are cached.", p.files_done)
         metric("prefetch_bytes", "gauge", "Bytes of the mini-epoch being staged.", p.bytes_total)
         metric("prefetch_done_bytes", "gauge", "Bytes of the mini-epoch being staged that are cached.", p.bytes_done)
+        c = self.current_staging
+        metric("current_pending_files", "gauge", "Files of the current mini-epoch not cached yet.",
+               c.files_total - c.files_done)
+        metric("current_pending_bytes", "gauge", "Bytes of the current mini-epoch not cached yet.",
+               c.bytes_total - c.bytes_done)
         metric("staged_bytes_total", "counter", "Bytes copied into the cache.", st.get("bytes_staged", 0))
         metric("staged_files_total", "counter", "Files copied into the cache.", st.get("files_staged", 0))
         metric("staging_streams", "gauge", "Copies allowed in flight now.", st.get("streams", 0))
@@ -249,7 +258,13 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bo
         cache_capacity=cache.capacity, cache_repairs=cache.repairs, next_ready=next_ready,
         prefetch=Prefetch(files_done=sch.next_files - sch.next_pending, files_total=sch.next_files,
                           bytes_done=sch.next_bytes - sch.next_pending_bytes, bytes_total=sch.next_bytes,
-                          bytes_per_s=stager.bytes_per_s),
+                          bytes_per_s=stager.bytes_per_s,
+                          eta_s=_eta(sch.current_pending_bytes + sch.next_pending_bytes, stager.bytes_per_s)),
+        current_staging=Prefetch(files_done=sch.current_files - sch.current_pending, files_total=sch.current_files,
+                                 bytes_done=sch.current_bytes - sch.current_pending_bytes,
+                                 bytes_total=sch.current_bytes,
+                                 bytes_per_s=stager.bytes_per_s,
+                                 eta_s=_eta(sch.current_pending_bytes, stager.bytes_per_s)),
         staging=asdict(stager), reads=data.reads, backing=asdict(backing), revalidate=asdict(revalidation),
         backing_bytes_read=data.backing_bytes_read + stager.bytes_staged, served_bytes=data.served_bytes,
         opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
@@ -259,6 +274,12 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bo
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
         mountpoint=mountpoint,
     )
+
+
+def _eta(left: int, rate: float) -> float | None:
+    if left <= 0:
+        return 0.0
+    return left / rate if rate > 0 else None
 
 
 def _open_fds(limit: int) -> int:

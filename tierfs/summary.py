@@ -100,23 +100,37 @@ def _cache(st: dict[str, Any]) -> str:
 
 
 def _staging(st: dict[str, Any]) -> list[str]:
-    """What staging does now and what it does next."""
+    """What staging does now and what it does next: the current mini-epoch while it is incomplete (after a mount
+    or a late switch), then the next one."""
     if st.get("policy") == "lru":
         return ["staging    copies are made as files are opened (policy lru)"]
-    pf, sg = st.get("prefetch") or {}, st.get("staging") or {}
-    nm = st.get("nm", 0)
-    following = (st.get("mini_epoch", 0) + 1) % max(1, nm) + 1
-    done, total, rate = pf.get("bytes_done", 0), pf.get("bytes_total", 0), pf.get("bytes_per_s", 0.0) or 0.0
-    if st.get("next_ready") or (total and done >= total):
-        now = f"next mini-epoch ({following}/{nm}) staged: {_n(pf.get('files_total'))} files, {format_size(total)}"
-        return [f"staging    {now}", "           next: the switch to it after this mini-epoch's last pass"]
-    eta = f", ETA {_duration((total - done) / rate)}" if rate > 0 and total > done else ""
+    sg, nm = st.get("staging") or {}, st.get("nm", 0)
+    me = st.get("mini_epoch", 0)
+    current, nxt = st.get("current_staging") or {}, st.get("prefetch") or {}
+    lines = []
+    if current.get("bytes_done", 0) < current.get("bytes_total", 0):
+        lines.append(_progress_line(f"current mini-epoch ({me + 1}/{nm})", current))
+    following = f"next mini-epoch ({(me + 1) % max(1, nm) + 1}/{nm})"
+    if st.get("next_ready") or nxt.get("bytes_done", 0) >= nxt.get("bytes_total", 0):
+        lines.append(f"staging    {following} staged: {_n(nxt.get('files_total'))} files, "
+                     f"{format_size(nxt.get('bytes_total', 0))}")
+        lines.append("           next: the switch to it after this mini-epoch's last pass")
+        return lines
+    lines.append(_progress_line(following, nxt))
     inflight = f"{sg.get('inflight', 0)} copies in flight of {sg.get('streams', 0)}; " if sg else ""
     when = ("switch once staged and the passes are made" if st.get("advance") != "strict" else
             "switch after pass rf, reading what is missing on demand")
-    return [f"staging    next mini-epoch ({following}/{nm}): {_n(pf.get('files_done'))}/{_n(pf.get('files_total'))} "
-            f"files {_bar(done, total)}  {format_size(rate)}/s{eta}",
-            f"           {inflight}next: {when}"]
+    lines.append(f"           {inflight}next: {when}")
+    return lines
+
+
+def _progress_line(what: str, p: dict[str, Any]) -> str:
+    """``staging    WHAT: 1,200/2,000 files [###.....]  60.0%  120M/s, ETA 7 s``."""
+    eta = p.get("eta_s")
+    rate = p.get("bytes_per_s", 0.0) or 0.0
+    return (f"staging    {what}: {_n(p.get('files_done'))}/{_n(p.get('files_total'))} files "
+            f"{_bar(p.get('bytes_done', 0), p.get('bytes_total', 0))}  {format_size(rate)}/s"
+            + (f", ETA {_duration(eta)}" if eta else ""))
 
 
 def _reads(st: dict[str, Any]) -> str:

@@ -36,11 +36,23 @@ def test_status_lines_stay_bounded_after_1000_mini_epochs(open_engine):
     assert "12,345 files could not be staged" in text and "out of view" in text and "list the mount" in text
 
 
-def test_status_says_what_staging_does_now_and_next(open_engine):
+def test_status_says_what_staging_does_now_and_next(open_engine, t):
     e = open_engine(rf=2, nm=4)
+    st = _status(e)  # right after the mount: nothing is cached yet, the current mini-epoch first
+    cur = st["current_staging"]
+    assert cur["files_done"] == 0 and cur["files_total"] == st["view_files"] > 0
+    assert cur["bytes_total"] == st["view_bytes"] and cur["eta_s"] is None  # no rate measured yet
+    lines = format_status(st).splitlines()
+    staging = [ln for ln in lines if ln.startswith("staging")]
+    assert staging[0].startswith(f"staging    current mini-epoch (1/4): 0/{cur['files_total']} files [")
+    assert staging[1].startswith("staging    next mini-epoch (2/4): 0/")
+    assert any(ln.strip().endswith("next: switch once staged and the passes are made") for ln in lines)
+
+    t.stage_all(e)
     st = _status(e)
+    assert st["current_staging"]["files_done"] == st["current_staging"]["files_total"]
+    assert st["current_staging"]["eta_s"] == 0 and st["prefetch"]["eta_s"] == 0
     text = format_status(st)
-    assert "mini-epoch 1/4  pass 1/2" in text
-    staging = next(ln for ln in text.splitlines() if ln.startswith("staging"))
-    assert "next mini-epoch (2/4)" in staging
-    assert "next: " in text
+    assert "current mini-epoch" not in text  # staged: no line for it
+    assert "staging    next mini-epoch (2/4) staged: " in text
+    assert "next: the switch to it after this mini-epoch's last pass" in text
