@@ -390,6 +390,59 @@ def cmd_metrics(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
+def _plan_parser() -> _Parser:
+    p = _Parser(prog="tierfs plan", description="Choose a mount's nm and rf from the data set before mounting: scans "
+                "BACKING as the cache counts it (allocated blocks), picks the fewest mini-epochs the mount accepts at "
+                "the capacity, reads the backing and writes the cache disk briefly to measure them "
+                "(docs/tuning.md).")
+    p.add_argument("backing", metavar="BACKING", help="the data set on the slow tier (only read)")
+    p.add_argument("--capacity", metavar="SIZE", required=True, help="the cache's cap, e.g. 2T (required)")
+    p.add_argument("--cache-disk", metavar="DIR", help="an existing dir on the cache's filesystem: its block size, "
+                   "and a write test of a few seconds (default: 4K blocks, no write test)")
+    p.add_argument("--world-size", metavar="N", default="1", help="nodes sharing the plan (default 1)")
+    p.add_argument("--consumption", metavar="RATE", help="bytes/s one node's loader reads at full speed, e.g. 800M: "
+                   "gives rf and the time of a pass (default: unknown; then mount with rf=auto)")
+    p.add_argument("--epochs", metavar="E", default="1", help="epochs the job makes, for the totals (default 1)")
+    p.add_argument("--measure", metavar="SECONDS", default="2",
+                   help="seconds of each bandwidth test; 0 = none (default 2)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON (default: a summary)")
+    return p
+
+
+def cmd_plan(argv: Sequence[str]) -> int:
+    from tierfs.options import parse_size, parse_value
+    from tierfs.sizing import size_mount
+
+    ns = _plan_parser().parse_args(_attach_negative_values(argv))
+    try:
+        capacity = parse_size(ns.capacity)
+        world = parse_value("world_size", ns.world_size)
+        consumption = float(parse_size(ns.consumption)) if ns.consumption else None
+        epochs = int(parse_value("rf", ns.epochs))  # (an integer >= 1, as rf is)
+        seconds = float(ns.measure)
+        if not 0 <= seconds <= 600:
+            raise ValueError(f"--measure: expected seconds from 0 to 600, got {ns.measure!r}")
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("rf: ", "epochs: ")) from None
+    if not os.path.isdir(ns.backing):
+        raise RuntimeFailure(f"backing dir {ns.backing} is not a directory")
+    if ns.cache_disk and not os.path.isdir(ns.cache_disk):
+        raise RuntimeFailure(f"--cache-disk {ns.cache_disk} is not a directory")
+    terminal = ScanProgress(sys.stderr)
+    try:
+        sizing = size_mount(ns.backing, capacity, cache_disk=ns.cache_disk, world_size=world,
+                            consumption=consumption, epochs=epochs, measure_seconds=seconds,
+                            scan_progress=terminal.update)
+    except ValueError as exc:
+        raise RuntimeFailure(str(exc)) from None
+    except OSError as exc:
+        raise RuntimeFailure(f"{exc.filename or ns.backing}: {exc.strerror}") from None
+    finally:
+        terminal.close()
+    print(json.dumps(sizing.as_dict()) if ns.json else sizing.summary(ns.backing))
+    return EXIT_OK
+
+
 def _set_parser() -> _Parser:
     live = ", ".join(o.name for o in OPTIONS.values() if o.live)
     p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control); "
@@ -505,6 +558,7 @@ usage: tierfs mount BACKING MOUNTPOINT --cache DIR --capacity SIZE [options]
        tierfs status MOUNTPOINT [--json] [--watch SECONDS]
        tierfs set MOUNTPOINT KEY=VALUE ...
        tierfs metrics MOUNTPOINT [--textfile DIR]
+       tierfs plan BACKING --capacity SIZE [--cache-disk DIR] [--consumption RATE] [--world-size N] [--epochs E]
        tierfs umount MOUNTPOINT [--lazy]
        tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--generator-dir DIR] [--conf-dir DIR]
                       [--uninstall]   (as root)
@@ -516,7 +570,7 @@ options)."""
 def parsers() -> dict[str, argparse.ArgumentParser]:
     """Each command's parser, by command (what ``--help`` shows; tests read their defaults)."""
     return {"mount": _mount_parser("tierfs mount"), "status": _status_parser(), "set": _set_parser(),
-            "metrics": _metrics_parser(),
+            "metrics": _metrics_parser(), "plan": _plan_parser(),
             "umount": _umount_parser(), "install": _install_parser()}
 
 
@@ -538,6 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_set(rest)
         if cmd == "metrics":
             return cmd_metrics(rest)
+        if cmd == "plan":
+            return cmd_plan(rest)
         if cmd in ("umount", "unmount"):
             return cmd_umount(rest)
         if cmd == "install":
