@@ -136,7 +136,7 @@ def run_training(
             checkpoint.save(opts.checkpoint, model, {"passes": passes_done, "seconds": seconds, "samples": samples})
         evaluate = passes_done % opts.eval_every == 0 or passes_done == opts.epochs
         record = {
-            "epoch": passes_done,  # the old name of "pass", kept for one release (docs/dslide.md)
+            "epoch": passes_done,  # the old name of "pass", kept while the interface (SPEC.md) lists it
             "pass": passes_done,
             "seconds": round(seconds, 3),
             "samples_per_s": round(n_pass / dt, 1) if dt > 0 else 0.0,
