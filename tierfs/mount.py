@@ -345,9 +345,9 @@ def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[in
 async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]) -> None:
     # The stat goes through the kernel to our own main loop, so it can only return once we are serving.
     await trio.to_thread.run_sync(os.stat, os.path.join(mountpoint, ".tierfs", "status"))
+    on_ready()  # (first: a terminal's scan progress ends before the log goes on)
     log.info("mounted %s", mountpoint)
     sd_notify("READY=1\nSTATUS=serving")
-    on_ready()
 
 
 async def _stop_on_signal(cancel_scope: trio.CancelScope, pyfuse3) -> None:
