@@ -474,30 +474,52 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
 
 
 def plot(rows: list[Row], out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def figure(rows: list[Row]):
+    """Horizontal bars, one pair per test: the tests' names are long, so they go on the y axis, one per line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
-    for ax, unit in zip(axes, ("GiB/s", "files/s"), strict=True):
+    units = ("GiB/s", "files/s")
+    counts = [sum(r.unit == u for r in rows) for u in units]
+    fig, axes = plt.subplots(2, 1, figsize=(11.5, 1.2 + 0.3 * sum(counts)), height_ratios=[max(1, c) for c in counts])
+    for ax, unit in zip(axes, units, strict=True):
         sel = [r for r in rows if r.unit == unit]
-        x = range(len(sel))
-        ax.bar([i - 0.2 for i in x], [r.tierfs for r in sel], 0.4, label="tierfs")
-        ax.bar([i + 0.2 for i in x], [r.native for r in sel], 0.4, label="native", color="tab:gray")
-        ax.set_xticks(list(x), [f"{r.test}\n{r.threads} thr" for r in sel], fontsize=8)
-        ax.set_ylabel(unit)
+        y = [len(sel) - 1 - i for i in range(len(sel))]  # the table's order, top down
+        ax.barh([i + 0.2 for i in y], [r.tierfs for r in sel], 0.4, label="tierfs")
+        ax.barh([i - 0.2 for i in y], [r.native for r in sel], 0.4, label="native", color="tab:gray")
+        ax.set_yticks(y, [f"{r.test}, {r.threads} thr" for r in sel], fontsize=8)
+        ax.set_xlabel(unit)
         if unit == "GiB/s":
-            ax.axhline(1, color="tab:red", ls="--", lw=1, label="1 GiB/s target")
+            ax.axvline(1, color="tab:red", ls="--", lw=1, label="1 GiB/s target")
         else:
-            ax.axhline(3000, color="tab:red", ls="--", lw=1, label="3,000 files/s")
-            ax.axhline(5000, color="tab:orange", ls="--", lw=1, label="5,000 files/s")
-        ax.set_yscale("log")
-        ax.legend(fontsize=8)
+            ax.axvline(3000, color="tab:red", ls="--", lw=1, label="3,000 files/s")
+            ax.axvline(5000, color="tab:orange", ls="--", lw=1, label="5,000 files/s")
+        ax.set_xscale("log")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.suptitle("tierfs data path vs native reads of the same files")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def rows_of_table(text: str) -> list[Row]:
+    """The rows of a ``datapath.md`` this program wrote (``--replot``: draw a plot again without measuring)."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 6 or not cells[1].isdigit():
+            continue
+        (tierfs, unit), (native, _) = (c.replace(",", "").split(" ", 1) for c in cells[2:4])
+        rows.append(Row(cells[0], int(cells[1]), float(tierfs), float(native), unit, float(cells[5] or 0)))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -509,7 +531,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--py-spy", type=Path, default=None, help="profile the daemon into this file (.svg/.json)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/tierfs-bench"))
     ap.add_argument("--out", type=Path, default=Path("docs/img"))
+    ap.add_argument("--replot", type=Path, default=None, metavar="TABLE.md",
+                    help="draw OUT/datapath.png again from a table this program wrote, measuring nothing")
     args = ap.parse_args(argv)
+    if args.replot:
+        plot(rows_of_table(args.replot.read_text()), args.out / "datapath.png")
+        return
     require_root()
     install_sigterm()
     rows = run(args)

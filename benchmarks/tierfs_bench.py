@@ -365,6 +365,17 @@ def table(results: list[Result], workload: Workload, capacity: int, consume: flo
 
 
 def plot(results: list[Result], workload: Workload, out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(results, workload)
+    if fig is not None:
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+
+
+def figure(results: list[Result], workload: Workload):
+    """Time per epoch-equivalent, backing reads over the data, and the rate, per configuration (None: no run
+    made a pass)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -372,7 +383,7 @@ def plot(results: list[Result], workload: Workload, out: Path) -> None:
 
     ok = [r for r in results if r.passes]
     if not ok:
-        return
+        return None
     names = [r.config for r in ok]
     st = [steady(r.epochs(workload.files)) for r in ok]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -398,13 +409,13 @@ def plot(results: list[Result], workload: Workload, out: Path) -> None:
     axes[1].set_ylabel("backing reads per epoch-eq ÷ data")
     axes[1].legend()
     axes[2].bar(x, [s["samples_per_s"] for s in st], color="tab:purple")
-    axes[2].set_ylabel("samples/s (steady)")
+    # a sample is one file: an image of the images workload, a whole shard of the shards one
+    axes[2].set_ylabel(f"{workload.name if workload.name in ('images', 'shards') else 'files'}/s (steady)")
     for ax in axes:
         ax.set_xticks(list(x), names, rotation=45, ha="right", fontsize=8)
     fig.suptitle(f"tierfs vs baselines, {workload.name}: {workload.files} files, {data / 1e6:.0f} MB")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 # --------------------------------------------------------------------------------------------- main

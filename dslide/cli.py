@@ -79,33 +79,44 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dslide import __version__
+
     p = _Parser(prog="dslide", description="D-SLIDE trainer: LSH-sparse output layer, numba kernels, MPI.")
+    p.add_argument("--version", action="version", version=f"dslide {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("gen", help="write a planted synthetic XC data set: OUT/train/part-*.txt and OUT/test.txt")
-    g.add_argument("out", metavar="OUT")
-    g.add_argument("--points", type=_nonneg_int, default=100_000, help="training points (default 100000)")
+    g.add_argument("out", metavar="OUT", help="directory to write (created)")
+    g.add_argument("--points", type=_nonneg_int, default=100_000, help="training points (default %(default)s)")
     g.add_argument("--test-points", type=_nonneg_int, default=None, help="test points (default points/10)")
-    g.add_argument("--features", type=_positive_int, default=AMAZON_670K[0])
-    g.add_argument("--labels", type=_positive_int, default=AMAZON_670K[1])
-    g.add_argument("--shards", type=_positive_int, default=1)
-    g.add_argument("--seed", type=_nonneg_int, default=0)
-    g.add_argument("--labels-per-point", type=_positive_float, default=5.0)
-    g.add_argument("--nnz", type=_positive_float, default=64.0, help="mean non-zero features per point")
+    g.add_argument("--features", type=_positive_int, default=AMAZON_670K[0],
+                   help="feature dimension (default %(default)s, Amazon-670K's)")
+    g.add_argument("--labels", type=_positive_int, default=AMAZON_670K[1],
+                   help="label count (default %(default)s, Amazon-670K's)")
+    g.add_argument("--shards", type=_positive_int, default=1, help="training files part-*.txt (default %(default)s)")
+    g.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the planted model (default %(default)s)")
+    g.add_argument("--labels-per-point", type=_positive_float, default=5.0,
+                   help="mean labels per point (default %(default)s)")
+    g.add_argument("--nnz", type=_positive_float, default=64.0,
+                   help="mean non-zero features per point (default %(default)s)")
 
     t = sub.add_parser("train", help="train on XC files; one JSON line per evaluation")
-    t.add_argument("--train", nargs="+", required=True, metavar="DIR_OR_FILE")
-    t.add_argument("--test", metavar="FILE")
-    t.add_argument("--epochs", type=_nonneg_int, default=5, help="passes over --train (default 5)")
-    t.add_argument("--hidden", type=_positive_int, default=128)
-    t.add_argument("--batch", type=_positive_int, default=256)
+    t.add_argument("--train", nargs="+", required=True, metavar="DIR_OR_FILE",
+                   help="training files, or dirs of them (required)")
+    t.add_argument("--test", metavar="FILE", help="test file scored at each evaluation (default: none)")
+    t.add_argument("--epochs", type=_nonneg_int, default=5, help="passes over --train (default %(default)s)")
+    t.add_argument("--hidden", type=_positive_int, default=128, help="hidden layer width (default %(default)s)")
+    t.add_argument("--batch", type=_positive_int, default=256, help="points per step (default %(default)s)")
     t.add_argument("--lr", type=_positive_float, default=1e-2, help="Adam step (default 1e-2, see --lr-decay)")
     t.add_argument("--threads", type=_positive_int, default=None, help="numba threads per rank (default: cores/ranks)")
-    t.add_argument("--seed", type=_nonneg_int, default=0)
-    t.add_argument("--hash", choices=("srp", "dwta"), default="srp")
-    t.add_argument("--k", type=_nonneg_int, default=0, help="bits (srp) / WTA hashes (dwta) per table; 0 = auto")
-    t.add_argument("--tables", type=_nonneg_int, default=32)
-    t.add_argument("--budget", type=_positive_int, default=1024, help="active output neurons per sample, all ranks")
+    t.add_argument("--seed", type=_nonneg_int, default=0,
+                   help="seed of weights, hashes and order (default %(default)s)")
+    t.add_argument("--hash", choices=("srp", "dwta"), default="srp", help="LSH family (default %(default)s)")
+    t.add_argument("--k", type=_nonneg_int, default=0,
+                   help="bits (srp) / WTA hashes (dwta) per table; 0 = auto (default %(default)s)")
+    t.add_argument("--tables", type=_nonneg_int, default=32, help="LSH tables (default %(default)s)")
+    t.add_argument("--budget", type=_positive_int, default=1024,
+                   help="active output neurons per sample, all ranks (default %(default)s)")
     t.add_argument(
         "--blocks",
         type=_positive_int,
@@ -116,9 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-budget",
         type=_nonneg_int,
         default=0,
-        help="one active set of N output neurons shared by each batch instead of --budget per sample (0: off)",
+        help="one active set of N output neurons shared by each batch instead of --budget per sample (default 0: "
+        "off)",
     )
-    t.add_argument("--bucket-cap", type=_positive_int, default=128)
+    t.add_argument("--bucket-cap", type=_positive_int, default=128,
+                   help="most neurons kept per LSH bucket (default %(default)s)")
     t.add_argument(
         "--lr-decay",
         type=_nonneg_float,
@@ -136,15 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--lsh-frac",
         type=_fraction,
         default=None,
-        help="at most this share of a block's active neurons from LSH, the rest random fill",
+        help="at most this share of a block's active neurons from LSH, the rest random fill (default: the model's)",
     )
-    t.add_argument("--checkpoint", metavar="DIR")
+    t.add_argument("--checkpoint", metavar="DIR", help="write a checkpoint here after every pass (default: none)")
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
-    t.add_argument("--eval-points", type=_nonneg_int, default=10_000, help="test points per evaluation; 0 = all")
-    t.add_argument("--eval-mode", choices=("exact", "lsh"), default="exact")
-    t.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N passes")
-    t.add_argument("--control", metavar="MOUNT/.tierfs/control", help="write tierfs feedback after every pass")
-    t.add_argument("--val", metavar="FILE", help="validation file scored after every pass (the feedback's val_err)")
+    t.add_argument("--eval-points", type=_nonneg_int, default=10_000,
+                   help="test points per evaluation; 0 = all (default %(default)s)")
+    t.add_argument("--eval-mode", choices=("exact", "lsh"), default="exact",
+                   help="score every label (exact) or the LSH-selected ones (default %(default)s)")
+    t.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N passes (default %(default)s)")
+    t.add_argument("--control", metavar="MOUNT/.tierfs/control",
+                   help="write tierfs feedback after every pass (default: none)")
+    t.add_argument("--val", metavar="FILE",
+                   help="validation file scored after every pass, the feedback's val_err (default: none)")
     t.add_argument(
         "--val-fraction",
         type=_nonneg_float,
@@ -152,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"hold out this share of the training points as the validation set (default {DEFAULT_VAL_FRACTION} "
         "with --control and no --val, else 0)",
     )
-    t.add_argument("--val-points", type=_positive_int, default=2000, help="the most validation points scored")
+    t.add_argument("--val-points", type=_positive_int, default=2000,
+                   help="the most validation points scored (default %(default)s)")
     t.add_argument(
         "--feedback-score",
         choices=FEEDBACK_SCORES,
@@ -162,11 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     e = sub.add_parser("eval", help="P@1 and P@5 of a checkpoint (written by any rank count) on a test file")
-    e.add_argument("--checkpoint", required=True, metavar="DIR")
-    e.add_argument("--test", required=True, metavar="FILE")
-    e.add_argument("--eval-points", type=_nonneg_int, default=0, help="0 = all")
-    e.add_argument("--eval-mode", choices=("exact", "lsh"), default="exact")
-    e.add_argument("--threads", type=_positive_int, default=None)
+    e.add_argument("--checkpoint", required=True, metavar="DIR", help="the checkpoint dir (required)")
+    e.add_argument("--test", required=True, metavar="FILE", help="the test file (required)")
+    e.add_argument("--eval-points", type=_nonneg_int, default=0, help="test points scored; 0 = all (default 0)")
+    e.add_argument("--eval-mode", choices=("exact", "lsh"), default="exact",
+                   help="score every label (exact) or the LSH-selected ones (default %(default)s)")
+    e.add_argument("--threads", type=_positive_int, default=None, help="numba threads (default: all cores)")
     return p
 
 
@@ -191,6 +210,7 @@ def _cmd_gen(a: argparse.Namespace) -> int:
 def _cmd_train(a: argparse.Namespace) -> int:
     from dslide.lsh import RehashSchedule
     from dslide.model import ModelConfig
+    from dslide.progress import PassProgress
     from dslide.train import TrainOptions, list_train_files, run_training
 
     opts = TrainOptions(
@@ -212,7 +232,8 @@ def _cmd_train(a: argparse.Namespace) -> int:
         batch_budget=a.batch_budget, **{k: v for k, v in extra.items() if v is not None},
     )  # fmt: skip
     reporter = PassReporter(comm, a.control, list_train_files, a.feedback_score)
-    run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister)
+    progress = PassProgress(sys.stderr) if comm.rank == 0 else None  # (a bar on a terminal only)
+    run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister, progress=progress)
     return 0
 
 

@@ -32,6 +32,7 @@ from dslide.comm import Comm, SerialComm
 from dslide.data import XCData, check_shape, load_xc
 from dslide.heldout import HeldOut
 from dslide.model import ModelConfig, SlideModel
+from dslide.progress import PassProgress
 
 __all__ = ["TrainOptions", "list_train_files", "run_training"]
 
@@ -97,8 +98,10 @@ def run_training(
     emit: Callable[[dict], None] = _emit_json,
     before_report: Callable[[dict], None] | None = None,
     lister: Callable[[Sequence[str]], list[str]] = list_train_files,
+    progress: PassProgress | None = None,
 ) -> tuple[SlideModel, list[dict]]:
-    """Train for ``opts.epochs`` passes (in total, counting the passes a resumed checkpoint already made)."""
+    """Train for ``opts.epochs`` passes (in total, counting the passes a resumed checkpoint already made);
+    ``progress`` (rank 0's) shows each pass as it goes."""
     comm = comm if comm is not None else SerialComm()
     numba.set_num_threads(opts.threads or numba.config.NUMBA_NUM_THREADS)
     if opts.resume:
@@ -120,7 +123,11 @@ def run_training(
         files = comm.bcast(lister(opts.train) if comm.rank == 0 else None)
         t0 = time.perf_counter()
         steps_before = model.step
-        loss_sum, n_labelled, n_top, n_pass, step_bytes = _one_pass(model, files, opts, pass_index, heldout)
+        if progress is not None:
+            progress.start(pass_index + 1, opts.epochs, len(files))
+        loss_sum, n_labelled, n_top, n_pass, step_bytes = _one_pass(model, files, opts, pass_index, heldout, progress)
+        if progress is not None:
+            progress.finish()
         dt = time.perf_counter() - t0
         seconds += dt
         samples += n_pass
@@ -129,7 +136,7 @@ def run_training(
             checkpoint.save(opts.checkpoint, model, {"passes": passes_done, "seconds": seconds, "samples": samples})
         evaluate = passes_done % opts.eval_every == 0 or passes_done == opts.epochs
         record = {
-            "epoch": passes_done,
+            "epoch": passes_done,  # the old name of "pass", kept while the interface (SPEC.md) lists it
             "pass": passes_done,
             "seconds": round(seconds, 3),
             "samples_per_s": round(n_pass / dt, 1) if dt > 0 else 0.0,
@@ -167,7 +174,8 @@ def run_training(
 
 
 def _one_pass(
-    model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int, heldout: HeldOut | None = None
+    model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int, heldout: HeldOut | None = None,
+    progress: PassProgress | None = None,
 ) -> tuple[float, int, int, int, int]:
     """Every file once, in a shuffled order, each file's points shuffled (less those ``heldout`` keeps out);
     returns (loss sum, labelled, labelled with a label on top, points, bytes this rank sent in training steps)."""
@@ -187,6 +195,8 @@ def _one_pass(
             n_labelled += res.n_labelled
             n_top += res.n_top_label
         n_points += len(perm)
+        if progress is not None:
+            progress.advance(len(perm))
     return loss_sum, n_labelled, n_top, n_points, step_bytes
 
 

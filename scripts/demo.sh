@@ -38,6 +38,27 @@ echo "== training dslide from the mount: 2 MPI ranks x 1 thread, feedback to .ti
 
 echo "== tierfs status after training"
 "$bin/tierfs" status "$mnt"
+"$bin/tierfs" status "$mnt" --json > "$work/status.json"
+echo "== what the job trained on"
+# Each JSON line carries tierfs's own position for its pass ("tierfs": epoch, mini_epoch), the trainer's pass
+# count being "pass": the mini-epochs it saw, out of nm, are the share of the data set it trained on.
+"$bin/python" - "$work/train.jsonl" "$work/status.json" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+nm = json.load(open(sys.argv[2]))["nm"]
+seen = {(r["tierfs"]["epoch"], r["tierfs"]["mini_epoch"]) for r in records if r.get("tierfs")}
+if not seen:
+    print("  (no tierfs position in the JSON lines: was --control given?)")
+    raise SystemExit(0)
+last = max(e for e, _ in seen)
+now = sum(1 for e, _ in seen if e == last)
+if last == 0:
+    print(f"  {len(records)} passes on {now} of {nm} mini-epochs: about {now / nm:.0%} of the data set "
+          "(more passes, --epochs, or a larger cache reach the rest)")
+else:
+    print(f"  {len(records)} passes: all of the data set ({last} whole epoch{'s' if last > 1 else ''}, then {now} "
+          f"of {nm} mini-epochs)")
+PY
 "$bin/tierfs" umount "$mnt"
 
 echo "== saved"

@@ -1,4 +1,5 @@
-"""``tierfs`` on the command line: ``mount``, the fstab form, ``status``, ``set``, ``umount``.
+"""``tierfs`` on the command line: ``mount``, the fstab form, ``status``, ``set``, ``metrics``, ``umount``,
+``install``.
 
 Exit codes: 0 ok, 2 usage error (a bad flag or value), 1 runtime error; every failure prints one line,
 ``tierfs: error: <reason>``, on stderr.  The fstab form (``tierfs SRC MNT -o cache=...,capacity=...``, what
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -19,11 +21,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import overload
 
 from tierfs import __version__
 from tierfs.client import Client, NotAMount
-from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, format_size, parse_assignments
+from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, parse_assignments
+from tierfs.progress import ScanProgress
+from tierfs.summary import format_status
 
 __all__ = ["main"]
 
@@ -43,28 +49,44 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _option_help(name: str, default: str) -> str:
+    """An option's help with its default, from the one table (``tierfs.options.OPTIONS``; its choices are the
+    flag's metavar)."""
+    opt = OPTIONS[name]
+    shown = "off" if opt.flag and default == "false" else default or "none"
+    return f"{opt.help} (default {shown})"
+
+
 def _mount_parser(prog: str) -> _Parser:
-    p = _Parser(prog=prog, description="Mount BACKING at MOUNTPOINT, showing the current mini-epoch.")
-    p.add_argument("backing", metavar="BACKING")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("--cache", metavar="DIR", help="fast-tier cache dir (created 0700 if missing)")
-    p.add_argument("--capacity", metavar="SIZE", help="cap on the cache's bytes, e.g. 150G")
+    from tierfs.options import Settings
+
+    p = _Parser(prog=prog, description="Mount BACKING at MOUNTPOINT, showing the current mini-epoch.  Every option "
+                "is also -o key=value; those marked live can be changed later with 'tierfs set'.")
+    p.add_argument("backing", metavar="BACKING", help="the data set on the slow tier (only ever read)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
+    p.add_argument("--cache", metavar="DIR", help="fast-tier cache dir, created 0700 if missing (required)")
+    p.add_argument("--capacity", metavar="SIZE", help="cap on the cache's bytes, e.g. 150G; it must hold two "
+                   "mini-epochs (required; see docs/tuning.md)")
     p.add_argument("-o", dest="o", action="append", default=[], metavar="KEY=VALUE,...",
-                   help="options in fstab form; generic mount options (rw, nosuid, x-systemd.*, ...) are ignored")
-    p.add_argument("--daemon", action="store_true", help="return once the mount is ready (0) or failed (1)")
+                   help="options in fstab form (default none); generic mount options (defaults, rw, nosuid, "
+                   "x-systemd.*, ...) are ignored; remount applies the live ones to the running mount")
+    p.add_argument("--daemon", action="store_true", help="return once the mount is ready (0) or failed (1) "
+                   "(default for the fstab form; mount stays in the foreground)")
     p.add_argument("--nonempty", action="store_true",
-                   help="mount over a non-empty mountpoint, hiding what is there (refused otherwise)")
+                   help="mount over a non-empty mountpoint, hiding what is there (default: refused)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (the default for mount)")
     # what mount(8) may pass a mount helper besides -o: the type, and -n (no mtab), -s (sloppy), -v (verbose)
     p.add_argument("-t", dest="fstype", metavar="TYPE", help=argparse.SUPPRESS)
     for flag in ("-n", "-s", "-v"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    defaults = dict(parse_assignments(Settings().as_lines()))
     for opt in OPTIONS.values():
         flag = "--" + opt.name.replace("_", "-")
+        text = _option_help(opt.name, defaults[opt.name]) + (" [live]" if opt.live else "")
         if opt.flag:
-            p.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=opt.help)
+            p.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=text)
         else:
-            p.add_argument(flag, dest=f"opt_{opt.name}", metavar="VALUE", help=opt.help)
+            p.add_argument(flag, dest=f"opt_{opt.name}", metavar="|".join(opt.choices) or "VALUE", help=text)
     return p
 
 
@@ -90,20 +112,17 @@ def _attach_negative_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], bool, bool]:
-    """Merge ``-o`` items and ``--key value`` flags (flags win); returns (options, foreground, nonempty)."""
+def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], set[str]]:
+    """Merge ``-o`` items and ``--key value`` flags (flags win); returns (options, switches), the switches
+    being those of ``foreground``, ``nonempty`` and ``remount`` that were given."""
     raw: dict[str, str] = {}
-    foreground = False
-    nonempty = ns.nonempty
+    switches = {"nonempty"} if ns.nonempty else set()
     for item in ns.o:
         for key, value in parse_assignments(item):
-            if key in GENERIC_MOUNT_OPTIONS or key.startswith("x_systemd.") or key.startswith("x-systemd."):
+            if key in GENERIC_MOUNT_OPTIONS or key.startswith("x_"):  # (x-*: userspace options, e.g. x-systemd.*)
                 continue
-            if key == "foreground":
-                foreground = True
-                continue
-            if key == "nonempty":
-                nonempty = True
+            if key in ("foreground", "nonempty", "remount"):
+                switches.add(key)
                 continue
             raw[key] = value
     for key in ("cache", "capacity"):
@@ -113,7 +132,51 @@ def _collect_mount_options(ns: argparse.Namespace) -> tuple[dict[str, str], bool
         value = getattr(ns, f"opt_{name}")
         if value is not None:
             raw[name] = value
-    return raw, foreground, nonempty
+    return raw, switches
+
+
+def remount(mountpoint: str, raw: dict[str, str]) -> list[str]:
+    """``mount -o remount,...``: a FUSE mount cannot be remounted in the kernel, so the live options given are
+    applied through the control file; a fixed one given with a value other than the mount's is refused (mount(8)
+    repeats the fstab line's options, so the unchanged ones come along).  Returns what changed, as
+    ``tierfs set`` prints it."""
+    from tierfs.options import parse_size, parse_value
+
+    client = _client(mountpoint)
+    if client.mountpoint != Path(os.path.abspath(mountpoint)):
+        raise RuntimeFailure(f"remount: {mountpoint} is inside the tierfs mount {client.mountpoint}, not it")
+    current = client.settings()
+    live: dict[str, str] = {}
+    for key, text in raw.items():
+        try:
+            if key == "cache":
+                continue  # (the status does not name the cache dir; a mount keeps its own)
+            if key == "capacity":
+                now = int(client.status()["cache_capacity"])
+                if parse_size(text) != now:
+                    raise UsageError(f"remount: capacity is fixed at mount time (the mount has {now} bytes); "
+                                     "unmount and mount to change it")
+            elif OPTIONS.get(key) is None:
+                parse_value(key, text)  # unknown key: its message
+            elif OPTIONS[key].live:
+                live[key] = text
+            elif parse_value(key, text) != parse_value(key, current[key]):
+                raise UsageError(f"remount: {key} is fixed at mount time (the mount has {key}={current[key]}); "
+                                 "unmount and mount to change it")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if live:
+        try:
+            client.write("".join(f"{k}={v}\n" for k, v in live.items()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return _changes(current, client.settings(), live)
+
+
+def _changes(before: dict[str, str], after: dict[str, str], keys: Iterable[str]) -> list[str]:
+    """``rf: 2 -> 7`` for each key (``rf: 7 (unchanged)`` when it was already so): what ``set`` prints."""
+    return [f"{k}: {before.get(k)} -> {after.get(k)}" if before.get(k) != after.get(k) else f"{k}: {after.get(k)} "
+            "(unchanged)" for k in keys]
 
 
 def _configure_logging(level: str, log_path: str | None = None) -> None:
@@ -129,18 +192,22 @@ def cmd_mount(argv: Sequence[str], *, prog: str, daemon_default: bool) -> int:
     from tierfs.mount import MountError, check_paths
 
     ns = _mount_parser(prog).parse_args(_attach_negative_values(argv))
-    raw, foreground, nonempty = _collect_mount_options(ns)
+    raw, switches = _collect_mount_options(ns)
+    if "remount" in switches:
+        for line in remount(ns.mountpoint, raw):
+            print(line)
+        return EXIT_OK
     try:
         config = MountConfig.from_options(ns.backing, ns.mountpoint, raw)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     made_cache = not os.path.isdir(config.cache)
     try:
-        config = check_paths(config, nonempty=nonempty)
+        config = check_paths(config, nonempty="nonempty" in switches)
     except MountError as exc:
         raise RuntimeFailure(str(exc)) from None
     try:
-        return _serve(config, ns, daemon_default and not (ns.foreground or foreground))
+        return _serve(config, ns, daemon_default and not (ns.foreground or "foreground" in switches))
     finally:
         if made_cache:
             # a mount refused before it began leaves no empty cache dir behind (rmdir fails on a used one)
@@ -153,12 +220,14 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
 
     daemon = ns.daemon or daemon_default
     report = log_path = None
+    terminal = ScanProgress(sys.stderr)  # (a foreground mount's; a daemon's parent shows its own)
+    scan_progress = terminal.update
     if daemon:
         log_path = default_log_path(config.mountpoint)
-        report = daemonize(log_path)
+        report, scan_progress = daemonize(log_path)
     _configure_logging(config.settings.log_level, log_path)
     try:
-        run_mount(config, on_ready=(lambda: report(None)) if report else (lambda: None))
+        run_mount(config, on_ready=(lambda: report(None)) if report else terminal.close, scan_progress=scan_progress)
     except MountError as exc:
         if report:
             report(str(exc))
@@ -170,6 +239,8 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
             _exit_past_abandoned_threads(EXIT_OK)
         logging.getLogger("tierfs").exception("the mount failed")
         raise RuntimeFailure(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        terminal.close()
     _exit_past_abandoned_threads(EXIT_OK)
     return EXIT_OK
 
@@ -187,11 +258,77 @@ def _exit_past_abandoned_threads(code: int) -> None:
     os._exit(code)
 
 
-def _client(mountpoint: str) -> Client:
+#: What a FUSE mount whose daemon is gone answers (the kernel keeps the mount until it is unmounted).
+_DEAD_MOUNT_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
+
+
+@overload
+def _client(mountpoint: str) -> Client: ...
+@overload
+def _client(mountpoint: str, *, dead_ok: bool) -> Client | None: ...
+def _client(mountpoint: str, *, dead_ok: bool = False) -> Client | None:
+    """The client of the mount at ``mountpoint``, or a failure that says what is there; ``dead_ok``: None for
+    a mount whose daemon is gone."""
     try:
         return Client(mountpoint)
     except NotAMount as exc:
-        raise RuntimeFailure(str(exc)) from None
+        raise RuntimeFailure(_not_a_mount(mountpoint) or str(exc)) from None
+    except OSError as exc:
+        if exc.errno in _DEAD_MOUNT_ERRNOS:
+            if dead_ok:
+                return None
+            raise RuntimeFailure(_dead_mount(mountpoint, exc)) from None
+        raise RuntimeFailure(f"{mountpoint}: {exc.strerror}") from None
+
+
+def _dead_mount(path: str, exc: OSError) -> str:
+    return (f"{path}: {exc.strerror}: the tierfs daemon of this mount is gone (killed?) and the kernel keeps the "
+            f"dead mount; clear it with 'tierfs umount {path}' (or fusermount3 -uz {path}) and mount again: it "
+            "resumes from its journal (docs/operations.md, A dead mount)")
+
+
+def _mounts() -> dict[str, str]:
+    """mountpoint -> filesystem type, from /proc/self/mountinfo (mount points have their octal escapes)."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            left, _, right = line.partition(b" - ")
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), left.split()[4])
+            found[os.fsdecode(point)] = os.fsdecode(right.split()[0]) if right else "?"
+    return found
+
+
+def _starting_daemons(mountpoint: str) -> list[int]:
+    """tierfs processes whose command line names ``mountpoint``: a mount that has not answered yet (its first
+    mount scans the backing dir first)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = [os.fsdecode(a) for a in f.read().split(b"\0")]
+            except OSError:
+                continue
+            if any("tierfs" in a for a in args[:3]) and any(os.path.abspath(a) == mountpoint for a in args[1:] if a):
+                pids.append(int(entry))
+    return pids
+
+
+def _not_a_mount(path: str) -> str | None:
+    """Why ``path`` is not a tierfs mount, and what to do (None: no better reason than the client's)."""
+    full = os.path.realpath(path)
+    if not os.path.isdir(full):
+        return f"{path} is not a tierfs mount: {'it is not a directory' if os.path.exists(full) else 'no such path'}"
+    fstype = _mounts().get(full)
+    if fstype is not None:
+        what = "a tierfs mount that does not answer" if fstype == "fuse.tierfs" else f"a {fstype} mount"
+        return f"{path} is not a tierfs mount: it is {what}"
+    starting = _starting_daemons(full)
+    if starting:
+        return (f"{path} is not a tierfs mount yet: tierfs (pid {starting[0]}) is starting there (a first mount "
+                "scans the backing dir; its progress is on its terminal or in its log); try again in a moment")
+    return (f"{path} is not a tierfs mount (nothing is mounted there); mount one with 'tierfs mount BACKING {path} "
+            "--cache DIR --capacity SIZE'")
 
 
 def read_status(mountpoint: str) -> dict:
@@ -199,51 +336,21 @@ def read_status(mountpoint: str) -> dict:
     return _client(mountpoint).status()
 
 
-def _bar(done: float, total: float, width: int = 24) -> str:
-    frac = 0.0 if total <= 0 else min(1.0, done / total)
-    full = int(frac * width)
-    return "[" + "#" * full + "." * (width - full) + f"] {100 * frac:5.1f}%"
-
-
-def format_status(st: dict) -> str:
-    """A human summary of a status object (``tierfs status`` without ``--json``)."""
-    pf = st.get("prefetch", {})
-    reads = st.get("reads", {})
-    arf = st.get("arf", {})
-    total_reads = reads.get("hits", 0) + reads.get("misses", 0)
-    hit = f"{100 * reads.get('hits', 0) / total_reads:.1f}%" if total_reads else "-"
-    lines = [
-        f"epoch {st.get('epoch')}  mini-epoch {st.get('mini_epoch')}  pass {st.get('pass')}  "
-        f"rf {st.get('rf')} (made: {st.get('rf_effective')})",
-        f"view       {st.get('view_files')} files, {format_size(st.get('view_bytes', 0))}",
-        f"cache      {format_size(st.get('cache_bytes', 0))} of {format_size(st.get('cache_capacity', 0))}  "
-        + _bar(st.get("cache_bytes", 0), st.get("cache_capacity", 0)),
-        f"prefetch   {pf.get('files_done')}/{pf.get('files_total')} files  "
-        + _bar(pf.get("bytes_done", 0), pf.get("bytes_total", 0))
-        + f"  {format_size(pf.get('bytes_per_s', 0))}/s",
-        f"reads      {reads.get('hits')} hits, {reads.get('misses')} misses ({hit} hit), "
-        f"{reads.get('out_of_view')} out of view, {reads.get('direct', 0)} direct, "
-        f"{reads.get('plan', 0)} from plans",
-        f"backing    {format_size(st.get('backing_bytes_read', 0))} read;  opened "
-        f"{format_size(st.get('opened_bytes', 0))} (daemon served {format_size(st.get('served_bytes', 0))}, "
-        f"the rest from the page cache or read direct);  stalled {st.get('stall_seconds', 0):.1f} s",
-        f"arf        {arf.get('mode')}  score {arf.get('score')}",
-    ]
-    if st.get("last_error"):
-        lines.append(f"last error {st['last_error']}")
-    return "\n".join(lines)
+def _status_parser() -> _Parser:
+    p = _Parser(prog="tierfs status", description="Show a mount's status.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint, or any path inside the mount")
+    p.add_argument("--json", action="store_true", help="print the raw JSON object (default: a summary)")
+    p.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="refresh every SECONDS until interrupted (default: print once)")
+    return p
 
 
 def cmd_status(argv: Sequence[str]) -> int:
-    p = _Parser(prog="tierfs status", description="Show a mount's status.")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("--json", action="store_true", help="print the raw JSON object")
-    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
-    ns = p.parse_args(argv)
+    ns = _status_parser().parse_args(argv)
     try:
         while True:
             st = read_status(ns.mountpoint)
-            text = json.dumps(st, indent=2) if ns.json else format_status(st)
+            text = json.dumps(st, indent=2) if ns.json else format_status(st)  # (tierfs.summary)
             if ns.watch:
                 sys.stdout.write("\x1b[H\x1b[2J" if sys.stdout.isatty() else "")
             print(text, flush=True)
@@ -253,19 +360,118 @@ def cmd_status(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     except OSError as exc:
+        if exc.errno in _DEAD_MOUNT_ERRNOS:
+            raise RuntimeFailure(_dead_mount(ns.mountpoint, exc)) from None
         hint = (" (status names files: it is for the mount's owner and root; .tierfs/metrics has the figures for "
                 "everyone)") if isinstance(exc, PermissionError) else ""
         raise RuntimeFailure(f"cannot read status of {ns.mountpoint}: {exc.strerror}{hint}") from None
 
 
+def _metrics_parser() -> _Parser:
+    p = _Parser(prog="tierfs metrics", description="Print a mount's Prometheus metrics with its mountpoint on every "
+                "sample, or write them atomically into a node-exporter textfile-collector dir (one file per mount, "
+                "tierfs-NAME.prom; see docs/operations.md).  tierfs_up is 1, or 0 (and exit 1) when the mount does "
+                "not answer.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint")
+    p.add_argument("--textfile", metavar="DIR", help="write DIR/tierfs-NAME.prom instead of printing (default: print)")
+    return p
+
+
+_UP = "# HELP tierfs_up 1 if the mount answered.\n# TYPE tierfs_up gauge\ntierfs_up {}\n"
+
+
+def cmd_metrics(argv: Sequence[str]) -> int:
+    from tierfs.textfile import with_labels, write_textfile
+
+    ns = _metrics_parser().parse_args(argv)
+    mnt = os.path.realpath(ns.mountpoint)  # (what the mount's tierfs_info names)
+    failure: RuntimeFailure | None = None
+    try:
+        text = _UP.format(1) + _client(mnt).metrics()
+    except (RuntimeFailure, OSError) as exc:
+        # a dead or missing mount is a figure too: its file says tierfs_up 0, so an alert fires instead of the
+        # last good figures staying in the dir
+        failure = exc if isinstance(exc, RuntimeFailure) else RuntimeFailure(f"{mnt}: {exc.strerror}")
+        text = _UP.format(0)
+    if ns.textfile:
+        try:
+            write_textfile(ns.textfile, mnt, text)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot write into {ns.textfile}: {exc.strerror}") from None
+    else:
+        sys.stdout.write(with_labels(text, {"mountpoint": mnt}))
+    if failure is not None:
+        raise failure
+    return EXIT_OK
+
+
+def _plan_parser() -> _Parser:
+    p = _Parser(prog="tierfs plan", description="Choose a mount's nm and rf from the data set before mounting: scans "
+                "BACKING as the cache counts it (allocated blocks), picks the fewest mini-epochs the mount accepts at "
+                "the capacity, reads the backing and writes the cache disk briefly to measure them "
+                "(docs/tuning.md).")
+    p.add_argument("backing", metavar="BACKING", help="the data set on the slow tier (only read)")
+    p.add_argument("--capacity", metavar="SIZE", required=True, help="the cache's cap, e.g. 2T (required)")
+    p.add_argument("--cache-disk", metavar="DIR", help="an existing dir on the cache's filesystem: its block size, "
+                   "and a write test of a few seconds (default: 4K blocks, no write test)")
+    p.add_argument("--world-size", metavar="N", default="1", help="nodes sharing the plan (default 1)")
+    p.add_argument("--consumption", metavar="RATE", help="bytes/s one node's loader reads at full speed, e.g. 800M: "
+                   "gives rf and the time of a pass (default: unknown; then mount with rf=auto)")
+    p.add_argument("--epochs", metavar="E", default="1", help="epochs the job makes, for the totals (default 1)")
+    p.add_argument("--measure", metavar="SECONDS", default="2",
+                   help="seconds of each bandwidth test; 0 = none (default 2)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON (default: a summary)")
+    return p
+
+
+def cmd_plan(argv: Sequence[str]) -> int:
+    from tierfs.options import parse_size, parse_value
+    from tierfs.sizing import size_mount
+
+    ns = _plan_parser().parse_args(_attach_negative_values(argv))
+    try:
+        capacity = parse_size(ns.capacity)
+        world = parse_value("world_size", ns.world_size)
+        consumption = float(parse_size(ns.consumption)) if ns.consumption else None
+        epochs = int(parse_value("rf", ns.epochs))  # (an integer >= 1, as rf is)
+        seconds = float(ns.measure)
+        if not 0 <= seconds <= 600:
+            raise ValueError(f"--measure: expected seconds from 0 to 600, got {ns.measure!r}")
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("rf: ", "epochs: ")) from None
+    if not os.path.isdir(ns.backing):
+        raise RuntimeFailure(f"backing dir {ns.backing} is not a directory")
+    if ns.cache_disk and not os.path.isdir(ns.cache_disk):
+        raise RuntimeFailure(f"--cache-disk {ns.cache_disk} is not a directory")
+    terminal = ScanProgress(sys.stderr)
+    try:
+        sizing = size_mount(ns.backing, capacity, cache_disk=ns.cache_disk, world_size=world,
+                            consumption=consumption, epochs=epochs, measure_seconds=seconds,
+                            scan_progress=terminal.update)
+    except ValueError as exc:
+        raise RuntimeFailure(str(exc)) from None
+    except OSError as exc:
+        raise RuntimeFailure(f"{exc.filename or ns.backing}: {exc.strerror}") from None
+    finally:
+        terminal.close()
+    print(json.dumps(sizing.as_dict()) if ns.json else sizing.summary(ns.backing))
+    return EXIT_OK
+
+
+def _set_parser() -> _Parser:
+    live = ", ".join(o.name for o in OPTIONS.values() if o.live)
+    p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control); "
+                "prints what changed.  next-pass and advance are sent as commands.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint, or any path inside the mount")
+    p.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
+                   help=f"the live options: {live} (their defaults: 'tierfs mount --help'); or next-pass, advance")
+    return p
+
+
 def cmd_set(argv: Sequence[str]) -> int:
     from tierfs.options import Settings, apply_assignments
 
-    p = _Parser(prog="tierfs set", description="Change live settings of a mount (written to .tierfs/control); "
-                "prints what changed.  next-pass and advance are sent as commands.")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
-    ns = p.parse_args(argv)
+    ns = _set_parser().parse_args(argv)
     items = [kv for a in ns.assignments for kv in parse_assignments(a)]
     commands = [k.replace("_", "-") for k, v in items if not v and k in ("next_pass", "advance")]
     items = [(k, v) for k, v in items if v or k not in ("next_pass", "advance")]
@@ -285,17 +491,15 @@ def cmd_set(argv: Sequence[str]) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise RuntimeFailure(f"cannot write {client.dir}/control: {exc.strerror}") from None
-    after = client.settings()
-    for key in dict(items):
-        old, new = before.get(key), after.get(key)
-        print(f"{key}: {old} -> {new}" if old != new else f"{key}: {new} (unchanged)")
+    for line in _changes(before, client.settings(), dict(items)):
+        print(line)
     for cmd in commands:
         print(f"{cmd}: sent")
     return EXIT_OK
 
 
-def cmd_install(argv: Sequence[str]) -> int:
-    from tierfs.install import Layout, install, uninstall
+def _install_parser() -> _Parser:
+    from tierfs.install import Layout
 
     defaults = Layout()
     p = _Parser(prog="tierfs install", description="Install the fstab helper (mount.fuse.tierfs), the commands, "
@@ -309,7 +513,13 @@ def cmd_install(argv: Sequence[str]) -> int:
                    help=f"systemd generators (default {defaults.generator_dir})")
     p.add_argument("--conf-dir", default=defaults.conf_dir, help=f"NAME.conf files (default {defaults.conf_dir})")
     p.add_argument("--uninstall", action="store_true", help="remove what an install with these dirs wrote")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_install(argv: Sequence[str]) -> int:
+    from tierfs.install import Layout, install, uninstall
+
+    ns = _install_parser().parse_args(argv)
     try:
         layout = Layout(prefix=ns.prefix, sbin_dir=ns.sbin_dir, unit_dir=ns.unit_dir,
                         generator_dir=ns.generator_dir, conf_dir=ns.conf_dir)
@@ -333,13 +543,18 @@ def cmd_install(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def cmd_umount(argv: Sequence[str]) -> int:
+def _umount_parser() -> _Parser:
     p = _Parser(prog="tierfs umount", description="Unmount a tierfs mount (the daemon then exits 0).")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
-    ns = p.parse_args(argv)
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint")
+    p.add_argument("-z", "--lazy", action="store_true",
+                   help="detach now even if files are open (default: refused while they are)")
+    return p
+
+
+def cmd_umount(argv: Sequence[str]) -> int:
+    ns = _umount_parser().parse_args(argv)
     mnt = os.path.realpath(ns.mountpoint)
-    _client(mnt)
+    _client(mnt, dead_ok=True)  # (a dead mount is unmounted all the same)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise RuntimeFailure("fusermount3 not found (install the fuse3 package)")
@@ -357,9 +572,21 @@ usage: tierfs mount BACKING MOUNTPOINT --cache DIR --capacity SIZE [options]
        tierfs BACKING MOUNTPOINT -o cache=DIR,capacity=SIZE[,key=value...]   (fstab form)
        tierfs status MOUNTPOINT [--json] [--watch SECONDS]
        tierfs set MOUNTPOINT KEY=VALUE ...
+       tierfs metrics MOUNTPOINT [--textfile DIR]
+       tierfs plan BACKING --capacity SIZE [--cache-disk DIR] [--consumption RATE] [--world-size N] [--epochs E]
        tierfs umount MOUNTPOINT [--lazy]
-       tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--uninstall]   (as root)
-Run 'tierfs mount --help' for the mount options."""
+       tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--generator-dir DIR] [--conf-dir DIR]
+                      [--uninstall]   (as root)
+       tierfs --version
+Run 'tierfs COMMAND --help' for a command's options and their defaults ('tierfs mount --help': the mount
+options)."""
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser, by command (what ``--help`` shows; tests read their defaults)."""
+    return {"mount": _mount_parser("tierfs mount"), "status": _status_parser(), "set": _set_parser(),
+            "metrics": _metrics_parser(), "plan": _plan_parser(),
+            "umount": _umount_parser(), "install": _install_parser()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -378,6 +605,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(rest)
         if cmd == "set":
             return cmd_set(rest)
+        if cmd == "metrics":
+            return cmd_metrics(rest)
+        if cmd == "plan":
+            return cmd_plan(rest)
         if cmd in ("umount", "unmount"):
             return cmd_umount(rest)
         if cmd == "install":

@@ -315,6 +315,7 @@ class Engine:
         """A copy was committed: its fingerprint was confirmed by the copy itself."""
         self.reval.confirm(fidx)
         self.schedule.pending_next.discard(fidx)
+        self.schedule.pending_current.discard(fidx)
         if not self.policy.keeps(fidx):
             self.cache.evict(fidx)  # the view moved on while we copied
             return
@@ -327,6 +328,7 @@ class Engine:
         stuck on the backing): the mini-epoch counts as staged without it, so ``advance=ready`` never waits for it
         (it is retried, and read from the backing meanwhile)."""
         self.schedule.pending_next.discard(fidx)
+        self.schedule.pending_current.discard(fidx)  # (read from the backing: nothing to wait for)
         self._advance_if_ready()
 
     def _restage(self, fidx: int) -> None:
@@ -335,6 +337,8 @@ class Engine:
         if self.policy.walks_plans and self.policy.keeps(fidx):
             if fidx in sch.next_files:
                 sch.pending_next.add(fidx)
+            elif sch.current_mask[fidx]:
+                sch.pending_current.add(fidx)
             self.stager.push_front(fidx)
 
     def _changed(self, fidx: int, st: os.stat_result) -> None:
@@ -416,7 +420,7 @@ class Engine:
     def status(self) -> Status:
         """One consistent snapshot of everything ``status`` and ``metrics`` show, from the parts' statistics."""
         return build_status(
-            settings=self.settings, rf=self.rf_now(), next_ready=self.next_ready(),
+            mountpoint=self.config.mountpoint, settings=self.settings, rf=self.rf_now(), next_ready=self.next_ready(),
             schedule=self.schedule.statistics(), data=self.data.statistics(), cache=self.cache.statistics(),
             stager=self.stager.statistics(), pusher=self.pusher.statistics(), backing=self.backing.statistics(),
             revalidation=self.reval.statistics(), arf=self.arf, last_error=self.last_error,

@@ -41,6 +41,7 @@ from collections.abc import Callable
 import trio
 
 from tierfs.options import MountConfig, format_size
+from tierfs.textfile import mountpoint_file_name
 
 log = logging.getLogger("tierfs")
 
@@ -330,8 +331,7 @@ def default_log_path(mountpoint: str) -> str:
     else:
         base = os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "tierfs")
     os.makedirs(base, mode=0o700, exist_ok=True)
-    name = os.path.abspath(mountpoint).strip("/").replace("-", "--").replace("/", "-") or "root"
-    return os.path.join(base, f"{name}.log")
+    return os.path.join(base, f"{mountpoint_file_name(mountpoint)}.log")
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -346,20 +346,29 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def daemonize(log_path: str) -> Callable[[str | None], None]:
+def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[int, float], None]]:
     """Fork; the parent waits for the child to report and exits 0 (ready) or 1 (failed, reason on stderr).
 
     Returns, in the child, the function that reports: ``report(None)`` for ready, ``report("reason")`` for a
-    failure.  The child starts a new session and sends its output to ``log_path``.
+    failure; and the scan's progress callback, which the parent shows on its terminal meanwhile
+    (:class:`tierfs.progress.ScanProgress`).  The child starts a new session and sends its output to ``log_path``.
     """
+    from tierfs.progress import ScanProgress
+
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid > 0:
         os.close(write_end)
-        chunks = []
+        progress = ScanProgress(sys.stderr)
+        pending = b""
         while chunk := os.read(read_end, 4096):
-            chunks.append(chunk)
-        message = b"".join(chunks).decode(errors="replace").strip()
+            pending += chunk
+            while pending.startswith(b"scan ") and b"\n" in pending:  # "scan ENTRIES SECONDS\n" lines
+                line, pending = pending.split(b"\n", 1)
+                _, entries, seconds = line.split()
+                progress.update(int(entries), float(seconds))
+        progress.close()
+        message = pending.decode(errors="replace").strip()
         if message == "ready":
             os._exit(0)
         if not message:
@@ -390,7 +399,12 @@ def daemonize(log_path: str) -> Callable[[str | None], None]:
         os.close(write_end)
         write_end = -1
 
-    return report
+    def scan_progress(entries: int, seconds: float) -> None:
+        if write_end >= 0:
+            with contextlib.suppress(OSError):  # (one short write: never split, never mixed with another)
+                os.write(write_end, b"scan %d %.3f\n" % (entries, seconds))
+
+    return report, scan_progress
 
 
 async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]) -> None:
@@ -398,9 +412,9 @@ async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]
     # (abandoned on cancel: a stop before the first answer must not wait for this stat, which only the
     # main loop being stopped could answer)
     await trio.to_thread.run_sync(os.stat, os.path.join(mountpoint, ".tierfs", "status"), abandon_on_cancel=True)
+    on_ready()  # (first: a terminal's scan progress ends before the log goes on)
     log.info("mounted %s", mountpoint)
     sd_notify("READY=1\nSTATUS=serving")
-    on_ready()
 
 
 async def _stop_on_signal(cancel_scope: trio.CancelScope, engine, pyfuse3) -> None:
@@ -454,8 +468,10 @@ async def _serve(config: MountConfig, engine, pyfuse3, on_ready: Callable[[], No
         nursery.cancel_scope.cancel()
 
 
-def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: None) -> None:
-    """Mount and serve until unmounted or signalled.  Raises :class:`MountError` with a one-line reason."""
+def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: None,
+              scan_progress: Callable[[int, float], None] = lambda entries, seconds: None) -> None:
+    """Mount and serve until unmounted or signalled.  Raises :class:`MountError` with a one-line reason.
+    ``scan_progress`` hears of a first mount's scan (see ``Tree.scan``)."""
     import pyfuse3  # the FUSE binding is only needed here: the rest of the package imports without it
 
     from tierfs.engine import Engine
@@ -465,9 +481,14 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     if after != before:
         log.info("file descriptor limit raised from %d to %d", before, after)
     engine = Engine(config)
-    try:
+
+    def scanning(entries: int, seconds: float) -> None:
         # a long first scan shows in ``systemctl status`` (and in the log every few seconds)
-        engine.open(lambda n, secs: sd_notify(f"STATUS=scanning the backing dir: {n:,} entries in {secs:.0f} s"))
+        sd_notify(f"STATUS=scanning the backing dir: {entries:,} entries in {seconds:.0f} s")
+        scan_progress(entries, seconds)
+
+    try:
+        engine.open(scanning)
     except (ValueError, OSError) as exc:
         engine.close()
         raise MountError(str(exc)) from None

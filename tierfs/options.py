@@ -26,6 +26,7 @@ __all__ = [
     "Settings",
     "apply_assignments",
     "format_size",
+    "format_size_at_least",
     "parse_assignments",
     "parse_size",
     "parse_value",
@@ -56,6 +57,21 @@ def format_size(n: int | float) -> str:
         if abs(n) < 1024 or unit == "T":
             return f"{n:.0f}{unit}" if unit == "" or n == int(n) else f"{n:.1f}{unit}"
         n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_size_at_least(n: int) -> str:
+    """The shortest size that :func:`parse_size` reads as at least ``n`` bytes (``3.1G`` for 3.04 GiB): what an
+    error tells a user to give, so the value it names is one that works (:func:`format_size` rounds down too)."""
+    if n < 1024:
+        return str(int(n))
+    for unit in ("K", "M", "G", "T"):
+        scale = _SIZE_UNITS[unit.lower()]
+        if n < 1024 * scale or unit == "T":
+            tenths = math.ceil(n * 10 / scale)
+            while parse_size(f"{tenths / 10:g}{unit}") < n:  # (float rounding in parse_size)
+                tenths += 1
+            return f"{tenths / 10:g}{unit}"
     raise AssertionError("unreachable")
 
 
@@ -122,13 +138,20 @@ def _streams(text: str) -> int | str:
     return "auto" if text == "auto" else _int_between(1, 64)(text)
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+@dataclass(frozen=True)
+class _Choice:
+    """The parser of an option that takes one of a few words (``--help`` lists them)."""
+
+    choices: tuple[str, ...]
+
+    def __call__(self, text: str) -> str:
+        if text not in self.choices:
+            raise ValueError(f"expected one of {', '.join(self.choices)}, got {text!r}")
         return text
 
-    return parse
+
+def _choice(*choices: str) -> _Choice:
+    return _Choice(choices)
 
 
 def _rf(text: str) -> int | str:
@@ -186,6 +209,11 @@ class Option:
     help: str
     flag: bool = False  # a switch: ``--allow-other`` / ``-o allow_other`` without a value
 
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The words the option takes, when it takes one of a few (empty otherwise)."""
+        return self.parse.choices if isinstance(self.parse, _Choice) else ()
+
 
 OPTIONS: dict[str, Option] = {
     o.name: o
@@ -217,7 +245,7 @@ OPTIONS: dict[str, Option] = {
         Option("allow_other", _bool, False, "let other users read the mount (implies default_permissions)",
                flag=True),
         Option("group", _group, False, "a group whose members steer the mount like its owner: their reads and "
-               "listings move the schedule, they read status and order and write control (default: none)"),
+               "listings move the schedule, they read status and order and write control"),
         Option("ro", _bool, False, "read-only at the kernel (statfs says ST_RDONLY, findmnt ro); the control "
                "file then refuses writes too", flag=True),
         Option("log_level", _choice("debug", "info", "warning", "error"), False, "daemon log level"),

@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from tierfs.cache import CacheStore
-from tierfs.options import format_size
+from tierfs.options import format_size, format_size_at_least
 from tierfs.schedule import Schedule
 
 __all__ = ["ADVISE_WHOLE", "POLICIES", "CachePolicy", "LruPolicy", "MetPolicy"]
@@ -81,7 +81,8 @@ class MetPolicy(CachePolicy):
             i = int(np.argmax(disk))
             raise ValueError(
                 f"capacity must be at least 2 x the largest file's copy ({os.fsdecode(sch.tree.file_path(i))}: "
-                f"{int(disk[i])} bytes on the cache disk), got {cap} ({format_size(cap)})"
+                f"{int(disk[i])} bytes on the cache disk), got {cap} ({format_size(cap)}); use at least "
+                f"{format_size_at_least(sch.capacity_needed(sch.settings.nm, sch.settings.world_size))}"
             )
         sch.check(sch.settings)  # raises ValueError with the reason
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from sampler.plan import plan_epoch
 from tierfs.journal import Position
-from tierfs.options import Settings, format_size
+from tierfs.options import Settings, format_size, format_size_at_least
 from tierfs.tree import Tree
 from tierfs.view import View
 
@@ -56,6 +56,10 @@ class ScheduleStatistics:
     next_bytes: int
     next_pending_bytes: int
     consumption_bytes_per_s: float
+    current_files: int = 0  # the current mini-epoch (the view, unless view=full)
+    current_bytes: int = 0
+    current_pending: int = 0  # files of it not cached yet (right after a mount, a switch)
+    current_pending_bytes: int = 0
 
 
 def _budget(settings: Settings, capacity: int) -> tuple[int, int | None]:
@@ -74,6 +78,8 @@ def check_fits(sizes: np.ndarray, settings: Settings, capacity: int) -> None:
     the cache has ``total <= budget x nm x world_size``, and when no cut fits, the balanced cut is taken as
     long as a mini-epoch fits on average within one file: ``total <= (budget + biggest) x nm x world_size``."""
     budget, nm = _budget(settings, capacity)
+    if nm is not None and nm > len(sizes):
+        raise ValueError(f"nm={nm} is more mini-epochs than the data set has files: use at most {len(sizes):,}")
     ws = settings.world_size
     total, biggest = int(sizes.sum()), int(sizes.max(initial=0))
     if (biggest <= budget) if nm is None else (total <= (budget + biggest) * nm * ws):
@@ -86,8 +92,14 @@ def check_fits(sizes: np.ndarray, settings: Settings, capacity: int) -> None:
         f"{what} does not fit capacity={format_size(capacity)}: a mini-epoch must fit in half the "
         f"cache, {format_size(budget)}, but the copies of the data set take {format_size(total)} of the "
         f"cache disk, in {nm or need} mini-epochs {format_size(per)} each{rank_note}; use nm >= {need} or "
-        f"capacity >= {format_size(2 * per)}"
+        f"capacity >= {format_size_at_least(capacity_needed(sizes, nm or need, ws))}"
     )
+
+
+def capacity_needed(sizes: np.ndarray, nm: int, world_size: int) -> int:
+    """The least capacity that holds two mini-epochs of an even cut of ``sizes`` into ``nm`` (per rank) and twice
+    the largest copy: what a refusal suggests, and what :func:`check_fits` then accepts."""
+    return 2 * max(-(-int(sizes.sum()) // (nm * world_size)), int(sizes.max(initial=0)))
 
 
 def make_plan(sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacity: int,
@@ -155,6 +167,7 @@ class Schedule:
         self.next_coords: tuple[int, int] | None = (0, 0)
         self.wanted = np.zeros(n, bool)
         self.pending_next: set[int] = set()  # files of the next mini-epoch not cached yet
+        self.pending_current: set[int] = set()  # and of the current one (what status shows staging of)
         self.view: View | None = None
         self.advance_requested = False
         self.plan_note: str | None = None  # why a later epoch needed more mini-epochs (shown as last_error)
@@ -175,6 +188,10 @@ class Schedule:
     def check(self, settings: Settings) -> None:
         """``ValueError`` with the reason and the fix if ``settings`` cannot plan an epoch (no plan is made)."""
         check_fits(self.disk_sizes, settings, self.capacity)
+
+    def capacity_needed(self, nm: int, world_size: int) -> int:
+        """:func:`capacity_needed` of this data set's copies."""
+        return capacity_needed(self.disk_sizes, nm, world_size)
 
     def plan(self, epoch: int) -> list[np.ndarray]:
         """The plan of ``epoch``, made now if it is missing: only where nothing waits on the trio thread for it
@@ -293,6 +310,7 @@ class Schedule:
         self.wanted = self.current_mask.copy()
         self.wanted[self.next_files] = True
         self.pending_next = set(self.next_files[~cached(self.next_files)].tolist())
+        self.pending_current = set(self.current[~cached(self.current)].tolist()) if self.walks_plans else set()
         if not keep_view:
             self.new_view()
 
@@ -345,8 +363,10 @@ class Schedule:
             dataset_files=self.tree.n_files, dataset_bytes=int(sizes.sum()),
             next_files=len(nxt), next_pending=len(self.pending_next),
             next_bytes=int(sizes[nxt].sum()) if len(nxt) else 0,
-            next_pending_bytes=int(sizes[np.fromiter(self.pending_next, np.int64, len(self.pending_next))].sum()),
-            consumption_bytes_per_s=self.consumption_bps,
+            next_pending_bytes=_bytes_of(sizes, self.pending_next),
+            consumption_bytes_per_s=self.consumption_bps, current_files=len(self.current),
+            current_bytes=int(sizes[self.current].sum()), current_pending=len(self.pending_current),
+            current_pending_bytes=_bytes_of(sizes, self.pending_current),
         )
 
     # ============================================================================================ passes
@@ -403,3 +423,7 @@ class Schedule:
         self.pos.passes_total += 1
         self.pos.rf_effective[-1] += 1
         return self.walks_plans and self.pos.pass_index >= rf
+
+
+def _bytes_of(sizes: np.ndarray, files: set[int]) -> int:
+    return int(sizes[np.fromiter(files, np.int64, len(files))].sum())

@@ -18,6 +18,9 @@ import resource
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tierfs import __version__
+from tierfs.textfile import escape_label
+
 if TYPE_CHECKING:
     from tierfs.backing import BackingStatistics
     from tierfs.cache import CacheStatistics
@@ -36,13 +39,16 @@ __all__ = ["ArfStatus", "DataPathStatistics", "Prefetch", "Reads", "Status", "bu
 
 @dataclass(frozen=True)
 class Prefetch:
-    """Staging of the next mini-epoch (the current one too while it is incomplete, e.g. right after mount)."""
+    """Staging of a mini-epoch: the next one (``prefetch``), or the current one (``current_staging``: incomplete
+    right after a mount or a switch to a next one that was not staged in time).  ``eta_s``: seconds left at the
+    staging rate, the current mini-epoch's copies counted first; None while there is no rate."""
 
     files_done: int = 0
     files_total: int = 0
     bytes_done: int = 0
     bytes_total: int = 0
     bytes_per_s: float = 0.0
+    eta_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ class Status:
     cache_repairs: int = 0
     next_ready: bool = False
     prefetch: Prefetch = field(default_factory=Prefetch)
+    current_staging: Prefetch = field(default_factory=Prefetch)
     staging: dict[str, Any] = field(default_factory=dict)
     reads: Reads = field(default_factory=Reads)
     backing: dict[str, Any] = field(default_factory=dict)
@@ -122,6 +129,7 @@ class Status:
     tree: dict[str, Any] = field(default_factory=dict)  # where the tree came from (scan/saved), its rescan
     arf: ArfStatus = field(default_factory=ArfStatus)
     last_error: str | None = None
+    mountpoint: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -144,6 +152,8 @@ class Status:
             out.append(f"tierfs_{name}{labels} {v}\n")
 
         p, r, st, b, rv = self.prefetch, self.reads, self.staging, self.backing, self.revalidate
+        metric("info", "gauge", "The mount and its tierfs; 1.", 1,
+               f'{{mountpoint="{escape_label(self.mountpoint)}",version="{escape_label(__version__)}"}}')
         metric("epoch", "gauge", "Current epoch.", self.epoch)
         metric("mini_epoch", "gauge", "Current mini-epoch within the epoch.", self.mini_epoch)
         metric("pass", "gauge", "Current pass within the mini-epoch.", self.pass_)
@@ -169,6 +179,11 @@ class Status:
         metric("prefetch_done_files", "gauge", "Files of the mini-epoch being staged that are cached.", p.files_done)
         metric("prefetch_bytes", "gauge", "Bytes of the mini-epoch being staged.", p.bytes_total)
         metric("prefetch_done_bytes", "gauge", "Bytes of the mini-epoch being staged that are cached.", p.bytes_done)
+        c = self.current_staging
+        metric("current_pending_files", "gauge", "Files of the current mini-epoch not cached yet.",
+               c.files_total - c.files_done)
+        metric("current_pending_bytes", "gauge", "Bytes of the current mini-epoch not cached yet.",
+               c.bytes_total - c.bytes_done)
         metric("staged_bytes_total", "counter", "Bytes copied into the cache.", st.get("bytes_staged", 0))
         metric("staged_files_total", "counter", "Files copied into the cache.", st.get("files_staged", 0))
         metric("staging_streams", "gauge", "Copies allowed in flight now.", st.get("streams", 0))
@@ -212,8 +227,10 @@ class Status:
         metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
                self.opened_bytes)
         metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", self.stall_seconds)
-        metric("consumption_bytes_per_second", "gauge", "Measured consumption rate of the readers.",
-               self.consumption_bytes_per_s)
+        metric("consumption_bytes_per_second", "gauge", "Readers' consumption rate measured over the last pass "
+               "(its counter: tierfs_opened_bytes_total).", self.consumption_bytes_per_s)
+        metric("staging_bytes_per_second", "gauge", "Staging rate now (its counter: tierfs_staged_bytes_total).",
+               p.bytes_per_s)
         metric("open_handles", "gauge", "Dataset files open now.", self.handles)
         metric("open_fds", "gauge", "File descriptors the daemon holds.", self.fds)
         metric("fd_limit", "gauge", "The daemon's descriptor limit.", self.fd_limit)
@@ -226,7 +243,7 @@ class Status:
         return "".join(out)
 
 
-def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
+def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  arf: Arf, last_error: str | None, tree: TreeStatistics) -> Status:
@@ -243,7 +260,13 @@ def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: Sch
         cache_capacity=cache.capacity, cache_repairs=cache.repairs, next_ready=next_ready,
         prefetch=Prefetch(files_done=sch.next_files - sch.next_pending, files_total=sch.next_files,
                           bytes_done=sch.next_bytes - sch.next_pending_bytes, bytes_total=sch.next_bytes,
-                          bytes_per_s=stager.bytes_per_s),
+                          bytes_per_s=stager.bytes_per_s,
+                          eta_s=_eta(sch.current_pending_bytes + sch.next_pending_bytes, stager.bytes_per_s)),
+        current_staging=Prefetch(files_done=sch.current_files - sch.current_pending, files_total=sch.current_files,
+                                 bytes_done=sch.current_bytes - sch.current_pending_bytes,
+                                 bytes_total=sch.current_bytes,
+                                 bytes_per_s=stager.bytes_per_s,
+                                 eta_s=_eta(sch.current_pending_bytes, stager.bytes_per_s)),
         staging=asdict(stager), reads=data.reads, backing=asdict(backing), revalidate=asdict(revalidation),
         backing_bytes_read=data.backing_bytes_read + stager.bytes_staged, served_bytes=data.served_bytes,
         opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
@@ -251,7 +274,14 @@ def build_status(*, settings: Settings, rf: int, next_ready: bool, schedule: Sch
         handles=data.handles, plans=asdict(data.plans), fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
+        mountpoint=mountpoint,
     )
+
+
+def _eta(left: int, rate: float) -> float | None:
+    if left <= 0:
+        return 0.0
+    return left / rate if rate > 0 else None
 
 
 def _open_fds(limit: int) -> int:

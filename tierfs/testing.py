@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -27,8 +29,8 @@ from tierfs.mount import fuse_connection
 if TYPE_CHECKING:
     from tierfs.tree import Tree
 
-__all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "is_mounted", "mounted", "passthrough",
-           "synthetic_tree", "wait_until"]
+__all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "in_pty", "is_mounted", "mounted",
+           "passthrough", "synthetic_tree", "wait_until"]
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -92,6 +94,56 @@ class Mounted:
     def stderr(self) -> str:
         with open(self.stderr_path, errors="replace") as f:
             return f.read()
+
+
+class InPty:
+    """A command whose stdin, stdout and stderr are a terminal (a pty), as a person runs it (:func:`in_pty`)."""
+
+    def __init__(self, cmd: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self._master, slave = pty.openpty()
+        self.process = subprocess.Popen(list(cmd), stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                                        env={**os.environ, **(env or {})})
+        os.close(slave)
+        self.output = b""
+
+    def read(self, until: bytes | None = None, timeout: float = 60.0) -> bytes:
+        """What the terminal has shown so far, once ``until`` is in it, or once the command and every process
+        holding the terminal have ended (``until`` None); ``TimeoutError`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while until is None or until not in self.output:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"waited {timeout} s for {until!r}; the terminal showed {self.output[-2000:]!r}")
+            if select.select([self._master], [], [], min(left, 0.5))[0]:
+                try:
+                    chunk = os.read(self._master, 1 << 16)
+                except OSError:  # EIO: no process holds the terminal any more
+                    chunk = b""
+                if not chunk:
+                    break
+                self.output += chunk
+        return self.output
+
+    def close(self, timeout: float = 30.0) -> None:
+        """SIGTERM the command if it still runs (SIGKILL after ``timeout``), and close the terminal."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        os.close(self._master)
+
+
+@contextlib.contextmanager
+def in_pty(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[InPty]:
+    """Run ``cmd`` on a terminal of its own, to see what a person sees (progress bars draw only on terminals)."""
+    run = InPty(cmd, env)
+    try:
+        yield run
+    finally:
+        run.close()
 
 
 def _args(options: Mapping[str, object]) -> list[str]:

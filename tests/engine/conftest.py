@@ -99,6 +99,18 @@ async def settle(engine: Engine) -> None:
     raise AssertionError("staging did not settle")
 
 
+def stage_all(engine: Engine) -> None:
+    """Run the engine's background jobs until staging settles (the current and the next mini-epoch cached)."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(engine.run)
+            await settle(engine)
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
 class Tools:
     """The helpers above, as one fixture (tests import nothing from conftest under --import-mode=importlib)."""
 
@@ -106,6 +118,7 @@ class Tools:
     read_file = staticmethod(read_file)
     read_view = staticmethod(read_view)
     settle = staticmethod(settle)
+    stage_all = staticmethod(stage_all)
     backing_bytes = staticmethod(backing_bytes)
 
 

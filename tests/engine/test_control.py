@@ -113,7 +113,8 @@ def test_status_always_complete_valid_json_and_metrics_from_same_snapshot(open_e
         await ops.release(fi.fh)
         d = json.loads(b"".join(chunks))
         assert d.keys() >= REQUIRED
-        assert set(d["prefetch"]) == {"files_done", "files_total", "bytes_done", "bytes_total", "bytes_per_s"}
+        assert set(d["prefetch"]) == set(d["current_staging"]) == {"files_done", "files_total", "bytes_done",
+                                                                    "bytes_total", "bytes_per_s", "eta_s"}
         assert set(d["reads"]) == {"hits", "misses", "out_of_view", "direct", "plan"}
         assert set(d["arf"]) >= {"mode", "score", "history"}
         assert isinstance(d["rf_effective"], list)

@@ -210,8 +210,8 @@ def test_settings_change_keeps_current_epoch_plan(open_engine, t):
 
 
 def test_empty_shares_are_skipped(open_engine, t):
-    # 32 files, 2 ranks x 40 mini-epochs: some shares are empty; a rank never sits on an empty view
-    e = open_engine(capacity=1 << 20, nm=40, rank=1, world_size=2, rf=1, advance="strict")
+    # 32 files, 2 ranks x 30 mini-epochs: some shares are empty; a rank never sits on an empty view
+    e = open_engine(capacity=1 << 20, nm=30, rank=1, world_size=2, rf=1, advance="strict")
     assert any(len(p) == 0 for p in e.schedule.plan(0))
 
     async def main():

@@ -359,3 +359,44 @@ def test_lru_does_not_need_twice_the_largest_file(dataset, mount_dirs):
         rel = max(files, key=files.get)
         assert len((mnt / rel).read_bytes()) == largest
         assert m.status()["cache_bytes"] <= largest + 4096
+
+
+def test_fstab_remount_applies_live_options_and_refuses_fixed_changes(tierfs_mount, mount_dirs, dataset):
+    """``mount -o remount`` runs the helper with the fstab line's options plus ``remount``: the live ones apply,
+    the unchanged fixed ones pass, a changed fixed one is refused with what to do."""
+    backing, _ = dataset
+    mnt, cache = mount_dirs
+    with tierfs_mount(capacity="1M", rf=2, seed=4) as m:
+        line = f"defaults,_netdev,x-systemd.automount,cache={cache},capacity=1M,seed=4"
+        res = run_tierfs(backing, mnt, "-o", f"remount,{line},rf=5,nm=4")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == ["rf: 2 -> 5", "nm: 8 -> 4"]
+        assert m.status()["rf"] == 5
+        for change, needle in [("seed=5", "seed is fixed at mount time (the mount has seed=4); unmount and mount"),
+                               ("capacity=2M", "capacity is fixed at mount time"), ("rf=0", "rf: must be >= 1")]:
+            res = run_tierfs(backing, mnt, "-o", f"remount,{line},{change}")
+            assert res.returncode == 2 and needle in res.stderr, res.stderr
+            assert len(res.stderr.strip().splitlines()) == 1
+        assert m.status()["rf"] == 5 and is_mounted(mnt)
+    res = run_tierfs(backing, mnt, "-o", f"remount,{line}")
+    assert res.returncode == 1 and "not a tierfs mount" in res.stderr
+
+
+def test_status_of_a_dead_mount_and_of_a_plain_dir_says_what_to_do(tierfs_mount, mount_dirs, tmp_path):
+    mnt, _ = mount_dirs
+    res = run_tierfs("status", tmp_path)
+    assert res.returncode == 1
+    assert "is not a tierfs mount (nothing is mounted there); mount one with 'tierfs mount BACKING" in res.stderr
+    with tierfs_mount(capacity="1M") as m:
+        m.process.kill()  # the daemon dies; the kernel keeps a dead mount
+        m.process.wait(timeout=30)
+        res = run_tierfs("status", mnt)
+        assert res.returncode == 1
+        (line,) = res.stderr.strip().splitlines()
+        assert line == (f"tierfs: error: {mnt}: Transport endpoint is not connected: the tierfs daemon of this mount "
+                        f"is gone (killed?) and the kernel keeps the dead mount; clear it with 'tierfs umount {mnt}' "
+                        f"(or fusermount3 -uz {mnt}) and mount again: it resumes from its journal "
+                        "(docs/operations.md, A dead mount)")
+        res = run_tierfs("umount", mnt)  # the fix it names works
+        assert res.returncode == 0, res.stderr
+        assert not is_mounted(mnt)

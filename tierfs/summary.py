@@ -1,0 +1,175 @@
+"""The human form of a status object: what ``tierfs status`` prints without ``--json``.
+
+A pure function of the JSON object the mount serves (the client's view: it never sees the daemon's objects), so
+it renders a status from any tierfs of the same format.  It is meant to be read at a glance: every line is at
+most :data:`WIDTH` characters however long the mount has run (the per-mini-epoch history is shown as its last
+few entries and a count), counts have their denominators (``mini-epoch 3/8``, counted from 1 where the JSON's
+indices count from 0), rates come with what they mean (an ETA), and each warning says what to do.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from typing import Any
+
+from tierfs.options import format_size
+
+__all__ = ["WIDTH", "format_status"]
+
+#: The longest line :func:`format_status` writes.
+WIDTH = 100
+_HISTORY_SHOWN = 6  # entries of rf_effective shown
+
+
+def format_status(st: dict[str, Any], *, now: float | None = None) -> str:
+    """The summary of status object ``st`` (``now``: wall-clock time, for the ages of stalls)."""
+    now = time.time() if now is None else now
+    lines = [_position(st), _rf(st), _view(st), _cache(st), *_staging(st), _reads(st), _io(st)]
+    arf = st.get("arf") or {}
+    if arf.get("mode", "off") != "off":
+        score = arf.get("score")
+        lines.append(f"arf        {arf.get('mode')}, last score {'-' if score is None else f'{score:.4g}'}")
+    lines = [_clip(line) for line in lines]
+    for warning in _warnings(st, now):  # wrapped, not clipped: each says what to do
+        lines += textwrap.wrap(warning, WIDTH, initial_indent="warning    ", subsequent_indent=" " * 11,
+                               max_lines=4, placeholder=" … (tierfs status --json: all of it)")
+    return "\n".join(lines)
+
+
+def _clip(line: str, width: int = WIDTH) -> str:
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _shorten(path: str, width: int = 48) -> str:
+    """A long path as its start and its end, the end being what tells files apart."""
+    return path if len(path) <= width else path[: width // 3] + "…" + path[-(width - width // 3 - 1):]
+
+
+def _n(v: Any) -> str:
+    return f"{int(v or 0):,}"
+
+
+def _bar(done: float, total: float, width: int = 20) -> str:
+    frac = 0.0 if total <= 0 else min(1.0, done / total)
+    full = int(frac * width)
+    return "[" + "#" * full + "." * (width - full) + f"] {100 * frac:5.1f}%"
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def _position(st: dict[str, Any]) -> str:
+    rf, passes = st.get("rf", 1) or 1, st.get("pass", 0) + 1
+    extra = ""
+    if st.get("policy") == "lru":
+        return f"position   epoch {st.get('epoch', 0) + 1}  pass {passes}  (policy lru: no mini-epochs)"
+    if passes > rf:
+        extra = "  (repeating while the next mini-epoch is staged: advance=ready)"
+    return (f"position   epoch {st.get('epoch', 0) + 1}  mini-epoch {st.get('mini_epoch', 0) + 1}/{st.get('nm', 0)}  "
+            f"pass {passes}/{rf}{extra}  ({_n(st.get('passes_total'))} passes in all)")
+
+
+def _rf(st: dict[str, Any]) -> str:
+    made = list(st.get("rf_effective") or [])[:-1]  # (the last entry is the current mini-epoch's, in progress)
+    setting = st.get("rf_setting", st.get("rf"))
+    text = f"rf         {st.get('rf')}" + (" (auto)" if setting == "auto" else "")
+    if made:
+        last = " ".join(str(x) for x in made[-_HISTORY_SHOWN:])
+        more = "… " if len(made) > _HISTORY_SHOWN else ""
+        text += f"  passes made per mini-epoch: {more}{last} ({len(made):,} mini-epochs done)"
+    return text
+
+
+def _view(st: dict[str, Any]) -> str:
+    return (f"view       {_n(st.get('view_files'))} of {_n(st.get('dataset_files'))} files, "
+            f"{format_size(st.get('view_bytes', 0))} of {format_size(st.get('dataset_bytes', 0))}  "
+            f"(view={st.get('view', 'mini-epoch')}, composition={st.get('composition', 'random')})")
+
+
+def _cache(st: dict[str, Any]) -> str:
+    used, cap = st.get("cache_bytes", 0), st.get("cache_capacity", 0)
+    return (f"cache      {format_size(used)} of {format_size(cap)} {_bar(used, cap)}  "
+            f"{_n(st.get('cache_files'))} copies")
+
+
+def _staging(st: dict[str, Any]) -> list[str]:
+    """What staging does now and what it does next: the current mini-epoch while it is incomplete (after a mount
+    or a late switch), then the next one."""
+    if st.get("policy") == "lru":
+        return ["staging    copies are made as files are opened (policy lru)"]
+    sg, nm = st.get("staging") or {}, st.get("nm", 0)
+    me = st.get("mini_epoch", 0)
+    current, nxt = st.get("current_staging") or {}, st.get("prefetch") or {}
+    lines = []
+    if current.get("bytes_done", 0) < current.get("bytes_total", 0):
+        lines.append(_progress_line(f"current mini-epoch ({me + 1}/{nm})", current))
+    following = f"next mini-epoch ({(me + 1) % max(1, nm) + 1}/{nm})"
+    if st.get("next_ready") or nxt.get("bytes_done", 0) >= nxt.get("bytes_total", 0):
+        lines.append(f"staging    {following} staged: {_n(nxt.get('files_total'))} files, "
+                     f"{format_size(nxt.get('bytes_total', 0))}")
+        lines.append("           next: the switch to it after this mini-epoch's last pass")
+        return lines
+    lines.append(_progress_line(following, nxt))
+    inflight = f"{sg.get('inflight', 0)} copies in flight of {sg.get('streams', 0)}; " if sg else ""
+    when = ("switch once staged and the passes are made" if st.get("advance") != "strict" else
+            "switch after pass rf, reading what is missing on demand")
+    lines.append(f"           {inflight}next: {when}")
+    return lines
+
+
+def _progress_line(what: str, p: dict[str, Any]) -> str:
+    """``staging    WHAT: 1,200/2,000 files [###.....]  60.0%  120M/s, ETA 7 s``."""
+    eta = p.get("eta_s")
+    rate = p.get("bytes_per_s", 0.0) or 0.0
+    return (f"staging    {what}: {_n(p.get('files_done'))}/{_n(p.get('files_total'))} files "
+            f"{_bar(p.get('bytes_done', 0), p.get('bytes_total', 0))}  {format_size(rate)}/s"
+            + (f", ETA {_duration(eta)}" if eta else ""))
+
+
+def _reads(st: dict[str, Any]) -> str:
+    r = st.get("reads") or {}
+    hits, misses = r.get("hits", 0), r.get("misses", 0)
+    hit = f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "-"
+    return (f"reads      {_n(hits)} hits, {_n(misses)} misses ({hit} hits), {_n(r.get('out_of_view'))} out of view, "
+            f"{_n(r.get('direct'))} direct, {_n(r.get('plan'))} plan")
+
+
+def _io(st: dict[str, Any]) -> str:
+    rate = st.get("consumption_bytes_per_s", 0.0) or 0.0
+    return (f"traffic    readers opened {format_size(st.get('opened_bytes', 0))} at {format_size(rate)}/s; "
+            f"backing read {format_size(st.get('backing_bytes_read', 0))}; "
+            f"readers stalled {st.get('stall_seconds', 0.0):.1f} s")
+
+
+def _warnings(st: dict[str, Any], now: float) -> list[str]:
+    """Each condition that needs a person, with what to do about it."""
+    out: list[str] = []
+    b = st.get("backing") or {}
+    if b.get("state") == "lost":
+        since = f" {_duration(now - b['lost_since'])} ago" if b.get("lost_since") else ""
+        out.append(f"backing lost{since} ({b.get('reason') or 'gone'}): cached files are still served; mount the "
+                   "slow tier again and tierfs takes it back by itself")
+    elif b.get("state") == "stalled":
+        since = f" for {_duration(now - b['stalled_since'])}" if b.get("stalled_since") else ""
+        out.append(f"backing stalled{since} ({_n(b.get('waiting'))} requests waiting): uncached opens wait up to "
+                   "backing_timeout; check the slow tier (server, network)")
+    sg = st.get("staging") or {}
+    if sg.get("unstaged_files"):
+        newest = (sg.get("unstaged") or [{}])[0]
+        out.append(f"{_n(sg['unstaged_files'])} files could not be staged and are read from the backing (newest: "
+                   f"{_shorten(str(newest.get('file')))}: {newest.get('why')}); check the cache disk and the backing, "
+                   "see the log")
+    r = st.get("reads") or {}
+    if r.get("out_of_view"):
+        out.append(f"{_n(r['out_of_view'])} opens outside the current mini-epoch: the loader keeps an old file list; "
+                   "list the mount each pass (docs/tuning.md)")
+    if st.get("last_error"):
+        out.append(f"last error: {st['last_error']}")
+    return out
