@@ -20,6 +20,8 @@ def _plans(sizes: np.ndarray, groups: np.ndarray, s: Settings, capacity: int) ->
     budget, nm = capacity // 2, s.nm
     if s.mini_epoch_size:
         budget, nm = min(budget, s.mini_epoch_size), None
+    if nm is not None and nm > len(sizes):
+        return False  # (the planner would make empty mini-epochs: the mount refuses more of them than files)
     args = dict(seed=s.seed, epoch=1, composition=s.composition, rank=s.rank, world_size=s.world_size,
                 groups=groups if s.composition == "stratified" else None)
     try:
