@@ -51,6 +51,7 @@ from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.stats import Status, build_status
+from tierfs.tree import ScanCount
 from tierfs.users import Steering
 
 __all__ = ["Engine"]
@@ -77,7 +78,7 @@ class Engine:
 
     # ========================================================================================= lifecycle
 
-    def open(self, scan_progress: Callable[[int, float], None] = lambda entries, seconds: None) -> None:
+    def open(self, scan_progress: Callable[[ScanCount], None] = lambda count: None) -> None:
         """Load or scan the backing tree, refuse configurations that cannot work, open the cache, wire the
         parts, resume the journalled position."""
         cfg, s = self.config, self.settings

@@ -37,11 +37,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
 from tierfs.options import MountConfig, format_size
 from tierfs.textfile import mountpoint_file_name
+
+if TYPE_CHECKING:
+    from tierfs.tree import ScanCount
 
 log = logging.getLogger("tierfs")
 
@@ -346,7 +350,7 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[int, float], None]]:
+def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[ScanCount], None]]:
     """Fork; the parent waits for the child to report and exits 0 (ready) or 1 (failed, reason on stderr).
 
     Returns, in the child, the function that reports: ``report(None)`` for ready, ``report("reason")`` for a
@@ -354,6 +358,7 @@ def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[in
     (:class:`tierfs.progress.ScanProgress`).  The child starts a new session and sends its output to ``log_path``.
     """
     from tierfs.progress import ScanProgress
+    from tierfs.tree import ScanCount
 
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -363,10 +368,11 @@ def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[in
         pending = b""
         while chunk := os.read(read_end, 4096):
             pending += chunk
-            while pending.startswith(b"scan ") and b"\n" in pending:  # "scan ENTRIES SECONDS\n" lines
+            while pending.startswith(b"scan ") and b"\n" in pending:  # "scan ENTRIES FILES BYTES SECONDS TOTAL"
                 line, pending = pending.split(b"\n", 1)
-                _, entries, seconds = line.split()
-                progress.update(int(entries), float(seconds))
+                entries, files, nbytes, seconds, total = line.split()[1:]
+                progress.update(ScanCount(int(entries), int(files), int(nbytes), float(seconds),
+                                          int(total) if int(total) >= 0 else None))
         progress.close()
         message = pending.decode(errors="replace").strip()
         if message == "ready":
@@ -399,10 +405,12 @@ def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[in
         os.close(write_end)
         write_end = -1
 
-    def scan_progress(entries: int, seconds: float) -> None:
+    def scan_progress(count: ScanCount) -> None:
         if write_end >= 0:
+            total = -1 if count.total is None else count.total
             with contextlib.suppress(OSError):  # (one short write: never split, never mixed with another)
-                os.write(write_end, b"scan %d %.3f\n" % (entries, seconds))
+                os.write(write_end, b"scan %d %d %d %.3f %d\n" % (count.entries, count.files, count.bytes,
+                                                                  count.seconds, total))
 
     return report, scan_progress
 
@@ -469,7 +477,7 @@ async def _serve(config: MountConfig, engine, pyfuse3, on_ready: Callable[[], No
 
 
 def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: None,
-              scan_progress: Callable[[int, float], None] = lambda entries, seconds: None) -> None:
+              scan_progress: Callable[[ScanCount], None] = lambda count: None) -> None:
     """Mount and serve until unmounted or signalled.  Raises :class:`MountError` with a one-line reason.
     ``scan_progress`` hears of a first mount's scan (see ``Tree.scan``)."""
     import pyfuse3  # the FUSE binding is only needed here: the rest of the package imports without it
@@ -482,10 +490,10 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
         log.info("file descriptor limit raised from %d to %d", before, after)
     engine = Engine(config)
 
-    def scanning(entries: int, seconds: float) -> None:
+    def scanning(count: ScanCount) -> None:
         # a long first scan shows in ``systemctl status`` (and in the log every few seconds)
-        sd_notify(f"STATUS=scanning the backing dir: {entries:,} entries in {seconds:.0f} s")
-        scan_progress(entries, seconds)
+        sd_notify(f"STATUS={count.line()}")
+        scan_progress(count)
 
     try:
         engine.open(scanning)

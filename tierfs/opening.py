@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import trio
 
 from tierfs.options import MountConfig
-from tierfs.tree import Tree
+from tierfs.tree import ScanCount, Tree
 
 __all__ = ["OLD_TREE_NAMES", "TREE_NAME", "TreeKeeper", "TreeStatistics", "check_dirs", "once", "supervised"]
 
@@ -59,7 +59,7 @@ class TreeKeeper:
     """See the module docstring.  ``root_fd`` is the backing dir's, ``backing`` its real path."""
 
     def __init__(self, root_fd: int, backing: str, cache_dir: str,
-                 progress: Callable[[int, float], None] = lambda entries, seconds: None) -> None:
+                 progress: Callable[[ScanCount], None] = lambda count: None) -> None:
         self.root_fd = root_fd
         self.backing = backing
         self.progress = progress  # of the scan before the mount (the rescan after a load only logs)

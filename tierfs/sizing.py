@@ -25,7 +25,7 @@ from sampler.iomodel import stall_free_rf
 from tierfs.cache import cache_block, disk_estimates
 from tierfs.options import Settings, format_size, format_size_at_least, parse_size
 from tierfs.schedule import check_fits
-from tierfs.tree import Tree
+from tierfs.tree import ScanCount, Tree
 
 __all__ = ["Sizing", "measure_read", "measure_write", "size_mount"]
 
@@ -125,7 +125,7 @@ def _size_arg(n: int) -> str:
 
 def size_mount(backing: str, capacity: int, *, cache_disk: str | None = None, world_size: int = 1,
                consumption: float | None = None, epochs: int = 1, measure_seconds: float = 2.0, seed: int = 0,
-               scan_progress: Callable[[int, float], None] = lambda entries, seconds: None) -> Sizing:
+               scan_progress: Callable[[ScanCount], None] = lambda count: None) -> Sizing:
     """Scan ``backing``, choose nm (``ValueError`` naming the fix when no nm fits), measure the tiers."""
     fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -51,6 +51,7 @@ __all__ = [
     "KIND_SPECIAL",
     "Fingerprint",
     "Node",
+    "ScanCount",
     "Tree",
     "fingerprint",
     "path_hash",
@@ -455,11 +456,11 @@ class Tree:
 
     @classmethod
     def scan(cls, root_fd: int, root_path: str | None = None,
-             progress: Callable[[int, float], None] = lambda entries, seconds: None) -> Tree:
+             progress: Callable[[ScanCount], None] = lambda count: None) -> Tree:
         """Scan the tree below ``root_fd`` (see the module docstring).  ``root_path``: where it is mounted in
         this process's view, to leave out bind mounts from the same filesystem (same ``st_dev``).
-        ``progress(entries, seconds)`` hears of it at the start, every SCAN_REPORT_S and at the end (the log
-        too)."""
+        ``progress(count)`` hears of it (a :class:`ScanCount`) at the start, every SCAN_REPORT_S -- between
+        batches of a directory too, so a huge flat directory still reports -- and at the end (the log too)."""
         root_st = os.fstat(root_fd)
         prefix = os.fsencode(os.path.realpath(root_path)).rstrip(b"/") + b"/" if root_path else None
         mounted_below: frozenset[bytes] = frozenset()
@@ -468,7 +469,12 @@ class Tree:
                 mounted_below = frozenset(w[len(prefix):] for _, w, _ in mountinfo() if w.startswith(prefix))
         scan = _Scan(root_st, mounted_below)
         last_log = t0 = time.monotonic()
-        progress(0, 0.0)
+        total = _entries_expected(root_fd, root_st)
+
+        def count(seconds: float) -> ScanCount:
+            return ScanCount(scan.count, scan.files, scan.bytes, seconds, total and max(total, scan.count))
+
+        progress(count(0.0))
         level: list[tuple[int, int, bytes]] = [(0, os.dup(root_fd), b"")]  # (node, fd, path + "/") to list
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="tierfs-scan") as pool:
             try:
@@ -483,6 +489,11 @@ class Tree:
                     try:
                         for (node, _, dir_prefix, _), batch in zip(jobs, pool.map(scan.batch, jobs), strict=True):
                             nxt += scan.add(node, dir_prefix, batch)
+                            if time.monotonic() - last_log > SCAN_REPORT_S:
+                                last_log = time.monotonic()
+                                now = count(last_log - t0)
+                                log.info("tierfs: %s", now.line())
+                                progress(now)
                     except BaseException:
                         for _, fd, _ in nxt:
                             os.close(fd)
@@ -491,16 +502,12 @@ class Tree:
                         os.close(fd)
                     level = nxt
                     scan.levels.append(scan.count)
-                    if time.monotonic() - last_log > SCAN_REPORT_S:
-                        last_log = time.monotonic()
-                        log.info("tierfs: scanning the backing dir: %d entries in %.0f s", scan.count,
-                                 last_log - t0)
-                        progress(scan.count, last_log - t0)
             finally:
                 for _, fd, _ in level:
                     os.close(fd)
+        done = count(time.monotonic() - t0)
         tree = scan.tree()
-        progress(tree.n_nodes, time.monotonic() - t0)
+        progress(ScanCount(done.entries, done.files, done.bytes, done.seconds, total and done.entries))
         return tree
 
 
@@ -530,6 +537,60 @@ class _Batch:
     dirs: dict[int, int] = field(default_factory=dict)  # entry -> opened directory fd
 
 
+@dataclass(frozen=True)
+class ScanCount:
+    """How far a scan is: what :meth:`Tree.scan`'s ``progress`` hears at the start, every SCAN_REPORT_S and at
+    the end.  ``total``: the entries the scan will find, when it can be known before -- the backing dir is a
+    filesystem of its own, whose used inodes are its entries (an NFS export's root); None otherwise."""
+
+    entries: int
+    files: int
+    bytes: int
+    seconds: float
+    total: int | None = None
+
+    @property
+    def rate(self) -> float:
+        """Entries per second so far."""
+        return self.entries / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the rate so far, when the total is known."""
+        if self.total is None or self.rate <= 0:
+            return None
+        return max(0.0, (self.total - self.entries) / self.rate)
+
+    def line(self) -> str:
+        """One line for the log, systemd's ``STATUS=`` and a terminal without a bar."""
+        eta = self.eta
+        left = f", about {eta:.0f} s left" if eta is not None and self.entries < (self.total or 0) else ""
+        return (f"scanning the backing dir: {self.entries:,} entries ({self.files:,} files, "
+                f"{_human(self.bytes)}) in {self.seconds:.0f} s, {self.rate:,.0f} entries/s{left}")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+def _entries_expected(root_fd: int, root_st: os.stat_result) -> int | None:
+    """The backing filesystem's used inodes when the backing dir is its root (its parent is on another device
+    or it is ``/``): then every entry of it is one the scan finds.  None otherwise, or when it does not say."""
+    try:
+        parent = os.stat("..", dir_fd=root_fd)
+        if (parent.st_dev, parent.st_ino) != (root_st.st_dev, root_st.st_ino) and parent.st_dev == root_st.st_dev:
+            return None  # a directory inside a bigger filesystem: its inode count says nothing of this tree
+        v = os.fstatvfs(root_fd)
+    except OSError:
+        return None
+    used = v.f_files - v.f_ffree
+    return used if v.f_files and used > 0 else None
+
+
 class _Scan:
     """The arrays of a scan as it goes (nodes in scan order: breadth first, a directory's entries by name)."""
 
@@ -543,6 +604,8 @@ class _Scan:
         self.names: list[bytes] = [b""]
         self.links: dict[int, bytes] = {}
         self.count = 1
+        self.files = 0
+        self.bytes = 0  # logical bytes of the files found so far (what the progress shows)
         self.levels = [1]  # node count at the end of each level
 
     def batch(self, job: tuple[int, int, bytes, list[bytes]]) -> _Batch:
@@ -593,6 +656,9 @@ class _Scan:
         self.parts.append((np.full(k, parent, np.int32), b.kinds, to_global[b.meta_idx] if k else b.meta_idx,
                            b.ino, b.columns, b.hashes))
         self.names += b.names
+        is_file = b.kinds == KIND_FILE
+        self.files += int(is_file.sum())
+        self.bytes += int(b.columns[is_file, 0].sum())
         for j, text in b.links.items():
             self.links[base + j] = text
         self.count += k

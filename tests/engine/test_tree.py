@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import subprocess
 
@@ -232,3 +233,57 @@ def test_nodes_made_on_use_stay_bounded(tmp_path):
     gc.collect()
     # (type(), not isinstance(): that reads ``__class__`` of every live object, and some warn when asked)
     assert sum(type(o) is Node for o in gc.get_objects()) <= NODE_CACHE
+
+
+def test_a_scan_reports_entries_files_and_bytes_between_batches_of_one_flat_directory(tmp_path, monkeypatch):
+    """Progress comes between batches of a directory too (a huge flat one still reports), with the files and
+    bytes found so far; the last report is the whole tree; no total for a directory inside a filesystem."""
+    import tierfs.tree as treemod
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(1000):
+        (flat / f"f{i:04d}").write_bytes(b"x" * (i % 7))
+    monkeypatch.setattr(treemod, "SCAN_REPORT_S", 0.0)
+    counts: list[treemod.ScanCount] = []
+    fd = os.open(flat, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        t = treemod.Tree.scan(fd, str(flat), counts.append)
+    finally:
+        os.close(fd)
+    assert counts[0].entries == 1 and counts[0].files == 0
+    middle = [c for c in counts[1:-1] if 1 < c.entries < t.n_nodes]
+    assert len(middle) >= 2  # reports between the 256-name batches of the one directory
+    assert all(a.entries <= b.entries and a.bytes <= b.bytes for a, b in itertools.pairwise(counts))
+    last = counts[-1]
+    assert (last.entries, last.files, last.bytes) == (t.n_nodes, 1000, sum(i % 7 for i in range(1000)))
+    assert last.total is None and last.eta is None and "1,000 files" in last.line()
+
+
+def test_a_scan_of_a_filesystems_root_knows_its_total(tmp_path):
+    """The backing dir is a filesystem of its own (an export's root): its used inodes are the entries to come,
+    so the progress has a total and an ETA."""
+    import subprocess
+
+    import tierfs.tree as treemod
+
+    if os.getuid() != 0:
+        pytest.skip("mounts a tmpfs")
+    root = tmp_path / "fs"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(root)], check=True, timeout=30)
+    try:
+        for d in range(3):
+            (root / f"d{d}").mkdir()
+            for i in range(50):
+                (root / f"d{d}" / f"f{i}").write_bytes(b"y")
+        counts: list[treemod.ScanCount] = []
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            t = treemod.Tree.scan(fd, str(root), counts.append)
+        finally:
+            os.close(fd)
+        assert counts[0].total is not None and counts[0].total >= t.n_nodes
+        assert counts[-1].total == counts[-1].entries == t.n_nodes and counts[-1].eta == 0.0
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False, timeout=30)
