@@ -163,7 +163,7 @@ class TierOperations(pyfuse3.Operations):
         node = self.engine.names.node(inode)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        st = node.st
+        st = self.engine.data.kernel_stat(node.fidx) if node.kind == KIND_FILE else node.st
         a.st_mode = st.st_mode  # the backing file's own modes: writes are refused with EROFS, as ro mounts do
         a.st_nlink = st.st_nlink if node.kind == KIND_DIR else 1
         a.st_uid = st.st_uid
