@@ -13,6 +13,9 @@ version, which handles opened before the change may still be reading through the
 invalidated once no such handle is open (``_stale`` until then, see :meth:`DataPath.mark_stale`), and every
 later handle of a changed file bypasses the page cache (``direct_io``): the kernel keeps one size and one
 page cache per inode, not per open, so this is what makes each reader get exactly its own version, whole.
+Until then the kernel is also *told* the old version's attributes (:meth:`DataPath.kernel_stat`): it asks
+again whenever it likes (an ``fstat`` after any read), and a new size in the answer would cut or pad the old
+version's page-cache reads at that size.
 
 **Never waits on the slow tier for the fast one.**  An open of a cached file whose fingerprint is fresh (see
 revalidate.py) makes no backing call; the copy is opened and checked (size, inode, ctime, mtime) with one
@@ -106,6 +109,7 @@ class DataPath:
         self.changed_files: set[int] = set()  # files whose backing fingerprint changed during this mount
         self._stale: set[int] = set()
         self._page_handles: dict[int, int] = {}  # fidx -> open handles that read through the page cache
+        self._page_stat: dict[int, os.stat_result] = {}  # fidx -> the version those handles read (kernel_stat)
         self._invalidating: dict[int, trio.Event] = {}  # invalidations on their way to the kernel
         self._leases: deque[tuple[float, CacheEntry]] = deque()  # (deadline, copy) pinned by lend, in time order
         self._lease_wake = trio.Event()
@@ -140,6 +144,26 @@ class DataPath:
         return DataPathStatistics(Reads(self.hits, self.misses, self.out_of_view, self.lent, plans.reported),
                                   self.backing_bytes_read, self.served_bytes, self.opened_bytes, self.stall_seconds,
                                   self.handles, plans, self.fd_budget.statistics())
+
+    def kernel_stat(self, fidx: int) -> os.stat_result:
+        """The attributes the kernel is given for ``fidx``: those of the version its page-cache handles read while
+        any is open, else the tree's.  (A file found changed keeps its old size for the kernel until its last
+        page-cache reader closes: the kernel cuts page-cache reads at the size it was last told.)"""
+        st = self._page_stat.get(fidx)
+        return self.tree.file_node(fidx).st if st is None else st
+
+    @property
+    def versions_held(self) -> bool:
+        """Whether some file's kernel attributes are held at an older version (see :meth:`kernel_stat`)."""
+        return bool(self._page_stat)
+
+    def kernel_attributes(self, fidx: int, attrs: tuple[int, ...]) -> tuple[int, ...]:
+        """``attrs`` (mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns, as the tree has them) as the
+        kernel must be told them: size, blocks and times of :meth:`kernel_stat`'s version."""
+        st = self._page_stat.get(fidx)
+        if st is None:
+            return attrs
+        return (*attrs[:5], st.st_size, st.st_blocks, st.st_mtime_ns, st.st_ctime_ns)
 
     def mark_stale(self, fidx: int) -> None:
         """The kernel's attributes and pages of ``fidx`` are another version's: drop them as soon as no handle
@@ -274,6 +298,9 @@ class DataPath:
             self._stale.discard(fidx)
             await self.kernel.invalidate(self.tree.inode_of(fidx))
         if not direct:
+            if fidx not in self._page_handles:
+                # (never found changed, so the tree's stat is this handle's version, and every other one's)
+                self._page_stat[fidx] = self.tree.file_node(fidx).st
             self._page_handles[fidx] = self._page_handles.get(fidx, 0) + 1
         # (a changed file can change again between this open and its reads, and the kernel keeps one size and
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
@@ -459,6 +486,7 @@ class DataPath:
                 self._page_handles[handle.fidx] = left
             else:
                 del self._page_handles[handle.fidx]
+                del self._page_stat[handle.fidx]
                 if handle.fidx in self._stale:
                     self.mark_stale(handle.fidx)
         try:

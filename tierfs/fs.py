@@ -163,6 +163,9 @@ class TierOperations(pyfuse3.Operations):
         attrs = self.engine.names.attributes(inode)
         if attrs is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if self.engine.data.versions_held:  # (a changed file whose old version is still read through the page cache)
+            with contextlib.suppress(OSError):  # (not a dataset file)
+                attrs = self.engine.data.kernel_attributes(self.engine.names.file_index(inode), attrs)
         # the backing entry's own type, modes and device number: writes are refused with EROFS, as ro mounts do
         a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev, a.st_size, a.st_blocks, mtime, a.st_ctime_ns = attrs
         a.st_blksize = 1 << 17

@@ -21,6 +21,14 @@ async def _staged(e, t):
         n.cancel_scope.cancel()
 
 
+def _replace_in_backing(e, f: int, data: bytes) -> None:
+    """Put a new file holding ``data`` in place of ``f``'s backing file (a rename: a new inode)."""
+    path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f)))
+    with open(path + ".new", "wb") as fh:
+        fh.write(data)
+    os.replace(path + ".new", path)
+
+
 def test_hits_misses_and_out_of_view_are_counted(open_engine, t):
     e = open_engine()
 
@@ -79,19 +87,41 @@ def test_changed_backing_file_is_restaged_and_served_new(open_engine, t):
     t.run(main)
 
 
+def test_the_kernel_is_told_the_old_size_until_the_old_versions_page_cache_reader_closes(open_engine, t):
+    """The kernel cuts page-cache reads at the size it was last told, and asks for attributes whenever it likes
+    (an fstat after a read): while a handle of the old version reads through the page cache, a file found
+    changed is shown with the old version's attributes (tests/mount/test_faults.py has the kernel's side)."""
+    e = open_engine(rf=100)
+
+    async def main():
+        await _staged(e, t)
+        f = e.schedule.view.order.tolist()[0]
+        old = t.backing_bytes(e, f)
+        old_st = e.tree.file_node(f).st
+        h_old = await e.data.open_file(f)
+        assert h_old.keep_cache
+        _replace_in_backing(e, f, b"short")
+        h_new = await e.data.open_file(f)  # finds the change: direct_io
+        assert h_new.direct_io and e.tree.file_node(f).st.st_size == 5
+        assert e.data.kernel_stat(f) is old_st
+        assert await e.data.read(h_new, 0, 1000) == b"short"
+        await e.data.release(h_new)
+        assert e.data.kernel_stat(f) is old_st  # the old version's reader is still open
+        assert await e.data.read(h_old, 0, len(old) + 1) == old
+        await e.data.release(h_old)
+        assert e.data.kernel_stat(f).st_size == 5
+
+    t.run(main)
+
+
 def test_same_size_rewrite_detected_by_mtime_and_inode(open_engine, t):
     e = open_engine(rf=100)
 
     async def main():
         await _staged(e, t)
         f = e.schedule.view.order.tolist()[0]
-        path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(f)))
-        old = t.backing_bytes(e, f)
-        new = bytes(255 - b for b in old)
-        tmp = path + ".new"
-        with open(tmp, "wb") as fh:
-            fh.write(new)
-        os.replace(tmp, path)  # same size, new inode
+        new = bytes(255 - b for b in t.backing_bytes(e, f))
+        _replace_in_backing(e, f, new)  # same size, new inode
         assert await t.read_file(e, f) == new
 
     t.run(main)

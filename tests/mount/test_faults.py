@@ -115,6 +115,55 @@ def test_replacing_a_file_while_it_is_read_never_hangs_and_serves_whole_versions
         assert _status(m)["view_files"] == 1
 
 
+def _read_fd(fd: int) -> bytes:
+    out = bytearray()
+    while chunk := os.read(fd, 1 << 16):
+        out += chunk
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("old_size", "new_size"), [(24915, 4096), (5000, 40000)], ids=["smaller", "bigger"])
+def test_a_reader_of_the_old_version_reads_it_whole_while_a_reader_of_the_new_one_asks_its_size(
+        tmp_path, old_size, new_size):
+    """A handle opened before a change reads the old version through the page cache; an open after the change
+    finds it and reads the new version (direct_io), and its fstat after a read makes the kernel ask for the
+    attributes again.  On the old code the answer was the new size, and the kernel cut the old reader's
+    page-cache reads at a smaller one: test_abuse's readers got a truncated version under load.  Now the
+    kernel keeps the old size until the old reader closes, and the new reader's direct reads are not cut by
+    it (``bigger``: a new version larger than the size the kernel holds is still read whole)."""
+    backing, mnt = tmp_path / "b", tmp_path / "m"
+    backing.mkdir()
+    mnt.mkdir()
+    old, new = os.urandom(old_size), os.urandom(new_size)
+    (backing / "f.bin").write_bytes(old)
+    with mounted(backing, mnt, tmp_path / "c", "4M", nm=1, rf=1, revalidate="open") as m:
+        path = m.path("f.bin")
+        got: dict[str, bytes | int] = {}
+
+        def readers() -> None:
+            fd_old = os.open(path, os.O_RDONLY)  # never changed yet: reads through the page cache
+            try:
+                (backing / "f.tmp").write_bytes(new)
+                os.replace(backing / "f.tmp", backing / "f.bin")
+                fd_new = os.open(path, os.O_RDONLY)  # finds the change (revalidate=open)
+                try:
+                    got["new"] = _read_fd(fd_new)
+                    os.fstat(fd_new)  # (after a read the kernel asks for the attributes again)
+                finally:
+                    os.close(fd_new)
+                got["old"] = _read_fd(fd_old)
+            finally:
+                os.close(fd_old)
+            # the old reader closed: its pages and size go, and the kernel learns the new size
+            wait_until(lambda: os.stat(path).st_size == new_size, what="the new size")
+            got["again"] = _read(path)
+
+        assert not _run_with_deadline(str(mnt), [readers], 60)
+        assert got["new"] == new
+        assert got["old"] == old, f"the old version's reader got {len(got['old'])} of its {old_size} bytes"
+        assert got["again"] == new
+
+
 # ------------------------------------------------------------------------------------------------ issue 11 B
 
 
