@@ -50,7 +50,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="epoch-boundary-") as tmp:
         backing, cache = os.path.join(tmp, "backing"), os.path.join(tmp, "cache")
-        make_dataset(backing, dirs=1, files_per_dir=1, max_size=10)
+        make_dataset(backing, dirs=1, files_per_dir=2, max_size=10)  # (nm=2: at least two files)
         per_file = 4096
         cfg = MountConfig(backing=backing, mountpoint=os.path.join(tmp, "mnt"), cache=cache,
                           capacity=2 * (args.files * per_file // 2) + (1 << 30),
