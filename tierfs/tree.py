@@ -474,7 +474,7 @@ class Tree:
         def count(seconds: float) -> ScanCount:
             return ScanCount(scan.count, scan.files, scan.bytes, seconds, total and max(total, scan.count))
 
-        progress(count(0.0))
+        progress(ScanCount(0, 0, 0, 0.0, total))  # (the start: nothing found yet)
         level: list[tuple[int, int, bytes]] = [(0, os.dup(root_fd), b"")]  # (node, fd, path + "/") to list
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="tierfs-scan") as pool:
             try:
