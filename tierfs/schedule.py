@@ -341,7 +341,7 @@ class Schedule:
                              hard_links=whole)
         else:
             self.view = View(self.tree, files, seed=s.seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
-                             pass_index=self.pos.pass_index, hard_links=whole)
+                             pass_index=self.pos.pass_index, hard_links=whole, lists_all=s.listing == "all")
         self._read_mark[:] = False
         self._unread = len(self.view)
         self.reads_in_pass = 0

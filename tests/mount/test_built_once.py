@@ -3,9 +3,12 @@ follow the view; one sampler line to follow it."""
 
 from __future__ import annotations
 
+import gc
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from tierfs.client import Client
 from tierfs.summary import format_status
@@ -53,3 +56,116 @@ def test_a_loader_that_relists_each_pass_is_not_warned(tierfs_mount, dataset):
         st = m.status()
         assert st["passes_total"] >= 5 and st["loader"] == {"follows_view": True, "warning": None, "warnings": 0}
         assert "does not follow" not in m.stderr()
+
+
+def test_listing_all_lists_every_file_while_the_view_stays_the_mini_epoch(tierfs_mount, dataset):
+    _, files = dataset
+    with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
+        listed = {os.path.relpath(p, m.mountpoint) for p in _listing(m.mountpoint)}
+        assert listed == set(files)
+        st = m.status()
+        order = Client(m.mountpoint).order()
+        assert st["view_files"] == len(order) < len(files)
+        _read_all([m.path(p.decode()) for p in order])  # a pass of the view ends as it always did
+        assert m.status()["passes_total"] == st["passes_total"] + 1
+
+
+class _FolderDataset:
+    """An ImageFolder-equivalent (torchvision's cannot be imported here): sorted class folders, ``samples`` of
+    ``(path, class)``; an item is (index, bytes, class)."""
+
+    def __init__(self, root: str) -> None:
+        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
+                        for f in sorted(os.listdir(os.path.join(root, c)))]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        with open(path, "rb") as f:
+            return i, f.read(), label
+
+
+def _collate(batch):
+    return batch
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # (8 workers on a 2-core test machine)
+def test_a_dataset_built_once_with_the_sampler_reads_each_pass_once_across_two_ranks(mount_dirs):
+    """The issue's done-when: a DataLoader over an ImageFolder-equivalent dataset built once, with MountSampler
+    and persistent_workers=True, 4 workers, 2 ranks (two DataLoaders iterated at once, as two processes would)."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from tierfs.testing import make_dataset, mounted
+    from tierfs.torch import MountSampler
+
+    backing = Path(mount_dirs[0]).parent / "backing64"
+    files = make_dataset(backing, dirs=4, files_per_dir=16, max_size=16 << 10, seed=5)
+    total = sum(files.values())
+    mnt, cache = mount_dirs
+    nm, rf, epochs = 4, 2, 8
+    with mounted(backing, mnt, cache, total, nm=nm, rf=rf, listing="all") as m:
+        ds = _FolderDataset(m.mountpoint)  # built once: listing=all lists every file
+        assert len(ds) == len(files)
+        samplers = [MountSampler(ds, rank=r, world_size=2) for r in range(2)]
+        loaders = [DataLoader(ds, batch_size=5, sampler=s, num_workers=4, persistent_workers=True,
+                              collate_fn=_collate) for s in samplers]
+        client = Client(m.mountpoint)
+        st0 = m.status()
+        positions = []
+        with ThreadPoolExecutor(2) as pool:
+            for epoch in range(epochs):
+                for s in samplers:
+                    s.set_epoch(epoch)
+                st = m.status()
+                order = [p.decode() for p in client.order()]
+                positions.append((st["epoch"], st["mini_epoch"]))
+                # (each epoch's iterators made here, so that the workers are forked by this thread alone)
+                its = [iter(dl) for dl in loaders]
+                runs = [pool.submit(lambda it: [item for batch in it for item in batch], it) for it in its]
+                got = [r.result(timeout=_DEADLINE) for r in runs]
+                assert samplers[0].indices.last_pass == samplers[1].indices.last_pass == st["passes_total"]
+                assert len(got[0]) == len(got[1]) == -(-len(order) // 2)  # the same count on each rank
+                read = [os.path.relpath(ds.samples[i][0], m.mountpoint) for g in got for i, _, _ in g]
+                # every file of the pass, once; the odd pass pads one rank with the pass's first file
+                assert sorted(set(read)) == sorted(order) and len(read) - len(order) == len(order) % 2
+                assert [os.path.relpath(ds.samples[i][0], m.mountpoint) for i, _, _ in got[0]] == order[0::2]
+                for g in got:
+                    for i, data, label in g:
+                        rel = os.path.relpath(ds.samples[i][0], m.mountpoint)
+                        assert data == (backing / rel).read_bytes()
+                        assert label == sorted(p.name for p in backing.iterdir()).index(rel.split("/")[0])
+                # the pass ended (every rank's reads): the next epoch gets the next pass
+                assert m.status()["passes_total"] == st["passes_total"] + 1
+        del loaders, its, runs  # (the persistent workers stop now, while the mount serves)
+        gc.collect()
+        st = m.status()
+        assert st["passes_total"] - st0["passes_total"] == epochs
+        assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0
+        mini_epochs = sorted(set(positions))
+        assert len(mini_epochs) >= epochs // rf - 1  # mini-epochs advance (advance=ready may repeat one)
+        # The slow tier: each mini-epoch is staged once while the previous one is read rf times, so nm*rf passes
+        # (one epoch, data/rf per data-worth of samples) read the data once, plus the mini-epoch staged ahead.
+        biggest = max(st["view_bytes"], st["prefetch"]["bytes_total"])
+        assert st["backing_bytes_read"] <= total * epochs / (nm * rf) + 2 * biggest
+        assert st["backing_bytes_read"] <= total * 1.5
+
+
+def test_a_pass_left_unread_is_ended_by_rank_0_and_a_plain_directory_gives_every_index(tierfs_mount, dataset):
+    from tierfs.loaders import PassIndices
+
+    backing, files = dataset
+    plain = PassIndices(_listing(str(backing)), rank=2, world_size=3)  # 32 files: 11 each, rank 2 padded
+    assert plain.next_pass() == plain.next_pass() == [*range(2, 32, 3), 0]
+    with tierfs_mount(capacity=sum(files.values()), nm=4, rf=4, listing="all") as m:
+        paths = _listing(m.mountpoint)
+        idx = PassIndices(paths, wait=0.5)
+        first = idx.next_pass()
+        _read_all([paths[i] for i in first[: len(first) // 2]])  # a break half way through the epoch
+        passes = m.status()["passes_total"]
+        second = idx.next_pass()  # waits 0.5 s, then ends the pass left unread
+        assert idx.last_pass == passes + 1 == m.status()["passes_total"]
+        assert sorted(second) == sorted(first) and second != first  # the same mini-epoch, a new order
