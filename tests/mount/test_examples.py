@@ -64,6 +64,18 @@ def test_dataloader_recipes_follow_the_mini_epochs(recipe, dataset, mount_dirs):
     assert [s[0] for s in passes[0]["samples"]] != [s[0] for s in passes[1]["samples"]]
 
 
+def test_built_once_recipe_follows_the_mini_epochs_with_persistent_workers(dataset, mount_dirs):
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    with mounted(backing, mnt, cache, "1M", nm=2, rf=2, advance="strict", seed=3, listing="all") as m:
+        passes = run_example("built_once_loader.py", mnt, "--passes", 8, "--batch", 4, "--workers", 2)
+        st = m.status()
+    check_samples(passes, backing, files)
+    check_mini_epoch_passes(passes, files, nm=2, rf=2)
+    assert [s[0] for s in passes[0]["samples"]] != [s[0] for s in passes[1]["samples"]]  # the serving order
+    assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0 and st["passes_total"] == 8
+
+
 def test_direct_reads_recipe_reads_cached_copies(dataset, mount_dirs):
     backing, files = dataset
     mnt, cache = mount_dirs
