@@ -31,8 +31,8 @@ MIN_OPENS = 16
 #: pass-worths of opens in one pass that make it ``stuck``
 STUCK_FACTOR = 3
 
-_FIX = ("fix: mount with listing=all and pass sampler=tierfs.torch.MountSampler(dataset, mount) to the "
-        "DataLoader, or re-create the dataset each pass (README.md)")
+_FIX = ("fix: mount with listing=all and give the DataLoader sampler=tierfs.torch.MountSampler(dataset), or "
+        "re-create the dataset each pass (README.md)")
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,13 @@ class LoaderWatch:
             return
         if 2 * self._outside > self._opens:
             self._raise("off-view", f"the loader does not follow the view: {self._outside:,} of {self._opens:,} "
-                        f"opens this pass were outside the current mini-epoch, missing the cache, and "
-                        f"the pass never ends (a file list built once?); " + _FIX)
+                        "opens this pass were outside the current mini-epoch and the "
+                        "pass never ends: a file list built once? " + _FIX)
         elif self._opens >= STUCK_FACTOR * max(MIN_OPENS, view_files):
             self._raise("stuck", f"the pass does not end: {self._opens:,} opens, {STUCK_FACTOR}x the view's "
-                        f"{view_files:,} files, some still unread (the loader drops or repeats files); read all "
-                        "of /.tierfs/order each pass or write next-pass at each epoch's end; " + _FIX)
+                        f"{view_files:,} files, some still unread (the loader drops or repeats files); fix: read "
+                        "every file of .tierfs/order each pass, or use tierfs.torch.MountSampler (it ends a pass "
+                        "left unread) (README.md)")
 
     def _pass_over(self) -> None:
         """The counted pass ended: a pass read mostly in view clears a standing warning."""
