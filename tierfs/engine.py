@@ -129,7 +129,8 @@ class Engine:
                              policy=self.policy, settings=lambda: self.settings, opened=self._opened_file,
                              changed=self._changed, restage=self._restage, data_dir_lost=self._data_dir_lost)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
-        self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self._root_relisted)
+        self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self._root_relisted,
+                               substitute=s.substitute and policy.walks_plans)
         self.planner = Planner(self.schedule, self._cached, landed=self._planned)
         self.loader_watch = LoaderWatch(enabled=policy.walks_plans)
         if self.trees.scanned:
@@ -432,4 +433,5 @@ class Engine:
             stager=self.stager.statistics(), pusher=self.pusher.statistics(), backing=self.backing.statistics(),
             revalidation=self.reval.statistics(), arf=self.arf, last_error=self.last_error,
             tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
+            substitution=self.names.substitution_statistics(),
         )

@@ -377,6 +377,10 @@ class Schedule:
         order = self.view.order
         return order[~self._read_mark[order]]
 
+    def opened_in_pass(self, fidx: int) -> bool:
+        """Whether ``fidx`` (a view file) was opened since this pass began."""
+        return bool(self._read_mark[fidx])
+
     def record_open(self, fidx: int, size: int) -> bool:
         """Count one open; True when it was the last unread file of the view (the pass is over)."""
         if self._pass_started is None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from tierfs.revalidate import RevalidatorStatistics
     from tierfs.schedule import ScheduleStatistics
     from tierfs.staging import StagerStatistics
+    from tierfs.substitute import SubstitutionStatistics
     from tierfs.users import FdBudgetStatistics
 
 __all__ = ["ArfStatus", "DataPathStatistics", "Prefetch", "Reads", "Status", "build_status"]
@@ -133,6 +134,8 @@ class Status:
     mountpoint: str = ""
     #: whether the loader follows the view (following.py): {follows_view, warning, warnings}
     loader: dict[str, Any] = field(default_factory=dict)
+    #: the substitute option (substitute.py): {enabled, substituted, rounds}
+    substitution: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -206,6 +209,8 @@ class Status:
                int(not self.loader.get("follows_view", True)))
         metric("loader_warnings_total", "counter", "Times a pass showed a loader not following the view.",
                self.loader.get("warnings", 0))
+        metric("substituted_lookups_total", "counter", "Names resolved to another file of the view (substitute).",
+               self.substitution.get("substituted", 0))
         metric("reads_direct_total", "counter", "Hits answered with the cached copy's path (user.tierfs.cache_path).",
                r.direct)
         metric("reads_plan_total", "counter", "Hits read from batch-plan copies (reported with consumed).", r.plan)
@@ -253,7 +258,8 @@ class Status:
 def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
-                 arf: Arf, last_error: str | None, tree: TreeStatistics, loader: LoaderStatistics) -> Status:
+                 arf: Arf, last_error: str | None, tree: TreeStatistics, loader: LoaderStatistics,
+                 substitution: SubstitutionStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -282,6 +288,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bo
         fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
         mountpoint=mountpoint, loader=asdict(loader),
+        substitution=asdict(substitution),
     )
 
 

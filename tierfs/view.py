@@ -48,6 +48,10 @@ class View:
             self._dir_start[1:] = np.cumsum(np.bincount(groups, minlength=self.tree.n_nodes))
         return self._by_dir[self._dir_start[dir_node]:self._dir_start[dir_node + 1]]
 
+    def files_in(self, dir_node: int) -> np.ndarray:
+        """The view's files directly in directory ``dir_node``, in serving order."""
+        return self._files_of(dir_node)
+
     def listing(self, dir_node: int) -> list[tuple[bytes, int]]:
         """(name, node index) of what directory ``dir_node`` shows: dirs, then links and special files, by
         name; then view files in serving order (and, sharing hard links, the other names of view files)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -169,3 +170,49 @@ def test_a_pass_left_unread_is_ended_by_rank_0_and_a_plain_directory_gives_every
         second = idx.next_pass()  # waits 0.5 s, then ends the pass left unread
         assert idx.last_pass == passes + 1 == m.status()["passes_total"]
         assert sorted(second) == sorted(first) and second != first  # the same mini-epoch, a new order
+
+
+def test_substitute_gives_a_loader_built_once_mini_epochs_with_no_change(mount_dirs):
+    """The dataset built once, no sampler, substitute on: every read is a whole view file of the name's class
+    folder (fstat agrees), the passes and mini-epochs advance with the reads, the slow tier is read about data/rf
+    per data-worth of reads."""
+    from tierfs.testing import make_dataset, mounted
+
+    mnt, cache = mount_dirs
+    backing = Path(mnt).parent / "backing_s"
+    files = make_dataset(backing, dirs=4, files_per_dir=16, max_size=16 << 10, seed=7)
+    by_bytes = {(backing / r).read_bytes(): r for r in files}
+    assert len(by_bytes) == len(files)
+    total, nm, rf, epochs = sum(files.values()), 4, 2, 4
+    with mounted(backing, mnt, cache, total, nm=nm, rf=rf, listing="all", substitute=True,
+                 composition="stratified") as m:
+        names = _listing(m.mountpoint)  # built once: every file
+        assert len(names) == len(files)
+
+        def epoch(seed: int) -> list[tuple[str, str, int]]:
+            out = []
+            for p in random.Random(seed).sample(names, len(names)):  # (DataLoader(shuffle=True) order)
+                with open(p, "rb") as f:
+                    data = f.read()
+                    out.append((os.path.relpath(p, m.mountpoint), by_bytes[data], os.fstat(f.fileno()).st_size))
+            return out
+
+        seen: set[str] = set()
+        positions = set()
+        with ThreadPoolExecutor(1) as pool:
+            for e in range(epochs):
+                positions.add((m.status()["epoch"], m.status()["mini_epoch"]))
+                for name, got, size in pool.submit(epoch, e).result(timeout=_DEADLINE):
+                    assert got.split("/")[0] == name.split("/")[0]  # the name's class folder: its label holds
+                    assert size == files[got]  # whole, and stat agrees
+                    seen.add(got)
+        st = m.status()
+        assert st["reads"]["out_of_view"] == 0 and st["substitution"]["substituted"] > 0
+        assert st["loader"]["follows_view"]
+        # the passes and mini-epochs advance with the reads: a pass ends once every view file was served, which
+        # takes a pass-worth of reads (the view's size) and more where one folder's reads came first (its files
+        # are then served again: a name resolves within its folder only); at most twice that here
+        assert st["passes_total"] >= epochs * len(files) // (2 * st["view_files"])
+        assert len(positions) >= 2 and len(seen) > len(files) // nm
+        biggest = max(st["view_bytes"], st["prefetch"]["bytes_total"])
+        assert st["backing_bytes_read"] <= total * epochs / rf + 2 * biggest
