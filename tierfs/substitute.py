@@ -13,7 +13,9 @@ this mode (a ``LOOKUP`` per open; attributes keep their long timeout, they are t
 looked up twice in one pass (a ``stat`` then an ``open``, or the kernel revalidating its entry and looking up
 again) resolves to the same file: the choice is kept per name until the pass ends.
 
-A directory with no file in the view serves the name's own file (out of view, counted as such).
+A directory with no file in the view serves the name's own file (out of view, counted as such).  A lookup and
+its open are two requests: a name resolved just before a switch (another reader ended the mini-epoch's last
+pass in between) opens the previous mini-epoch's file, whole and of the right folder, counted out of view.
 
 The one risk, stated in the docs: a label kept outside the directory structure -- a side file keyed by file
 name -- no longer matches the bytes read.  Class folders, tar shards and files that carry their labels are safe.
