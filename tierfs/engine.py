@@ -40,6 +40,7 @@ from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore, disk_estimates
 from tierfs.control import Arf, ControlWriter, apply_control
 from tierfs.datapath import DataPath
+from tierfs.following import LoaderWatch
 from tierfs.journal import JournalWriter, Position, load_position
 from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
@@ -129,8 +130,10 @@ class Engine:
                              policy=self.policy, settings=lambda: self.settings, opened=self._opened_file,
                              changed=self._changed, restage=self._restage, data_dir_lost=self._data_dir_lost)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
-        self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self._root_relisted)
+        self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self._root_relisted,
+                               substitute=s.substitute and policy.walks_plans)
         self.planner = Planner(self.schedule, self._cached, landed=self._planned)
+        self.loader_watch = LoaderWatch(enabled=policy.walks_plans)
         if self.trees.scanned:
             self.reval.confirm_all()  # the scan just read every fingerprint
         # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
@@ -302,7 +305,12 @@ class Engine:
 
     def _opened_file(self, fidx: int, size: int, uid: int) -> None:
         # Only those who may write ``control`` move the schedule: another user's reads are served, not counted.
-        if self.steering.steers(uid) and self.schedule.record_open(fidx, size):
+        if not self.steering.steers(uid):
+            return
+        sch = self.schedule
+        if sch.view is not None:
+            self.loader_watch.opened(bool(sch.view.mask[fidx]), sch.pos.passes_total, len(sch.view))
+        if sch.record_open(fidx, size):
             self.end_pass()
 
     def _root_relisted(self, uid: int) -> None:
@@ -425,5 +433,6 @@ class Engine:
             schedule=self.schedule.statistics(), data=self.data.statistics(), cache=self.cache.statistics(),
             stager=self.stager.statistics(), pusher=self.pusher.statistics(), backing=self.backing.statistics(),
             revalidation=self.reval.statistics(), arf=self.arf, last_error=self.last_error,
-            tree=self.trees.statistics(),
+            tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
+            substitution=self.names.substitution_statistics(),
         )

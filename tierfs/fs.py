@@ -34,6 +34,7 @@ import functools
 import itertools
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -183,7 +184,15 @@ class TierOperations(pyfuse3.Operations):
             a.st_ino = 0
             a.entry_timeout = ATTR_TIMEOUT
             return a
-        return self._attr(inode)
+        return self._entry(inode)
+
+    def _entry(self, inode: int) -> pyfuse3.EntryAttributes:
+        """A directory entry's attributes: a file's entry is not kept under ``substitute`` (each path resolution
+        asks again: the name's file changes with the pass, see substitute.py)."""
+        a = self._attr(inode)
+        if self.engine.names.substitutions is not None and stat.S_ISREG(a.st_mode) and inode < _CTL_DIR:
+            a.entry_timeout = 0
+        return a
 
     @_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -221,7 +230,7 @@ class TierOperations(pyfuse3.Operations):
         dir_inode, listing = self._dirs[fh]
         for i in range(start_id, len(listing)):
             name, inode = listing[i]
-            if not pyfuse3.readdir_reply(token, name, self._attr(inode), i + 1):
+            if not pyfuse3.readdir_reply(token, name, self._entry(inode), i + 1):
                 break
         if start_id < len(listing):
             # readdirplus: the kernel now holds these inodes, so their pages can be pushed (after this reply)

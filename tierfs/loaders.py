@@ -29,6 +29,7 @@ import contextlib
 import errno
 import io
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from sampler.atomic import atomic_write
 from tierfs.client import CONTROL_DIR, Client
 from tierfs.copies import COPY_OPEN_FLAGS, copy_matches
 
-__all__ = ["FileList", "PassFiles", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
+__all__ = ["FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
            "read_plan", "read_sample", "tierfs_mount"]
 
 
@@ -317,3 +318,94 @@ class PassFilesList:
 
     def labels(self) -> list[int]:
         return self.files.labels()
+
+
+class PassIndices:
+    """The positions, in a file list built once, of the current pass's files, in serving order, this rank's
+    share: what :class:`tierfs.torch.MountSampler` yields (no torch here).
+
+    ``paths`` are the files the loader's dataset holds (on the mount: built over a ``listing=all`` mount, which
+    lists every file while the view, the order and the passes stay the mini-epoch's).  Each :meth:`next_pass`
+    reads ``/.tierfs/order0`` and returns the positions of the pass's files, rank ``rank`` of ``world_size``
+    taking every ``world_size``-th one (``order[rank::world_size]``), padded as ``DistributedSampler`` pads so
+    that every rank gets the same count (the first files of the pass read again).
+
+    The ranks share one mount and must each start a pass only once the previous one ended (all its files read,
+    by every rank): :meth:`next_pass` waits up to ``wait`` seconds for the mount's pass count to move past the
+    pass it last returned.  If it does not (a ``drop_last`` or a ``break`` left files of the pass unread, or
+    the dataset lacks some files of the view), rank 0 ends the pass (``next-pass``) and the others wait for
+    that; the mount's ``status`` then counts the files left unread.  Not on a mount: every file, every pass.
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], mount: str | os.PathLike[str] | None = None, *,
+                 rank: int = 0, world_size: int = 1, wait: float = 60.0) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if not paths:
+            raise ValueError("no files: the dataset is empty")
+        self.rank, self.world_size, self.wait = rank, world_size, wait
+        found = tierfs_mount(mount if mount is not None else os.fspath(paths[0]))
+        self.client = Client(found) if found is not None else None
+        self._n = len(paths)
+        self._index: dict[bytes, int] = {}
+        if self.client is not None:
+            base = os.path.join(os.fspath(self.client.mountpoint), "")
+            for i, p in enumerate(paths):
+                full = os.path.abspath(os.fspath(p))
+                if not full.startswith(base):
+                    raise ValueError(f"{os.fspath(p)!r} is not under the mount {self.client.mountpoint}")
+                self._index[os.fsencode(full[len(base):])] = i
+        self.last_pass: int | None = None  # the mount's passes_total of the pass last returned
+        self.pass_files = 0  # files of that pass (all ranks)
+        self.missing = 0  # files of that pass the list does not hold (never read: rank 0 ends such a pass)
+
+    def _current(self) -> tuple[int, list[bytes]]:
+        """(passes_total, order) of one pass: read until the pass does not change in between."""
+        assert self.client is not None
+        while True:
+            before = self.client.status()["passes_total"]
+            order = self.client.order(nul=True)
+            if self.client.status()["passes_total"] == before:
+                return before, order
+
+    def _wait_for_new_pass(self) -> tuple[int, list[bytes]]:
+        """The next pass once the one last returned ended (the other ranks may still read their last files);
+        rank 0 ends a pass left unread after ``wait`` seconds (at once if the list lacks some of its files)."""
+        assert self.client is not None
+        passes, order = self._current()
+        start, ended = time.monotonic(), False
+        while passes == self.last_pass:
+            waited = time.monotonic() - start
+            if self.rank == 0 and not ended and (self.missing or waited >= self.wait):
+                self.client.write("next-pass", check=False)
+                ended = True
+            elif waited >= 2 * self.wait:
+                raise TimeoutError(f"rank {self.rank}: pass {passes} of {self.client.mountpoint} did not end within "
+                                   f"{waited:.0f} s (rank 0 ends a pass left unread after {self.wait:g} s)")
+            time.sleep(0.02)
+            passes, order = self._current()
+        return passes, order
+
+    def next_pass(self) -> list[int]:
+        """This rank's positions of the next pass (waiting for the previous one to end, see the class)."""
+        if self.client is None:
+            own = list(range(self._n))
+        else:
+            passes, order = self._wait_for_new_pass()
+            own = [i for p in order if (i := self._index.get(p)) is not None]
+            self.last_pass, self.pass_files, self.missing = passes, len(order), len(order) - len(own)
+        return self._share(own)
+
+    def peek(self) -> int:
+        """How many positions :meth:`next_pass` would return now (``len`` of a sampler)."""
+        if self.client is None:
+            return len(self._share(list(range(self._n))))
+        _, order = self._current()
+        return len(self._share([i for p in order if (i := self._index.get(p)) is not None]))
+
+    def _share(self, own: list[int]) -> list[int]:
+        if not own:
+            return []
+        per = -(-len(own) // self.world_size)
+        padded = own + (own * self.world_size)[: per * self.world_size - len(own)]
+        return padded[self.rank::self.world_size]

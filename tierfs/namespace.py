@@ -1,10 +1,11 @@
 """The names the mount shows: lookups, listings, links and the ``order`` files, over the tree and the view.
 
-It owns no state of its own: the tree (fixed for the mount's life) says what exists, the schedule's view what
-the root lists in this pass.  Every name of the tree can be looked up and opened, in view or not; only the
-view is listed.  Two things here are news for other parts: a lookup or a listing tells the pusher the kernel
-now has an inode (pushes wait for one), and listing the root again after reads may end the pass
-(``root_relisted``: the engine decides, by who listed).
+It owns no state of its own but, under ``substitute``, the :class:`~tierfs.substitute.Substitutions` (which
+view file each name is served as this pass): the tree (fixed for the mount's life) says what exists, the
+schedule's view what the root lists in this pass.  Every name of the tree can be looked up and opened, in view
+or not; only the view is listed (every file with ``listing=all``).  Two things here are news for other parts: a
+lookup or a listing tells the pusher the kernel now has an inode (pushes wait for one), and listing the root
+again after reads may end the pass (``root_relisted``: the engine decides, by who listed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from tierfs.backing import BackingError
 from tierfs.pusher import Pusher
 from tierfs.schedule import Schedule
+from tierfs.substitute import Substitutions, SubstitutionStatistics
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
 from tierfs.users import OWNER_UID
 
@@ -30,11 +32,19 @@ class Namespace:
     answers from the tree's arrays: a lookup, an attribute or a listing makes no Python object per file."""
 
     def __init__(self, tree: Tree, schedule: Schedule, pusher: Pusher, *,
-                 root_relisted: Callable[[int], None]) -> None:
+                 root_relisted: Callable[[int], None], substitute: bool = False) -> None:
         self.tree = tree
         self.schedule = schedule
         self.pusher = pusher
         self._root_relisted = root_relisted
+        #: ``substitute``: file names resolve per pass to view files (substitute.py); the kernel must not keep
+        #: a file's entry (fs.py gives it an entry timeout of 0)
+        self.substitutions = (Substitutions(lambda: schedule.view, schedule.opened_in_pass) if substitute
+                              else None)
+
+    def substitution_statistics(self) -> SubstitutionStatistics:
+        subs = self.substitutions
+        return subs.statistics() if subs is not None else SubstitutionStatistics()
 
     def _shares_links(self) -> bool:
         view = self.schedule.view
@@ -70,6 +80,8 @@ class Namespace:
         if kind != KIND_FILE:
             return i + 1
         fidx = self._file(i)
+        if self.substitutions is not None:
+            fidx = self.substitutions.resolve(parent_inode - 1, i, fidx)
         self.pusher.looked_up(int(tree.groups[fidx]), fidx)
         return tree.inode_of(fidx)
 

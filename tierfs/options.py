@@ -241,6 +241,11 @@ OPTIONS: dict[str, Option] = {
         Option("rank", _int_between(0, 1_000_000), False, "this node's rank for node-level sharding"),
         Option("world_size", _int_between(1, 1_000_000), False, "number of nodes sharing the plan"),
         Option("view", _choice("mini-epoch", "full"), False, "what the root shows"),
+        Option("listing", _choice("view", "all"), False, "what directories list: the view's files, or all files "
+               "(the view, order and passes stay the mini-epoch's: for a dataset built once with MountSampler)"),
+        Option("substitute", _bool, False, "a file name resolves, for the current pass, to a file of the view "
+               "in its directory (a loader built once gets mini-epochs unchanged; labels must come from the "
+               "directories or the files)", flag=True),
         Option("verify", _choice("size-mtime", "xxhash"), False, "how cached copies are checked"),
         Option("allow_other", _bool, False, "let other users read the mount (implies default_permissions)",
                flag=True),
@@ -293,6 +298,8 @@ class Settings:
     rank: int = 0
     world_size: int = 1
     view: str = "mini-epoch"
+    listing: str = "view"
+    substitute: bool = False
     verify: str = "size-mtime"
     allow_other: bool = False
     group: str = ""

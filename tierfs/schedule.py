@@ -341,7 +341,7 @@ class Schedule:
                              hard_links=whole)
         else:
             self.view = View(self.tree, files, seed=s.seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
-                             pass_index=self.pos.pass_index, hard_links=whole)
+                             pass_index=self.pos.pass_index, hard_links=whole, lists_all=s.listing == "all")
         self._read_mark[:] = False
         self._unread = len(self.view)
         self.reads_in_pass = 0
@@ -376,6 +376,10 @@ class Schedule:
         assert self.view is not None
         order = self.view.order
         return order[~self._read_mark[order]]
+
+    def opened_in_pass(self, fidx: int) -> bool:
+        """Whether ``fidx`` (a view file) was opened since this pass began."""
+        return bool(self._read_mark[fidx])
 
     def record_open(self, fidx: int, size: int) -> bool:
         """Count one open; True when it was the last unread file of the view (the pass is over)."""

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tierfs.backing import BackingStatistics
     from tierfs.cache import CacheStatistics
     from tierfs.control import Arf
+    from tierfs.following import LoaderStatistics
     from tierfs.opening import TreeStatistics
     from tierfs.options import Settings
     from tierfs.plans import PlanStatistics
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from tierfs.revalidate import RevalidatorStatistics
     from tierfs.schedule import ScheduleStatistics
     from tierfs.staging import StagerStatistics
+    from tierfs.substitute import SubstitutionStatistics
     from tierfs.users import FdBudgetStatistics
 
 __all__ = ["ArfStatus", "DataPathStatistics", "Prefetch", "Reads", "Status", "build_status"]
@@ -130,6 +132,10 @@ class Status:
     arf: ArfStatus = field(default_factory=ArfStatus)
     last_error: str | None = None
     mountpoint: str = ""
+    #: whether the loader follows the view (following.py): {follows_view, warning, warnings}
+    loader: dict[str, Any] = field(default_factory=dict)
+    #: the substitute option (substitute.py): {enabled, substituted, rounds}
+    substitution: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -199,6 +205,12 @@ class Status:
                '{result="hit"}')
         metric("reads_total", "counter", "", r.misses, '{result="miss"}')
         metric("reads_out_of_view_total", "counter", "Opens of files outside the current view.", r.out_of_view)
+        metric("loader_off_view", "gauge", "1 while the loader does not follow the view (status: loader.warning).",
+               int(not self.loader.get("follows_view", True)))
+        metric("loader_warnings_total", "counter", "Times a pass showed a loader not following the view.",
+               self.loader.get("warnings", 0))
+        metric("substituted_lookups_total", "counter", "Names resolved to another file of the view (substitute).",
+               self.substitution.get("substituted", 0))
         metric("reads_direct_total", "counter", "Hits answered with the cached copy's path (user.tierfs.cache_path).",
                r.direct)
         metric("reads_plan_total", "counter", "Hits read from batch-plan copies (reported with consumed).", r.plan)
@@ -246,7 +258,8 @@ class Status:
 def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
-                 arf: Arf, last_error: str | None, tree: TreeStatistics) -> Status:
+                 arf: Arf, last_error: str | None, tree: TreeStatistics, loader: LoaderStatistics,
+                 substitution: SubstitutionStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -274,7 +287,8 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bo
         handles=data.handles, plans=asdict(data.plans), fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
-        mountpoint=mountpoint,
+        mountpoint=mountpoint, loader=asdict(loader),
+        substitution=asdict(substitution),
     )
 
 

@@ -166,8 +166,10 @@ def _warnings(st: dict[str, Any], now: float) -> list[str]:
         out.append(f"{_n(sg['unstaged_files'])} files could not be staged and are read from the backing (newest: "
                    f"{_shorten(str(newest.get('file')))}: {newest.get('why')}); check the cache disk and the backing, "
                    "see the log")
-    r = st.get("reads") or {}
-    if r.get("out_of_view"):
+    r, loader = st.get("reads") or {}, st.get("loader") or {}
+    if loader.get("warning"):
+        out.append(loader["warning"])
+    elif r.get("out_of_view"):
         out.append(f"{_n(r['out_of_view'])} opens outside the current mini-epoch: the loader keeps an old file list; "
                    "list the mount each pass (docs/tuning.md)")
     if st.get("last_error"):

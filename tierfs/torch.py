@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from tierfs.loaders import PassFiles, find_classes, read_pass, read_sample
+from tierfs.loaders import PassFiles, PassIndices, find_classes, read_pass, read_sample
 
-__all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "read_file"]
+__all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "read_file"]
 
 _UNREAD, _READ, _REPORTED = 0, 1, 2
 
@@ -198,3 +198,64 @@ class MiniEpochIterableDataset(_Common, IterableDataset):
                 yield data, label
         finally:
             p.report(pending)
+
+
+def dataset_paths(dataset: Any) -> list[str]:
+    """The file paths of a map-style dataset, by index: ``.samples`` or ``.imgs`` (``(path, target)`` pairs, as
+    torchvision's ``ImageFolder``/``DatasetFolder`` hold them), ``.files`` or ``.paths``, or the dataset itself
+    if it is a sequence of paths."""
+    for attr in ("samples", "imgs"):
+        pairs = getattr(dataset, attr, None)
+        if pairs is not None:
+            return [os.fspath(p[0]) for p in pairs]
+    for attr in ("files", "paths"):
+        paths = getattr(dataset, attr, None)
+        if paths is not None:
+            return [os.fspath(p) for p in paths]
+    if isinstance(dataset, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in dataset):
+        return [os.fspath(p) for p in dataset]
+    raise TypeError(f"{type(dataset).__name__}: no file paths (.samples, .imgs, .files, .paths, or a list of "
+                    "paths) to follow a tierfs mount by")
+
+
+class MountSampler(Sampler[int]):
+    """The one line that makes a dataset built once follow a tierfs mount::
+
+        ds = ImageFolder("/mnt/imagenet/train")      # built once, over a listing=all mount: every file
+        sampler = MountSampler(ds, rank=rank, world_size=world_size)
+        loader = DataLoader(ds, batch_size=256, sampler=sampler, num_workers=8, persistent_workers=True)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)                 # (as with DistributedSampler; tierfs decides the pass)
+            for x, y in loader:                      # one DataLoader epoch = one tierfs pass
+                ...
+
+    Each ``iter()`` (each time the ``DataLoader`` starts an epoch, in the main process) yields the indices of
+    the current pass's files in the mount's serving order (``/.tierfs/order0``, a fresh shuffle every pass):
+    the dataset's indices, so labels never shift and the dataset is never rebuilt (``persistent_workers=True``
+    works).  ``rank``/``world_size``: the processes reading this mount, each taking every ``world_size``-th file
+    of the pass, padded as ``DistributedSampler`` pads (the same count on every rank).  A rank waits for the
+    previous pass to end (every rank's reads) before it starts the next; see :class:`tierfs.loaders.PassIndices`
+    for what happens to a pass left unread.  The dataset's files are read through the mount (opens count the
+    pass); files of the view the dataset does not hold are skipped.  On a plain directory: every index, every
+    epoch, in order (shuffle it yourself).
+
+    ``dataset``: any map-style dataset with ``.samples``/``.imgs`` (ImageFolder and friends), ``.files`` or
+    ``.paths``, or a list of paths (see :func:`dataset_paths`).  The dataset must hold every file: build it over
+    a mount with ``listing=all`` (every file listed, while the view, the order and the passes stay the
+    mini-epoch's).
+    """
+
+    def __init__(self, dataset: Any, mount: str | os.PathLike[str] | None = None, *, rank: int = 0,
+                 world_size: int = 1, wait: float = 60.0) -> None:
+        self.indices = PassIndices(dataset_paths(dataset), mount, rank=rank, world_size=world_size, wait=wait)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Kept for the familiar loop (``DistributedSampler.set_epoch``); the mount's position decides the pass."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices.next_pass())
+
+    def __len__(self) -> int:
+        return self.indices.peek()

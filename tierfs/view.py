@@ -4,8 +4,10 @@ A :class:`View` is built once per pass (the serving order is reshuffled every pa
 directory listing is a snapshot taken from it at ``opendir``.  Directories and symlinks are always listed
 (class folders keep their names, so label indices derived from sorted folder names never shift); regular
 files only when they are in the view, in serving order.  FIFOs, sockets and device nodes are listed like
-symlinks (never dataset files).  A view that shares hard links (``view=full``) holds the first name of each
-hard-linked file and lists its other names beside it (they show its inode, see ``Namespace``).
+symlinks (never dataset files).  With ``listing=all`` the files out of view follow, by name (a dataset built
+once sees every file; the view, its order and its passes stay the mini-epoch's).  A view that shares hard
+links (``view=full``) holds the first name of each hard-linked file and lists its other names beside it (they
+show its inode, see ``Namespace``).
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ __all__ = ["View"]
 
 class View:
     def __init__(self, tree: Tree, files: np.ndarray, *, seed: int, epoch: int, mini_epoch: int,
-                 pass_index: int, hard_links: bool = False) -> None:
+                 pass_index: int, hard_links: bool = False, lists_all: bool = False) -> None:
         self.tree = tree
         self.files = files  # storage order
         self.epoch = epoch
         self.mini_epoch = mini_epoch
         self.pass_index = pass_index
         self.hard_links = hard_links  # the other names of a file in view are listed, showing its inode
+        self.lists_all = lists_all  # (listing=all) files out of view are listed too, after the view's
         self.order = serving_order(files, seed=seed, epoch=epoch, mini_epoch=mini_epoch, pass_index=pass_index)
         self.mask = np.zeros(tree.n_files, dtype=bool)
         self.mask[files] = True
@@ -45,6 +48,10 @@ class View:
             self._dir_start[1:] = np.cumsum(np.bincount(groups, minlength=self.tree.n_nodes))
         return self._by_dir[self._dir_start[dir_node]:self._dir_start[dir_node + 1]]
 
+    def files_in(self, dir_node: int) -> np.ndarray:
+        """The view's files directly in directory ``dir_node``, in serving order."""
+        return self._files_of(dir_node)
+
     def listing(self, dir_node: int) -> list[tuple[bytes, int]]:
         """(name, node index) of what directory ``dir_node`` shows: dirs, then links and special files, by
         name; then view files in serving order (and, sharing hard links, the other names of view files)."""
@@ -55,10 +62,10 @@ class View:
         is_dir = tree.kinds[others] == KIND_DIR
         out = [(tree.name(i), i) for i in (*others[is_dir].tolist(), *others[~is_dir].tolist())]
         out += [(tree.name(f + 1), f + 1) for f in self._files_of(dir_node).tolist()]
-        if self.hard_links:
+        if self.hard_links or self.lists_all:
             here = kids[kinds == KIND_FILE] - 1
             out += [(tree.name(f + 1), f + 1) for f in here[~self.mask[here]].tolist()
-                    if self.mask[tree.first_name(f)]]
+                    if self.lists_all or self.mask[tree.first_name(f)]]
         return out
 
     def _order_paths(self) -> list[bytes]:

@@ -1,0 +1,35 @@
+"""Recipe: the common way -- a dataset built once, before the epoch loop, and the one-line ``MountSampler``.
+
+    tierfs mount /data/imagenet /mnt/imagenet ... --listing all
+    python examples/built_once_loader.py /mnt/imagenet --passes 8 --batch 64 --workers 8
+
+The dataset (``FolderDataset``, an ImageFolder without torchvision; torchvision's ``ImageFolder`` works the same)
+is built once over a ``listing=all`` mount, so it holds every file and its labels never shift.
+``tierfs.torch.MountSampler`` makes each ``DataLoader`` epoch one tierfs pass: the indices of the current pass's
+files, in serving order.  The workers are started once (``persistent_workers=True``).  With several processes
+on one mount, give each ``rank=`` and ``world_size=`` (as ``DistributedSampler``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch.utils.data import DataLoader
+
+from folder_dataset import FolderDataset, collate
+from passes import PassReport, parse_args, tierfs_position
+from tierfs.torch import MountSampler
+
+if __name__ == "__main__":
+    args = parse_args(__doc__, None)
+    dataset = FolderDataset(args.root)  # built once
+    sampler = MountSampler(dataset)  # the one line (rank=, world_size= for several processes)
+    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers,
+                        persistent_workers=args.workers > 0, collate_fn=collate)
+    for p in range(args.passes):
+        sampler.set_epoch(p)
+        report = PassReport(p, tierfs_position(args.root))  # (the previous pass ended with its last read)
+        for batch in loader:
+            report.add(batch)  # your training step
+        report.print()
+    sys.exit(0)
