@@ -299,7 +299,7 @@ class Engine:
         """The backing file now has stat ``st``: forget the old copy and pushed pages, stage it again."""
         self.tree.update_stat(fidx, st)
         self.data.changed_files.add(fidx)
-        self.schedule.disk_sizes[fidx] = self.cache.estimate(st.st_size, st.st_blocks)
+        self.schedule.set_disk_size(fidx, self.cache.estimate(st.st_size, st.st_blocks))
         self.cache.evict(fidx)
         self.pusher.forget(fidx)
         self._restage(fidx)

@@ -21,7 +21,7 @@ import numpy as np
 from sampler.plan import min_mini_epochs, plan_epoch
 from tierfs.journal import Position
 from tierfs.options import Settings, format_size
-from tierfs.tree import Tree
+from tierfs.tree import Tree, index_dtype
 from tierfs.view import View
 
 __all__ = ["Schedule", "ScheduleStatistics"]
@@ -131,7 +131,7 @@ class Schedule:
                                      budget_only=True)
             for old in [e for e in self.plans if e < epoch - 1]:
                 del self.plans[old]
-            self.plans[epoch] = plan
+            self.plans[epoch] = plan = [p.astype(index_dtype(self.tree.n_files), copy=False) for p in plan]
         return plan
 
     def coords_after(self, epoch: int, me: int) -> tuple[int, int]:
@@ -153,7 +153,7 @@ class Schedule:
         """Enter the journalled position (or the next valid one, if the plan changed under the journal)."""
         if not self.walks_plans:
             n = self.tree.n_files
-            self.current = np.arange(n, dtype=np.int64)
+            self.current = np.arange(n, dtype=index_dtype(n))
             self.current_mask[:] = True
             self.new_view()
             return
@@ -211,6 +211,12 @@ class Schedule:
         self.reads_in_pass = 0
         self._pass_started = None
         self._pass_opened = 0
+
+    def set_disk_size(self, fidx: int, n: int) -> None:
+        """A changed file's copy will take ``n`` bytes (``disk_sizes`` is int32 until one does not fit)."""
+        if n >= 2**31 and self.disk_sizes.dtype != np.int64:
+            self.disk_sizes = self.disk_sizes.astype(np.int64)
+        self.disk_sizes[fidx] = n
 
     def staging_order(self) -> list[int]:
         """What the stager should copy, in order: what the current mini-epoch lacks, then the next one."""
