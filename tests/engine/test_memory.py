@@ -18,11 +18,11 @@ import trio
 
 from tierfs.testing import make_dataset
 
-#: what the engine's arrays may take per file.  Now ~71: the tree 47 (parents, kids, name offsets, inode and
-#: block counts 4 bytes each; size, mtime, ctime 8 each; kind, stat row, a directory flag 1 each), the plan of
-#: the epoch 4, the view's serving order and its listing order 4 each, the cache disk sizes 4, confirmation
-#: times 4, and five masks of 1.  Room for one more plan (the next epoch's); int64 indices or float64 times
-#: anywhere break it (main before this change kept ~154).
+#: what the engine's arrays may take per file.  Now ~70: the tree 46 (parents, kids, name offsets, inode and
+#: block counts 4 bytes each; size, mtime, ctime 8 each; kind and stat row 1 each), the plan of the epoch 4,
+#: the view's serving order and its listing order 4 each, the cache disk sizes 4, confirmation times 4, and
+#: four masks of 1.  Room for one more plan (the next epoch's); int64 indices or float64 times anywhere break
+#: it (main before this change kept ~154).
 PER_FILE = 80
 #: the per-file columns that need 64 bits (byte counts and nanosecond times); every other per-file array is
 #: at most 4 bytes an entry (file and node indices are int32 below 2**31 files)
