@@ -11,13 +11,22 @@ Builds (once, kept for later runs) ``--dirs`` x ``--files-per-dir`` files of ``-
 * ``tree_bin``    bytes per file of the saved tree in the cache dir (written after the scan).
 
 Prints one JSON object (also written to ``--out``).  Root is required (FUSE); the mount is gone when it exits.
+
+``--profile DIR`` runs the daemon through this program (``--daemon``: the product code untouched) and writes,
+after the mount and after the finds, where its memory is: ``/proc/PID/smaps_rollup`` (anonymous against
+file-backed), glibc's ``mallinfo2`` (bytes in use against bytes the heap holds: fragmentation), Python objects
+by type, and with ``--tracemalloc`` the largest allocations by line (numpy arrays included; tracing costs
+memory of its own, so the RSS figures of a traced run are not the benchmark's).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +36,107 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tierfs.testing import mounted, wait_until
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _memory_report() -> dict:
+    """Where this process's memory is (see the module docstring)."""
+    import tracemalloc
+    from collections import Counter
+
+    out: dict = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                out[key] = int(value.split()[0]) * 1024
+    # resident bytes by mapping: the heap, file-backed (libraries), and anonymous mappings by size
+    maps: Counter[str] = Counter()
+    with open("/proc/self/smaps") as f:
+        label = ""
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                path = head[5] if len(head) > 5 else ""
+                label = path if path.startswith("[") else "file" if path else f"anon {(hi - lo) >> 20} MiB"
+            elif head[0] == "Rss:":
+                maps[label] += int(head[1]) * 1024
+    out["mappings"] = maps.most_common(15)
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _Mallinfo2
+    mi = libc.mallinfo2()
+    out["malloc"] = {"heap": mi.arena, "mmapped": mi.hblkhd, "in_use": mi.uordblks, "free_in_heap": mi.fordblks}
+    out["objects"] = Counter(type(o).__name__ for o in gc.get_objects()).most_common(12)
+    out["arrays"] = _big_arrays()
+    if tracemalloc.is_tracing():
+        snap = tracemalloc.take_snapshot()
+        out["traced"] = tracemalloc.get_traced_memory()
+        out["top"] = [(str(s.traceback), s.size, s.count) for s in snap.statistics("lineno")[:40]]
+    return out
+
+
+def _big_arrays(least: int = 1 << 18) -> list[tuple[str, str, int]]:
+    """(name, dtype, bytes) of each numpy array of ``least`` bytes or more held by an attribute, a dict, a list
+    or a tuple (numpy arrays are not tracked by ``gc`` themselves: found through what holds them), once each."""
+    import numpy as np
+
+    seen: dict[int, tuple[str, str, int]] = {}
+    for holder in gc.get_objects():
+        if isinstance(holder, dict):
+            items = [(str(k), v) for k, v in holder.items() if isinstance(v, np.ndarray)]
+        elif isinstance(holder, (list, tuple)):
+            items = [(f"[{i}] of a {type(holder).__name__}", v) for i, v in enumerate(holder)
+                     if isinstance(v, np.ndarray)]
+        else:  # (an instance's attributes: Python 3.11 keeps them outside any dict object until asked)
+            kind = type(holder).__name__
+            attrs = getattr(holder, "__dict__", None)
+            pairs = list(attrs.items()) if isinstance(attrs, dict) else \
+                [(k, getattr(holder, k, None)) for k in getattr(type(holder), "__slots__", ())]
+            items = [(f"{kind}.{k}", v) for k, v in pairs if isinstance(v, np.ndarray)]
+        for name, a in items:
+            base = a
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if base.nbytes >= least and id(base) not in seen:
+                seen[id(base)] = (name, str(a.dtype), base.nbytes)
+    return sorted(seen.values(), key=lambda x: -x[2])
+
+
+def _daemon(argv: list[str]) -> None:
+    """Run ``python -m tierfs ...`` (argv after this program's name); SIGUSR2 writes a memory report to
+    ``$TIERFS_MEMORY_REPORT.N.json`` (N counts the reports)."""
+    if os.environ.get("TIERFS_TRACEMALLOC"):
+        import tracemalloc
+
+        tracemalloc.start()
+    from tierfs.cli import main as tierfs_main
+
+    reports = [0]
+
+    def dump(*_: object) -> None:
+        reports[0] += 1
+        path = f"{os.environ['TIERFS_MEMORY_REPORT']}.{reports[0]}.json"
+        with open(path + ".tmp", "w") as f:
+            json.dump(_memory_report(), f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    signal.signal(signal.SIGUSR2, dump)
+    assert argv[1:3] == ["-m", "tierfs"], argv  # (the interpreter, -m tierfs, then tierfs's arguments)
+    sys.exit(tierfs_main(argv[3:]))
+
+
+def _report(pid: int, base: str, n: int) -> dict:
+    """Ask the daemon for report ``n`` and read it."""
+    os.kill(pid, signal.SIGUSR2)
+    path = f"{base}.{n}.json"
+    wait_until(lambda: os.path.exists(path), timeout=300, what="the memory report")
+    with open(path) as f:
+        return json.load(f)
 
 
 def build(root: Path, dirs: int, per_dir: int, size: int) -> None:
@@ -79,6 +189,8 @@ def main() -> None:
     ap.add_argument("--nm", type=int, default=32, help="mini-epochs (the copies of one fit half the capacity)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default="million.json")
+    ap.add_argument("--profile", metavar="DIR", help="write memory reports of the daemon here (see above)")
+    ap.add_argument("--tracemalloc", action="store_true", help="with --profile: trace Python allocations too")
     args = ap.parse_args()
     root = Path(args.root)
     build(root, args.dirs, args.files_per_dir, args.size)
@@ -87,16 +199,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="million-") as tmp:
         mnt, cache = Path(tmp, "mnt"), Path(tmp, "cache")
         mnt.mkdir()
+        profile: dict = {}
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            base = os.path.join(os.path.abspath(args.profile), "memory")
+            profile = {"env": {"TIERFS_MEMORY_REPORT": base, **({"TIERFS_TRACEMALLOC": "1"} if args.tracemalloc
+                                                                   else {})},
+                       "wrapper": (sys.executable, os.path.abspath(__file__), "--daemon")}
         t0 = time.monotonic()
-        with mounted(backing, mnt, cache, args.capacity, timeout=600, view="full", nm=args.nm) as m:
+        with mounted(backing, mnt, cache, args.capacity, timeout=600, view="full", nm=args.nm, **profile) as m:
             mount_s = time.monotonic() - t0
             pid = m.process.pid
             after_mount = rss(pid)
             tree_bin = cache / "tree.bin"
             wait_until(tree_bin.exists, timeout=300, what="tree.bin")
+            if args.profile:
+                _report(pid, base, 1)
             t_backing, c_backing = timed_find(str(backing), args.repeat)
             t_mount, c_mount = timed_find(str(mnt), args.repeat)
             after_find = rss(pid)
+            if args.profile:
+                _report(pid, base, 2)
             result = {
                 "files": n, "mount_s": round(mount_s, 2),
                 "rss_mount_B_per_file": round(after_mount["VmRSS"] / n),
@@ -113,4 +236,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--daemon"]:
+        _daemon(sys.argv[2:])
+    else:
+        main()

@@ -102,8 +102,11 @@ class TreeKeeper:
             if added or lost:
                 log.warning("tierfs: the backing tree changed since the last mount: %d files added, %d removed "
                             "(added files show from the next mount)", added, len(lost))
+            tree.release_path_index()  # (see below)
             tree = new
         await trio.to_thread.run_sync(tree.save, self.path, limiter=limiter, abandon_on_cancel=True)
+        # the mount's tree needs its path hashes no more: the cache found its copies by them, the rescan compared
+        tree.release_path_index()
 
     def statistics(self) -> TreeStatistics:
         return self.stats

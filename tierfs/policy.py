@@ -105,7 +105,8 @@ class MetPolicy(CachePolicy):
         if sch.view is None:
             return np.zeros(0, np.int64)
         nxt = [f for f in sch.next_files.tolist() if self.cache.get(f) is not None] if sch.next_files.size else []
-        return np.concatenate([sch.unread(), np.asarray(nxt, np.int64)])
+        unread = sch.unread()
+        return np.concatenate([unread, np.asarray(nxt, unread.dtype)])  # (int32 file indices: see tree.index_dtype)
 
 
 class LruPolicy(CachePolicy):

@@ -39,6 +39,9 @@ __all__ = ["BATCH", "Revalidator", "RevalidatorStatistics"]
 
 BATCH = 256  # paths per thread hop
 PARALLEL = 8  # batches in flight at once
+#: Confirmation times are float32 (4 bytes a file): seconds after a base that moves on this often, so recent
+#: ones stay below 2**12 s, where float32 resolves 0.5 ms.
+REBASE_S = float(1 << 12)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,9 @@ class Revalidator:
 
     def __init__(self, tree: Tree, backing: Backing, *, setting: float | str, candidates: Callable[[], np.ndarray],
                  changed: Callable[[int, os.stat_result], None], gone: Callable[[int], None]) -> None:
-        self.confirmed = np.full(tree.n_files, -math.inf)  # monotonic time of the last agreeing backing answer
+        #: time of the last agreeing backing answer per file: seconds after ``_base`` (see :meth:`_now`)
+        self.confirmed = np.full(tree.n_files, -math.inf, np.float32)
+        self._base = time.monotonic()
         self.tree = tree
         self.backing = backing
         self.setting: float | str = setting
@@ -79,6 +84,15 @@ class Revalidator:
         self._wake.set()
         self._wake = trio.Event()
 
+    def _now(self, now: float | None = None) -> float:
+        """``now`` (monotonic, default the present) in the units of ``confirmed``; a value from before a
+        rebase means nothing after it, so none is kept across an ``await``."""
+        now = time.monotonic() if now is None else now
+        if now - self._base > REBASE_S:
+            self.confirmed -= np.float32(now - self._base)
+            self._base = now
+        return now - self._base
+
     def fresh(self, fidx: int, now: float | None = None) -> bool:
         """Whether an open may use ``fidx``'s fingerprint without asking the backing."""
         s = self.setting
@@ -86,22 +100,21 @@ class Revalidator:
             return True
         if s == "open":
             return False
-        now = time.monotonic() if now is None else now
-        return now - self.confirmed[fidx] <= float(s)
+        return self._now(now) - self.confirmed[fidx] <= float(s)
 
     def fresh_mask(self, files: np.ndarray) -> np.ndarray:
         """:meth:`fresh` for many files at once (a batch plan asks for a whole pass)."""
         s = self.setting
         if s in ("never", "open"):
             return np.full(files.shape, s == "never", bool)
-        return time.monotonic() - self.confirmed[files] <= float(s)
+        return self._now() - self.confirmed[files] <= float(s)
 
     def confirm(self, fidx: int, now: float | None = None) -> None:
-        self.confirmed[fidx] = time.monotonic() if now is None else now
+        self.confirmed[fidx] = self._now(now)
 
     def confirm_all(self) -> None:
         """A scan just read every fingerprint."""
-        self.confirmed[:] = time.monotonic()
+        self.confirmed[:] = self._now()
 
     def forget(self, fidx: int) -> None:
         """The fingerprint changed: nothing confirms the new one yet."""
@@ -122,20 +135,25 @@ class Revalidator:
                     await wake.wait()
                     continue
                 horizon = float(s) / 2
-                now = time.monotonic()
-                cand = self._candidates()
-                due = cand[now - self.confirmed[cand] > horizon] if cand.size else cand
+                due = self._due(self._now(), horizon)
                 if not due.size:
                     with trio.move_on_after(max(0.05, min(horizon / 2, 1.0))):
                         await wake.wait()
                     continue
                 for start in range(0, int(due.size), BATCH):
                     batch = due[start:start + BATCH].tolist()
-                    # mark them as in hand so the next round does not ask again while these travel
-                    self.confirmed[batch] = now - horizon
+                    # mark them as in hand so the next round does not ask again while these travel (the time
+                    # taken again: the base may have moved while this loop waited for a slot)
+                    self.confirmed[batch] = self._now() - horizon
                     await slots.acquire()
                     nursery.start_soon(self._check, batch, slots)
                 await trio.sleep(0)
+
+    def _due(self, now: float, horizon: float) -> np.ndarray:
+        """The candidates confirmed longer than ``horizon`` ago (the candidates themselves -- a whole view of
+        file indices -- are not kept while those are checked)."""
+        cand = self._candidates()
+        return cand[now - self.confirmed[cand] > horizon] if cand.size else cand
 
     async def _check(self, batch: list[int], slots: trio.Semaphore) -> None:
         try:
@@ -146,7 +164,7 @@ class Revalidator:
             return
         finally:
             slots.release()
-        now = time.monotonic()
+        now = self._now()
         for fidx, answer in zip(batch, answers, strict=True):
             self.checked += 1
             verdict = self._verdict(fidx, answer)

@@ -30,7 +30,7 @@ import numpy as np
 from sampler.plan import plan_epoch
 from tierfs.journal import Position
 from tierfs.options import Settings, format_size, format_size_at_least
-from tierfs.tree import Tree
+from tierfs.tree import Tree, index_dtype
 from tierfs.view import View
 
 __all__ = ["Cached", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
@@ -114,14 +114,19 @@ def make_plan(sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacit
         check_fits(sizes, settings, capacity)
     except ValueError as exc:
         note = f"epoch {epoch}: {exc}; this epoch uses more mini-epochs"
-        return plan_epoch(sizes, budget=capacity // 2, **args), note
+        return _narrow_plan(plan_epoch(sizes, budget=capacity // 2, **args), len(sizes)), note
     try:
-        return plan_epoch(sizes, nm=nm, budget=budget, **args), None
+        return _narrow_plan(plan_epoch(sizes, nm=nm, budget=budget, **args), len(sizes)), None
     except ValueError:
         # (nm is given: without it the planner picks a count that fits.)  On average a mini-epoch fits half the
         # cache (within a file), but no cut keeps every one under it.  Take the balanced cut: the stager never
         # passes the cap, and a mini-epoch a little over half is finished after the switch (Engine.next_ready).
-        return plan_epoch(sizes, nm=nm, **args), None
+        return _narrow_plan(plan_epoch(sizes, nm=nm, **args), len(sizes)), None
+
+
+def _narrow_plan(plan: list[np.ndarray], n_files: int) -> list[np.ndarray]:
+    """The plan's file indices in the narrowest dtype (a plan is kept per epoch: a million files, 4 MB)."""
+    return [p.astype(index_dtype(n_files), copy=False) for p in plan]
 
 
 @dataclass(frozen=True)
@@ -250,8 +255,9 @@ class Schedule:
         """A file changed: its copy's new estimate.  An array a plan job reads is copied first (never written
         under a worker thread); a plan under way stays one of the sizes when it started, as a plan made earlier
         stays one of its own (epochs are never replanned for a changed size: the stager keeps the cap)."""
-        if self._sizes_lent:
-            self.disk_sizes = self.disk_sizes.copy()
+        if self._sizes_lent or (size >= 2**31 and self.disk_sizes.dtype != np.int64):
+            # (int32 until a copy does not fit: per-file arrays are most of a big mount's memory)
+            self.disk_sizes = self.disk_sizes.astype(np.int64 if size >= 2**31 else self.disk_sizes.dtype)
             self._sizes_lent = False
         self.disk_sizes[fidx] = size
 
@@ -279,7 +285,7 @@ class Schedule:
         """Enter the journalled position (or the next valid one, if the plan changed under the journal)."""
         if not self.walks_plans:
             n = self.tree.n_files
-            self.current = np.arange(n, dtype=np.int64)
+            self.current = np.arange(n, dtype=index_dtype(n))
             self.current_mask[:] = True
             self.new_view()
             return

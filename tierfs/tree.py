@@ -168,9 +168,9 @@ class _Nodes(Sequence[Node]):
         return len(self._made)
 
 
-TREE_FORMAT = 3  # of the saved tree: 2 (a node per scan order, 13 stat columns) is not read: the mount scans
+TREE_FORMAT = 4  # of the saved tree: an older one (3: path hashes in file order too) is not read: the mount scans
 _SAVED = ("parents", "kinds", "names", "name_ends", "link_nodes", "links", "link_ends", "meta", "meta_idx",
-          "ino", "size", "blocks", "mtime", "ctime", "kids", "path_hashes", "hash_order")
+          "ino", "size", "blocks", "mtime", "ctime", "kids", "hash_keys", "hash_order")
 
 
 def _read_array(f: BinaryIO) -> np.ndarray:
@@ -182,19 +182,44 @@ def _read_array(f: BinaryIO) -> np.ndarray:
 
 
 def _ends(parts: Sequence[bytes]) -> np.ndarray:
-    return np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), dtype=np.int64)
+    ends = np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), dtype=np.int64)
+    return ends.astype(index_dtype(int(ends[-1]) if len(ends) else 0))
+
+
+def index_dtype(largest: int) -> type[np.signedinteger]:
+    """The dtype of an array of indices (or offsets) up to ``largest``: int32 while it fits.  Per-file arrays
+    are most of the daemon's memory (a million files must fit in 200 bytes each, the interpreter included)."""
+    return np.int32 if largest < 2**31 else np.int64
+
+
+def _narrow(a: np.ndarray) -> np.ndarray:
+    """``a`` (non-negative integers) as uint32 if they all fit: inode numbers and block counts mostly do.
+    :meth:`Tree.update_stat` widens a column again for a value that does not fit."""
+    return a.astype(np.uint32) if not a.size or int(a.max()) < 2**32 else a
+
+
+def _row_dtype(rows: int) -> type[np.unsignedinteger]:
+    """The narrowest dtype for an index into ``rows`` rows (of the table of distinct stat fields)."""
+    return np.uint8 if rows <= 1 << 8 else np.uint16 if rows <= 1 << 16 else np.uint32
 
 
 class Tree:
     """See the module docstring.  Node ``i`` is inode ``i + 1``; file ``f`` is node ``f + 1``.
 
     ``sizes``, ``blocks`` (per file) and ``groups`` (the parent directory per file: the stratified
-    composition's groups) are views of the node arrays, so a file found changed shows everywhere at once."""
+    composition's groups) are views of the node arrays, so a file found changed shows everywhere at once.
+
+    Only the directories (node 0 and the nodes after the files) have children: per-directory arrays are indexed
+    by :meth:`dir_slot` and cost nothing per file.  The path hashes are kept sorted, with the file of each
+    (:meth:`path_index`), not also in file order: a file's own hash is :meth:`path_hash_of`.  Only a mount's
+    start needs them (the cache finds its copies by them, the saved tree keeps them): then
+    :meth:`release_path_index` lets them go, and a later use hashes every path again."""
 
     def __init__(self, *, parents: np.ndarray, kinds: np.ndarray, names: bytes, name_ends: np.ndarray,
                  link_nodes: np.ndarray, links: bytes, link_ends: np.ndarray, meta: np.ndarray,
                  meta_idx: np.ndarray, ino: np.ndarray, size: np.ndarray, blocks: np.ndarray, mtime: np.ndarray,
-                 ctime: np.ndarray, kids: np.ndarray, n_files: int, dev: int, path_hashes: np.ndarray) -> None:
+                 ctime: np.ndarray, kids: np.ndarray, n_files: int, dev: int, hash_keys: np.ndarray,
+                 hash_order: np.ndarray) -> None:
         n = len(parents)
         self.n_nodes = n
         self._n_files = n_files
@@ -204,25 +229,19 @@ class Tree:
         self._link_nodes, self._links, self._link_ends = link_nodes, links, link_ends  # symlinks only
         self.meta = meta  # int64 [distinct, (mode, nlink, uid, gid, rdev)]
         self._meta_rows: list[tuple[int, ...]] = [tuple(r) for r in meta.tolist()]
-        self.meta_idx = meta_idx  # int32 per node: its row of ``meta``
-        self.ino, self.size, self.blocks_, self.mtime, self.ctime = ino, size, blocks, mtime, ctime
-        self.kids = kids  # int32: the children of node p are kids[first[p]:first[p + 1]], sorted by name
-        self.first = np.zeros(n + 1, np.int64)
-        self.first[1:] = np.cumsum(np.bincount(parents[kids], minlength=n))
+        self.meta_idx = meta_idx.astype(_row_dtype(len(meta)), copy=False)  # per node: its row of ``meta``
+        self.size, self.mtime, self.ctime = size, mtime, ctime
+        self.ino, self.blocks_ = _narrow(ino), _narrow(blocks)  # (uint32 when they fit)
+        self.kids = kids  # int32: directory p's children, by name: kids[first[s]:first[s + 1]], s = dir_slot(p)
+        self.first = np.zeros(n - n_files + 1, np.int64)
+        self.first[1:] = np.cumsum(np.bincount(self.dir_slots(parents[kids]), minlength=n - n_files))
         self.dev = dev
-        self.path_hashes = path_hashes  # uint64 per file
         self.sizes = size[1:n_files + 1]
-        self.blocks = blocks[1:n_files + 1]
+        self.blocks = self.blocks_[1:n_files + 1]
         self.groups = parents[1:n_files + 1]
-        self.dirs_with_data = np.zeros(n, bool)  # a directory holding a file somewhere beneath it
-        up = np.unique(self.groups)
-        while up.size:
-            up = up[~self.dirs_with_data[up]]
-            self.dirs_with_data[up] = True
-            up = np.unique(parents[up[up != 0]])
         self._hard_links()
-        self._hash_order: np.ndarray | None = None
-        self._hash_keys = np.zeros(0, np.uint64)
+        self._path_index: tuple[np.ndarray, np.ndarray] | None = (
+            hash_keys, hash_order.astype(index_dtype(n_files), copy=False))
         self.nodes = _Nodes(self)
         self._dir_path = functools.lru_cache(maxsize=NODE_CACHE)(self.path)  # (the paths of recent directories)
 
@@ -243,6 +262,17 @@ class Tree:
         self._linked, self._canon = many[shared][keep], canon[shared][keep]
         second = self._canon != self._linked
         self._first_of = dict(zip(self._linked[second].tolist(), self._canon[second].tolist(), strict=True))
+
+    @functools.cached_property
+    def dirs_with_data(self) -> np.ndarray:
+        """Per node: a directory holding a file somewhere beneath it (made when first asked for)."""
+        out = np.zeros(self.n_nodes, bool)
+        up = np.unique(self.groups)
+        while up.size:
+            up = up[~out[up]]
+            out[up] = True
+            up = np.unique(self.parents[up[up != 0]])
+        return out
 
     # ----------------------------------------------------------------------------------- per node
 
@@ -278,13 +308,31 @@ class Tree:
         """The file index of node ``i``, -1 for anything but a file."""
         return i - 1 if 0 < i <= self._n_files else -1
 
+    @property
+    def n_dir_slots(self) -> int:
+        return self.n_nodes - self._n_files
+
+    def dir_slot(self, i: int) -> int:
+        """Node ``i``'s index in the per-directory arrays (the root, then the nodes after the files)."""
+        return i - self._n_files if i > self._n_files else 0
+
+    def dir_slots(self, nodes: np.ndarray) -> np.ndarray:
+        """:meth:`dir_slot` of directory nodes (``n_dir_slots`` in all)."""
+        return np.where(nodes > self._n_files, nodes - self._n_files, 0)
+
     def children(self, i: int) -> np.ndarray:
         """The nodes in directory ``i``, sorted by name (empty for anything else)."""
-        return self.kids[self.first[i]:self.first[i + 1]]
+        if 0 < i <= self._n_files:
+            return self.kids[:0]
+        s = self.dir_slot(i)
+        return self.kids[self.first[s]:self.first[s + 1]]
 
     def child(self, i: int, name: bytes) -> int | None:
         """The node called ``name`` in directory ``i`` (a binary search over its sorted names), or None."""
-        lo, hi = int(self.first[i]), int(self.first[i + 1])
+        if 0 < i <= self._n_files:
+            return None
+        s = self.dir_slot(i)
+        lo, hi = int(self.first[s]), int(self.first[s + 1])
         kids = self.kids
         at = bisect.bisect_left(range(lo, hi), name, key=lambda k: self.name(int(kids[k]))) + lo
         if at < hi and self.name(int(kids[at])) == name:
@@ -339,7 +387,7 @@ class Tree:
 
     def first_names(self) -> np.ndarray:
         """The file indices that are no second name of a hard-linked file (all, without hard links)."""
-        files = np.arange(self._n_files, dtype=np.int64)
+        files = np.arange(self._n_files, dtype=index_dtype(self._n_files))
         return files[~np.isin(files, self._linked[self._canon != self._linked])] if self._linked.size else files
 
     def fingerprints(self, fidx: np.ndarray | None = None) -> np.ndarray:
@@ -348,23 +396,36 @@ class Tree:
         return np.stack([self.size[nodes], self.mtime[nodes], self.ino[nodes].astype(np.int64),
                          self.ctime[nodes]], axis=-1)
 
+    def path_hash_of(self, fidx: int) -> int:
+        """:func:`path_hash` of file ``fidx``'s path."""
+        return path_hash(self.file_path(fidx))
+
+    def path_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the files' path hashes sorted (uint64), the file of each); made again if it was released."""
+        if self._path_index is None:
+            nf = self._n_files
+            hashes = np.fromiter((self.path_hash_of(f) for f in range(nf)), np.uint64, nf)
+            order = np.argsort(hashes, kind="stable").astype(index_dtype(nf))
+            self._path_index = (hashes[order], order)
+        return self._path_index
+
+    def release_path_index(self) -> None:
+        """The mount's start is over: the path hashes need not stay (12 bytes a file; see the class docstring)."""
+        self._path_index = None
+
     def files_with_path_hash(self, h: int) -> list[int]:
         """The files whose path hashes to ``h`` (one, almost always)."""
-        if self._hash_order is None:
-            self._hash_order = np.argsort(self.path_hashes, kind="stable")
-            self._hash_keys = self.path_hashes[self._hash_order]
-        lo, hi = self._hash_keys.searchsorted(np.uint64(h)), self._hash_keys.searchsorted(np.uint64(h), "right")
-        return self._hash_order[lo:hi].tolist()
+        keys, order = self.path_index()
+        lo, hi = keys.searchsorted(np.uint64(h)), keys.searchsorted(np.uint64(h), "right")
+        return order[lo:hi].tolist()
 
     def files_of_path_hashes(self, hashes: np.ndarray) -> np.ndarray:
         """Per hash the one file whose path hashes to it; -1 where none does, or more than one."""
-        if self._hash_order is None:
-            self.files_with_path_hash(0)  # (builds the sorted keys)
-        keys = self._hash_keys
+        keys, order = self.path_index()
         if not len(keys):
             return np.full(len(hashes), -1, np.int64)
         lo, hi = keys.searchsorted(hashes), keys.searchsorted(hashes, "right")
-        return np.where(hi - lo == 1, self._hash_order[np.minimum(lo, len(keys) - 1)], -1)
+        return np.where(hi - lo == 1, order[np.minimum(lo, len(keys) - 1)], -1)
 
     def fingerprint_of(self, fidx: int) -> Fingerprint:
         """:func:`fingerprint` of file ``fidx`` as the tree knows it, without making its node."""
@@ -379,10 +440,16 @@ class Tree:
             self.meta_idx[i] = same[0]
         else:
             self.meta = np.vstack([self.meta, row])
+            self.meta_idx = self.meta_idx.astype(_row_dtype(len(self.meta)), copy=False)
             self.meta_idx[i] = len(self.meta) - 1
             self._meta_rows.append(tuple(row.tolist()))
-        self.ino[i] = st.st_ino
-        self.size[i], self.blocks_[i], self.mtime[i], self.ctime[i] = _COLUMNS(st)
+        self.size[i], blocks, self.mtime[i], self.ctime[i] = _COLUMNS(st)
+        if st.st_ino >= 2**32 and self.ino.dtype == np.uint32:  # (see _narrow)
+            self.ino = self.ino.astype(np.uint64)
+        if blocks >= 2**32 and self.blocks_.dtype == np.uint32:
+            self.blocks_ = self.blocks_.astype(np.int64)
+            self.blocks = self.blocks_[1:self._n_files + 1]
+        self.ino[i], self.blocks_[i] = st.st_ino, blocks
         self.nodes.drop(i)
 
     # ---------------------------------------------------------------------------------- the saved tree
@@ -390,15 +457,14 @@ class Tree:
     def save(self, path: str) -> None:
         """Write the tree's arrays to ``path`` atomically, one ``.npy`` record after another (read back at disk
         speed: a zip of them read at a third of it): a remount over the same cache answers from it at once and
-        rescans in the background (see ``opening.TreeKeeper``).  About 90 bytes per file plus its name."""
-        if self._hash_order is None:
-            self.files_with_path_hash(0)  # (the sorted path hashes are saved too)
+        rescans in the background (see ``opening.TreeKeeper``).  About 70 bytes per file plus its name."""
+        keys, order = self.path_index()
         arrays = {"parents": self.parents, "kinds": self.kinds, "names": np.frombuffer(self._names, np.uint8),
                   "name_ends": self._name_ends, "link_nodes": self._link_nodes,
                   "links": np.frombuffer(self._links, np.uint8), "link_ends": self._link_ends, "meta": self.meta,
                   "meta_idx": self.meta_idx, "ino": self.ino, "size": self.size, "blocks": self.blocks_,
-                  "mtime": self.mtime, "ctime": self.ctime, "kids": self.kids, "path_hashes": self.path_hashes,
-                  "hash_order": self._hash_order}
+                  "mtime": self.mtime, "ctime": self.ctime, "kids": self.kids, "hash_keys": keys,
+                  "hash_order": order}
         with atomic_open(path) as f:
             np.save(f, np.array([TREE_FORMAT, self.n_nodes, self._n_files, self.dev], np.int64), allow_pickle=False)
             for name in _SAVED:
@@ -417,7 +483,7 @@ class Tree:
             n, nf, dev = int(head[1]), int(head[2]), int(head[3])
             per_node = ("parents", "kinds", "name_ends", "meta_idx", "ino", "size", "blocks", "mtime", "ctime")
             if not 0 < nf + 1 <= n or any(len(a[k]) != n for k in per_node) or len(a["kids"]) != n - 1 \
-                    or len(a["path_hashes"]) != nf or len(a["hash_order"]) != nf \
+                    or len(a["hash_keys"]) != nf or len(a["hash_order"]) != nf \
                     or len(a["link_ends"]) != len(a["link_nodes"]) or a["meta"].shape[1:] != (5,):
                 return None
             if (dev, int(a["ino"][0])) != (root_st.st_dev, root_st.st_ino):
@@ -426,9 +492,7 @@ class Tree:
                        link_nodes=a["link_nodes"], links=a["links"].tobytes(), link_ends=a["link_ends"],
                        meta=a["meta"], meta_idx=a["meta_idx"], ino=a["ino"], size=a["size"], blocks=a["blocks"],
                        mtime=a["mtime"], ctime=a["ctime"], kids=a["kids"], n_files=nf, dev=dev,
-                       path_hashes=a["path_hashes"])
-            order = a["hash_order"]
-            tree._hash_order, tree._hash_keys = order, tree.path_hashes[order]
+                       hash_keys=a["hash_keys"], hash_order=a["hash_order"])
             return tree
         except (OSError, ValueError, EOFError, IndexError):
             return None
@@ -436,11 +500,13 @@ class Tree:
     def compare(self, new: Tree) -> tuple[list[tuple[int, os.stat_result]], list[int], int]:
         """What a newer scan of the same backing says about this tree's files: (changed files with their new
         stat, files gone, how many files it has that this tree lacks).  Matched by path hash, then by path."""
-        order = np.argsort(new.path_hashes, kind="stable")
-        keys = new.path_hashes[order]
-        at = np.minimum(np.searchsorted(keys, self.path_hashes), max(0, len(keys) - 1))
-        found = (keys[at] == self.path_hashes) if len(keys) else np.zeros(self.n_files, bool)
-        match = np.where(found, order[at] if len(keys) else 0, -1)
+        (keys, order), (mine, mine_order) = new.path_index(), self.path_index()
+        at = np.minimum(np.searchsorted(keys, mine), max(0, len(keys) - 1))
+        found = np.zeros(self.n_files, bool)
+        match = np.full(self.n_files, -1, np.int64)
+        if len(keys):
+            found[mine_order] = keys[at] == mine
+            match[mine_order] = np.where(keys[at] == mine, order[at], -1)
         mine, theirs = self.fingerprints(), new.fingerprints()
         differs = found & (np.any(mine != theirs[np.maximum(match, 0)], axis=1) if len(keys) else False)
         changed, gone = [], np.flatnonzero(~found).tolist()
@@ -450,7 +516,7 @@ class Tree:
                 changed.append((fidx, new.stat_of(g + 1)))
             else:  # (two paths with one 64-bit hash: compare the slow way)
                 gone.append(fidx)
-        return changed, sorted(gone), len(new.path_hashes) - int(found.sum())
+        return changed, sorted(gone), len(keys) - int(found.sum())
 
     # ---------------------------------------------------------------------------------------- the scan
 
@@ -697,9 +763,11 @@ class _Scan:
         by_node = np.argsort(link_nodes, kind="stable")
         link_texts = [self.links[s] for s in link_scan[by_node].tolist()]
         meta = np.array(list(self.meta), np.int64).reshape(-1, 5)
+        hashes = hashes[files]
+        hash_order = np.argsort(hashes, kind="stable")
         return Tree(parents=new_of[parents[perm]].astype(np.int32), kinds=kinds[perm], names=b"".join(names),
                     name_ends=_ends(names), link_nodes=link_nodes[by_node], links=b"".join(link_texts),
                     link_ends=_ends(link_texts), meta=meta, meta_idx=meta_idx[perm], ino=ino[perm],
                     size=columns[perm, 0].copy(), blocks=columns[perm, 1].copy(), mtime=columns[perm, 2].copy(),
                     ctime=columns[perm, 3].copy(), kids=new_of[1:].astype(np.int32), n_files=len(files),
-                    dev=self.dev, path_hashes=hashes[files])
+                    dev=self.dev, hash_keys=hashes[hash_order], hash_order=hash_order)

@@ -24,7 +24,6 @@ class View:
     def __init__(self, tree: Tree, files: np.ndarray, *, seed: int, epoch: int, mini_epoch: int,
                  pass_index: int, hard_links: bool = False, lists_all: bool = False) -> None:
         self.tree = tree
-        self.files = files  # storage order
         self.epoch = epoch
         self.mini_epoch = mini_epoch
         self.pass_index = pass_index
@@ -34,19 +33,27 @@ class View:
         self.mask = np.zeros(tree.n_files, dtype=bool)
         self.mask[files] = True
         self.bytes = int(tree.sizes[files].sum()) if files.size else 0
+        # (``files`` is not kept: ``order`` holds the same indices, and a whole-tree view's are its own array)
         self._by_dir: np.ndarray | None = None  # the order grouped by directory (made at the first listing)
-        self._dir_start = np.zeros(0, np.int64)  # per node: where its files start in _by_dir
+        self._dir_start = np.zeros(0, np.int64)  # per directory (``Tree.dir_slot``): where its files start there
+
+    @property
+    def files(self) -> np.ndarray:
+        """The files in view, in storage order."""
+        return np.sort(self.order)
 
     def __len__(self) -> int:
-        return int(self.files.shape[0])
+        return int(self.order.shape[0])
 
     def _files_of(self, dir_node: int) -> np.ndarray:
         if self._by_dir is None:
-            groups = self.tree.groups[self.order]
+            tree = self.tree
+            groups = tree.dir_slots(tree.groups[self.order])
             self._by_dir = self.order[np.argsort(groups, kind="stable")]
-            self._dir_start = np.zeros(self.tree.n_nodes + 1, np.int64)
-            self._dir_start[1:] = np.cumsum(np.bincount(groups, minlength=self.tree.n_nodes))
-        return self._by_dir[self._dir_start[dir_node]:self._dir_start[dir_node + 1]]
+            self._dir_start = np.zeros(tree.n_dir_slots + 1, np.int64)
+            self._dir_start[1:] = np.cumsum(np.bincount(groups, minlength=tree.n_dir_slots))
+        s = self.tree.dir_slot(dir_node)
+        return self._by_dir[self._dir_start[s]:self._dir_start[s + 1]]
 
     def files_in(self, dir_node: int) -> np.ndarray:
         """The view's files directly in directory ``dir_node``, in serving order."""

@@ -1,0 +1,88 @@
+"""What the daemon keeps per file (issue 22, 7: a million files in 200 bytes each, the interpreter included).
+
+The arrays the engine holds after a mount's start, its tree saved, and a listing of every directory (what a
+``find`` of a ``view=full`` mount makes), each counted once (a view with what it views): a structural figure,
+the sum of ``nbytes`` -- not RSS, nor timing.  At a million files the interpreter and its libraries take
+~56 bytes a file and the cache's copies of a mini-epoch up to ~40; these arrays must stay well under the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+
+import numpy as np
+import pytest
+import trio
+
+from tierfs.testing import make_dataset
+
+#: what the engine's arrays may take per file.  Now ~70: the tree 46 (parents, kids, name offsets, inode and
+#: block counts 4 bytes each; size, mtime, ctime 8 each; kind and stat row 1 each), the plan of the epoch 4,
+#: the view's serving order and its listing order 4 each, the cache disk sizes 4, confirmation times 4, and
+#: four masks of 1.  Room for one more plan (the next epoch's); int64 indices or float64 times anywhere break
+#: it (main before this change kept ~154).
+PER_FILE = 80
+#: the per-file columns that need 64 bits (byte counts and nanosecond times); every other per-file array is
+#: at most 4 bytes an entry (file and node indices are int32 below 2**31 files)
+WIDE = {"size", "sizes", "mtime", "ctime"}  # (``sizes``: the files' view of ``size``)
+
+
+def _held_arrays(root: object) -> dict[int, tuple[str, np.ndarray]]:
+    """Every numpy array reachable from ``root`` through tierfs's and sampler's objects and the containers
+    they hold (not through functions or modules), by the id of the array that owns its memory, with the name
+    of the attribute or key that holds it."""
+    out: dict[int, tuple[str, np.ndarray]] = {}
+    seen: set[int] = set()
+    stack: list[tuple[str, object]] = [("engine", root)]
+    while stack:
+        name, obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            out.setdefault(id(base), (name, base))
+        elif isinstance(obj, dict):
+            stack += [(str(k), v) for k, v in obj.items()]
+        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+            stack += [(name, v) for v in obj]
+        elif type(obj).__module__.split(".")[0] in ("tierfs", "sampler"):
+            attrs = getattr(obj, "__dict__", None)
+            pairs = list(attrs.items()) if isinstance(attrs, dict) else []
+            for cls in type(obj).__mro__:
+                pairs += [(k, getattr(obj, k)) for k in getattr(cls, "__slots__", ()) if hasattr(obj, k)]
+            stack += [(k.lstrip("_"), v) for k, v in pairs]
+    return out
+
+
+def test_the_engine_keeps_a_few_narrow_arrays_per_file(open_engine, tmp_path, t):
+    backing = tmp_path / "many"
+    make_dataset(backing, dirs=20, files_per_dir=500, max_size=1)
+    e = open_engine(backing_dir=backing, view="full", nm=4)
+    n = e.tree.n_files
+    assert n == 10_000
+
+    def unexpected(*_):
+        pytest.fail("a first mount's tree has nothing to compare")
+
+    # what the mount's background job does first: save the tree (the cache found its copies by then)
+    t.run(functools.partial(e.trees.run, e.tree, limiter=trio.CapacityLimiter(1), confirm_all=e.reval.confirm_all,
+                            changed=unexpected, gone=unexpected))
+    assert os.path.exists(os.path.join(e.config.cache, "tree.bin"))
+    root = e.names.list_dir(1)
+    for _, inode in root:
+        e.names.list_dir(inode)
+    assert len(root) == 20
+
+    held = _held_arrays(e)
+    # (per file, or per file of a mini-epoch: a plan's pieces)
+    wide = sorted(f"{name} ({a.dtype})" for name, a in held.values()
+                  if a.size >= n // 16 and a.itemsize > 4 and name not in WIDE)
+    assert not wide, f"per-file arrays wider than 4 bytes an entry: {wide}"
+    total = sum(a.nbytes for _, a in held.values())
+    table = sorted(((a.nbytes / n, name, str(a.dtype)) for name, a in held.values()), reverse=True)
+    assert total / n <= PER_FILE, f"{total / n:.1f} bytes a file in arrays: {table[:12]}"
