@@ -93,6 +93,8 @@ class Status:
     nm: int = 0
     rf: int = 1
     rf_setting: int | str = 1
+    rf_wanted: int | None = None  # the IO model's stall-free rf, ceil(EB1/B2), once both rates are measured
+    rf_max: int = 8  # the ceiling in force: the most passes a mini-epoch gets (rf_max, never below an integer rf)
     rf_effective: tuple[int, ...] = ()
     advance: str = "ready"
     policy: str = "met"
@@ -161,6 +163,10 @@ class Status:
                self.passes_total)
         metric("nm", "gauge", "Mini-epochs in the current epoch.", self.nm)
         metric("rf", "gauge", "Repeating factor in force.", self.rf)
+        metric("rf_wanted", "gauge", "The stall-free rf of the IO model, ceil(consumption / staging rate); NaN "
+               "until both are measured.", self.rf_wanted)
+        metric("rf_max", "gauge", "The most passes a mini-epoch gets (the ceiling of advance=ready and rf=auto).",
+               self.rf_max)
         metric("rf_effective", "gauge", "Passes made in the current mini-epoch so far.",
                self.rf_effective[-1] if self.rf_effective else 0)
         metric("view_files", "gauge", "Files in the current view.", self.view_files)
@@ -243,7 +249,8 @@ class Status:
         return "".join(out)
 
 
-def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
+def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int | None, rf_max: int,
+                 next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  arf: Arf, last_error: str | None, tree: TreeStatistics) -> Status:
@@ -253,7 +260,8 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bo
     fd_limit = soft if soft != resource.RLIM_INFINITY else hard
     return Status(
         epoch=sch.epoch, mini_epoch=sch.mini_epoch, pass_=sch.pass_index, passes_total=sch.passes_total,
-        nm=sch.nm, rf=rf, rf_setting=s.rf, rf_effective=sch.rf_effective, advance=s.advance, policy=s.policy,
+        nm=sch.nm, rf=rf, rf_setting=s.rf, rf_wanted=rf_wanted, rf_max=rf_max, rf_effective=sch.rf_effective,
+        advance=s.advance, policy=s.policy,
         composition=s.composition, view=s.view, view_files=sch.view_files, view_bytes=sch.view_bytes,
         dataset_files=sch.dataset_files, dataset_bytes=sch.dataset_bytes,
         cache_bytes=cache.disk_bytes, cache_logical_bytes=cache.logical_bytes, cache_files=cache.files,

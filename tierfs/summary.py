@@ -71,7 +71,7 @@ def _position(st: dict[str, Any]) -> str:
     if st.get("policy") == "lru":
         return f"position   epoch {st.get('epoch', 0) + 1}  pass {passes}  (policy lru: no mini-epochs)"
     if passes > rf:
-        extra = "  (repeating while the next mini-epoch is staged: advance=ready)"
+        extra = f"  (repeating while the next mini-epoch is staged: at most {st.get('rf_max', rf)} passes)"
     return (f"position   epoch {st.get('epoch', 0) + 1}  mini-epoch {st.get('mini_epoch', 0) + 1}/{st.get('nm', 0)}  "
             f"pass {passes}/{rf}{extra}  ({_n(st.get('passes_total'))} passes in all)")
 
@@ -79,7 +79,10 @@ def _position(st: dict[str, Any]) -> str:
 def _rf(st: dict[str, Any]) -> str:
     made = list(st.get("rf_effective") or [])[:-1]  # (the last entry is the current mini-epoch's, in progress)
     setting = st.get("rf_setting", st.get("rf"))
-    text = f"rf         {st.get('rf')}" + (" (auto)" if setting == "auto" else "")
+    text = f"rf         {st.get('rf')}"
+    if setting == "auto":
+        wanted = st.get("rf_wanted")
+        text += f" (auto: the IO model wants {'-' if wanted is None else wanted}, at most rf_max={st.get('rf_max')})"
     if made:
         last = " ".join(str(x) for x in made[-_HISTORY_SHOWN:])
         more = "… " if len(made) > _HISTORY_SHOWN else ""

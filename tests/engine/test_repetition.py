@@ -1,0 +1,90 @@
+"""rf means what the user set (issue 26): the ceiling on repetition (``rf_max``), every file in every epoch, and a
+slow tier shown as what it is.
+
+Staging is made slower than reading with the ``bandwidth`` cap (one token bucket for staging and readers), or
+left out altogether (no ``run()``: nothing stages ahead, so the next mini-epoch is never ready).
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+_SLOW = 16_000  # bytes/s: a mini-epoch of the test data set (about 16 KiB) stages in about a second
+
+
+async def _read_passes(e, t, mini_epochs: int) -> None:
+    """Read whole views, as a loader faster than staging does, until ``mini_epochs`` switches were made."""
+    while len(e.schedule.pos.rf_effective) <= mini_epochs:
+        await t.read_view(e)
+
+
+def test_ready_never_repeats_past_the_ceiling_without_staging(open_engine, t):
+    # No stager: the next mini-epoch is never staged; ready used to repeat the first one for ever.
+    e = open_engine(rf=1, rf_max=3)
+
+    async def main():
+        for _ in range(7):
+            await t.read_view(e)
+        assert e.schedule.pos.rf_effective == [3, 3, 1]
+        assert e.status().stall_seconds > 0  # the switched-to mini-epochs' files were fetched as they were opened
+
+    t.run(main)
+
+
+@pytest.mark.parametrize("rf", [1, "auto"])
+def test_passes_stay_within_the_ceiling_when_staging_is_slower_than_reading(open_engine, t, rf):
+    e = open_engine(rf=rf, rf_max=3, bandwidth=_SLOW, advance="ready")
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            await _read_passes(e, t, 4)
+            st = e.status()
+            n.cancel_scope.cancel()
+        made = list(st.rf_effective[:-1])
+        assert made and max(made) <= 3, made
+        assert st.rf_max == 3
+        if rf == "auto":
+            # the IO model wanted more than the ceiling lets it use, and both are shown
+            assert st.rf == 3 and st.rf_wanted is not None and st.rf_wanted > 3
+            metrics = st.to_prometheus()
+            assert f"tierfs_rf_wanted {st.rf_wanted}\n" in metrics and "tierfs_rf_max 3\n" in metrics
+
+    t.run(main)
+
+
+def test_an_integer_rf_above_rf_max_is_what_the_user_gets(open_engine, t):
+    e = open_engine(rf=5, rf_max=2, advance="strict")
+
+    async def main():
+        for _ in range(5):
+            await t.read_view(e)
+        assert e.schedule.pos.rf_effective == [5, 0]
+        assert e.rf_ceiling() == 5
+
+    t.run(main)
+
+
+def test_rf_auto_uses_the_io_model_within_the_ceiling(open_engine):
+    e = open_engine(rf="auto", rf_max=6)
+    e.stager._bytes, e.stager._busy = 1000, 1.0  # 1000 B/s staging
+    e.schedule.consumption_bps = 55_000.0  # readers 55x faster
+    st = e.status()
+    assert (st.rf, st.rf_wanted, st.rf_max) == (6, 55, 6)
+    e.control_write(b"rf_max=60\n")
+    assert e.status().rf == 55
+
+
+def test_lowering_rf_max_live_moves_a_mini_epoch_already_past_it_on(open_engine, t):
+    e = open_engine(rf=1, rf_max=10)
+
+    async def main():
+        for _ in range(4):
+            await t.read_view(e)  # no stager: repeated while the next is not staged
+        assert e.schedule.pos.rf_effective == [4]
+        e.control_write(b"rf_max=3\n")
+        assert e.schedule.pos.rf_effective == [4, 0]
+        assert b"rf_max=3\n" in e.control_text()
+
+    t.run(main)
