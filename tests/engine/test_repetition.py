@@ -88,3 +88,35 @@ def test_lowering_rf_max_live_moves_a_mini_epoch_already_past_it_on(open_engine,
         assert b"rf_max=3\n" in e.control_text()
 
     t.run(main)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(rf=1, rf_max=2, advance="ready"),
+    dict(rf=2, advance="strict"),
+    dict(rf="auto", rf_max=2, advance="ready"),
+    dict(rf=8, rf_max=3, arf="score", arf_wait=1),
+], ids=["ready", "strict", "auto", "arf"])
+def test_every_epoch_serves_every_file_whatever_advance_does(open_engine, t, settings):
+    # Readers faster than staging, over two whole epochs: the mini-epochs of each epoch, however often each was
+    # repeated or however early it was left, together showed -- and the readers opened -- every file.
+    e = open_engine(bandwidth=2 * _SLOW, **settings)
+
+    async def main():
+        opened: dict[int, set[int]] = {}
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            loss = 1.0
+            while e.schedule.pos.epoch < 2:
+                epoch = e.schedule.pos.epoch
+                view = e.schedule.view.order.tolist()
+                await t.read_view(e)
+                opened.setdefault(epoch, set()).update(view)
+                if settings.get("arf") == "score":
+                    loss += 0.1  # never better: ARF says "advance" after every pass
+                    e.control_write(f"feedback loss={loss}\n".encode())
+            st = e.status()
+            n.cancel_scope.cancel()
+        assert opened[0] == opened[1] == set(range(e.tree.n_files))
+        assert max(st.rf_effective[:-1]) <= e.rf_ceiling()
+
+    t.run(main)
