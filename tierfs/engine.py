@@ -21,8 +21,10 @@ view was opened since it began, on ``next-pass``, or when the root is listed aga
 opens and listings by the mount's owner or root, who may write ``control`` (users.py); other users are served
 without moving anyone's schedule.
 After ``rf`` passes the next mini-epoch takes over: with ``advance=ready`` once it is fully cached or at the
-ceiling ``rf_max``, whichever comes first, with ``strict`` at once; ``advance`` (the command, or ARF) leaves as soon as the next one is cached.  On a switch
-the previous mini-epoch is evicted, except open files, which go on their last release.  ``lru``: policy.py.
+ceiling ``rf_max``, whichever comes first, with ``strict`` at once; ``advance`` (the command, or ARF) leaves as
+soon as the next one is cached.  On a switch the previous mini-epoch is evicted, except open files, which go on
+their last release.  Whether staging kept up is the :class:`~tierfs.pace.PaceWatch`'s to show.  ``lru``:
+policy.py.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from tierfs.journal import JournalWriter, Position, load_position
 from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
 from tierfs.options import MountConfig, Settings, format_size
+from tierfs.pace import PaceWatch, Rates
 from tierfs.planner import Planner
 from tierfs.policy import POLICIES
 from tierfs.pusher import KernelCache, Pusher, push_budget
@@ -72,6 +75,7 @@ class Engine:
         self.arf = Arf()  # the configured controller is made in open()
         self.control_error: str | None = None
         self.journal = JournalWriter(config.cache)
+        self.pace = PaceWatch()  # whether staging keeps up: repeats beyond rf and stalls, put down to the tier
         self._nursery: trio.Nursery | None = None
         self._opened = self._closed = False
 
@@ -264,11 +268,21 @@ class Engine:
         limit = sch.end_pass(self.rf_now())  # (never under lru: its passes do not switch)
         self.batch.pass_over()
         forced = limit and (self.settings.advance == "strict" or sch.pos.pass_index >= self.rf_ceiling())
+        if limit and sch.next_coords is not None:  # (a next mini-epoch waiting for its plan: the planner's)
+            if not self.next_ready():
+                self.pace.behind(self._rates(), stalled=forced)
+            elif sch.pos.pass_index <= self.rf_now():
+                self.pace.kept_up()
         if ((forced or ((limit or sch.advance_requested) and self.next_ready()))
                 and self._switch_when_planned()):
             return
         sch.new_view()
         self.save_journal()
+
+    def _rates(self) -> Rates:
+        s = self.settings
+        return Rates(self.stager.bytes_per_s(), self.schedule.consumption_bps, self.rf_now(), s.rf,
+                     self.rf_ceiling(), s.bandwidth, self.config.capacity, int(self.tree.sizes.sum()))
 
     def _switch_when_planned(self) -> bool:
         """Switch now (True), or, while the next epoch is being planned (only ``advance=strict`` switches then),
@@ -441,6 +455,7 @@ class Engine:
             rf_max=self.rf_ceiling(), next_ready=self.next_ready(),
             schedule=self.schedule.statistics(), data=self.data.statistics(), cache=self.cache.statistics(),
             stager=self.stager.statistics(), pusher=self.pusher.statistics(), backing=self.backing.statistics(),
-            revalidation=self.reval.statistics(), arf=self.arf, last_error=self.last_error,
+            revalidation=self.reval.statistics(), pace=self.pace.statistics(), arf=self.arf,
+            last_error=self.last_error,
             tree=self.trees.statistics(),
         )

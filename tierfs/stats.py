@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tierfs.control import Arf
     from tierfs.opening import TreeStatistics
     from tierfs.options import Settings
+    from tierfs.pace import PaceStatistics
     from tierfs.plans import PlanStatistics
     from tierfs.pusher import PusherStatistics
     from tierfs.revalidate import RevalidatorStatistics
@@ -123,6 +124,7 @@ class Status:
     push: dict[str, Any] = field(default_factory=dict)
     stall_seconds: float = 0.0
     consumption_bytes_per_s: float = 0.0
+    slow_tier: dict[str, Any] = field(default_factory=dict)  # staging behind the readers: pace.py
     handles: int = 0
     plans: dict[str, Any] = field(default_factory=dict)  # batch plans: issued, pinned (plans.py)
     fds: int = 0
@@ -233,6 +235,15 @@ class Status:
         metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
                self.opened_bytes)
         metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", self.stall_seconds)
+        tier = self.slow_tier
+        metric("slow_tier_behind", "gauge", "1 while staging is behind the readers (repeats beyond rf, or stalls); "
+               "status.slow_tier says why and what would fix it.", int(tier.get("state", "ok") != "ok"))
+        metric("slow_tier_episodes_total", "counter", "Times staging fell behind the readers.", tier.get("episodes", 0))
+        metric("repeats_beyond_rf_total", "counter", "Passes made beyond rf because the next mini-epoch was not "
+               "staged (advance=ready, up to rf_max).", tier.get("repeats_beyond_rf", 0))
+        metric("stalled_switches_total", "counter", "Switches made before the next mini-epoch was staged "
+               "(advance=strict, or the rf_max ceiling): its readers wait on the slow tier.",
+               tier.get("stalled_switches", 0))
         metric("consumption_bytes_per_second", "gauge", "Readers' consumption rate measured over the last pass "
                "(its counter: tierfs_opened_bytes_total).", self.consumption_bytes_per_s)
         metric("staging_bytes_per_second", "gauge", "Staging rate now (its counter: tierfs_staged_bytes_total).",
@@ -253,7 +264,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                  next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
-                 arf: Arf, last_error: str | None, tree: TreeStatistics) -> Status:
+                 pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -279,6 +290,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         backing_bytes_read=data.backing_bytes_read + stager.bytes_staged, served_bytes=data.served_bytes,
         opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
         stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s,
+        slow_tier=asdict(pace),
         handles=data.handles, plans=asdict(data.plans), fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,

@@ -33,7 +33,7 @@ def format_status(st: dict[str, Any], *, now: float | None = None) -> str:
     lines = [_clip(line) for line in lines]
     for warning in _warnings(st, now):  # wrapped, not clipped: each says what to do
         lines += textwrap.wrap(warning, WIDTH, initial_indent="warning    ", subsequent_indent=" " * 11,
-                               max_lines=4, placeholder=" … (tierfs status --json: all of it)")
+                               max_lines=6, placeholder=" … (tierfs status --json: all of it)")
     return "\n".join(lines)
 
 
@@ -169,6 +169,12 @@ def _warnings(st: dict[str, Any], now: float) -> list[str]:
         out.append(f"{_n(sg['unstaged_files'])} files could not be staged and are read from the backing (newest: "
                    f"{_shorten(str(newest.get('file')))}: {newest.get('why')}); check the cache disk and the backing, "
                    "see the log")
+    tier = st.get("slow_tier") or {}
+    if tier.get("state", "ok") != "ok":
+        since = f" for {_duration(now - tier['since'])}" if tier.get("since") else ""
+        out.append(f"slow tier behind the readers{since} ({_n(tier.get('repeats_beyond_rf'))} passes beyond rf, "
+                   f"{_n(tier.get('stalled_switches'))} switches before staging finished, readers stalled "
+                   f"{st.get('stall_seconds', 0.0):.1f} s): {tier.get('why')}; to fix it: {tier.get('fix')}")
     r = st.get("reads") or {}
     if r.get("out_of_view"):
         out.append(f"{_n(r['out_of_view'])} opens outside the current mini-epoch: the loader keeps an old file list; "

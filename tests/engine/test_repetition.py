@@ -7,8 +7,12 @@ left out altogether (no ``run()``: nothing stages ahead, so the next mini-epoch 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
+
+from tierfs.summary import format_status
 
 _SLOW = 16_000  # bytes/s: a mini-epoch of the test data set (about 16 KiB) stages in about a second
 
@@ -118,5 +122,52 @@ def test_every_epoch_serves_every_file_whatever_advance_does(open_engine, t, set
             n.cancel_scope.cancel()
         assert opened[0] == opened[1] == set(range(e.tree.n_files))
         assert max(st.rf_effective[:-1]) <= e.rf_ceiling()
+
+    t.run(main)
+
+
+def test_a_slow_tier_is_shown_with_its_cause_and_fix_once_per_episode(open_engine, t, caplog):
+    # No stager: nothing is staged ahead, so passes past rf repeat (ready) and the ceiling switches unstaged.
+    e = open_engine(rf=1, rf_max=3, bandwidth=1 << 20)
+
+    async def main():
+        with caplog.at_level("INFO", logger="tierfs"):
+            for _ in range(2):
+                await t.read_view(e)
+            st = e.status()
+            # (each pass end past rf that repeats counts the pass it begins)
+            assert st.slow_tier["state"] == "repeating" and st.slow_tier["repeats_beyond_rf"] == 2
+            await t.read_view(e)  # the ceiling: switched before the next was staged
+            st = e.status()
+            tier = st.slow_tier
+            assert tier["state"] == "stalling" and tier["stalled_switches"] == 1 and tier["repeats_beyond_rf"] == 2
+            assert "staging reads the slow tier at" in tier["why"] and "the readers consume" in tier["why"]
+            assert "a larger bandwidth cap (now 1M/s)" in tier["fix"] and "accept the stalls" in tier["fix"]
+            assert "capacity >= " in tier["fix"] and "nm=1" in tier["fix"]
+            metrics = st.to_prometheus()
+            assert "tierfs_slow_tier_behind 1\n" in metrics and "tierfs_repeats_beyond_rf_total 2\n" in metrics
+            assert "tierfs_stalled_switches_total 1\n" in metrics
+            text = format_status(json.loads(st.to_json()))
+            assert "warning    slow tier behind the readers" in text and "to fix it:" in text
+            assert max(map(len, text.splitlines())) <= 100
+            for _ in range(4):
+                await t.read_view(e)  # the same episode: repeats and stalls, no new log line
+            behind = [r for r in caplog.records if "slow tier is behind" in r.getMessage()]
+            assert len(behind) == 1 and behind[0].levelname == "WARNING"
+            assert "to fix it" in behind[0].getMessage()
+
+            async with trio.open_nursery() as n:  # staging catches up: the episode ends at the next switch
+                await n.start(e.run)
+                for _ in range(3):  # (the mini-epoch in progress may be past rf already: the one after it)
+                    await t.settle(e)
+                    await t.read_view(e)  # rf passes, the next one staged
+                n.cancel_scope.cancel()
+            assert e.status().slow_tier["state"] == "ok"
+            assert e.status().to_prometheus().count("tierfs_slow_tier_behind 0\n") == 1
+            assert "slow tier behind" not in format_status(json.loads(e.status().to_json()))
+            for _ in range(2):
+                await t.read_view(e)  # behind again: a second episode, a second line
+            assert sum("slow tier is behind" in r.getMessage() for r in caplog.records) == 2
+            assert e.status().slow_tier["episodes"] == 2
 
     t.run(main)
