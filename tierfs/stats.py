@@ -69,7 +69,6 @@ class DataPathStatistics:
     """What the data path reports (``DataPath.statistics()``)."""
 
     reads: Reads
-    backing_bytes_read: int  # by readers (staging counts its own)
     served_bytes: int
     opened_bytes: int
     stall_seconds: float
@@ -287,7 +286,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                                  bytes_per_s=stager.bytes_per_s,
                                  eta_s=_eta(sch.current_pending_bytes, stager.bytes_per_s)),
         staging=asdict(stager), reads=data.reads, backing=asdict(backing), revalidate=asdict(revalidation),
-        backing_bytes_read=data.backing_bytes_read + stager.bytes_staged, served_bytes=data.served_bytes,
+        backing_bytes_read=backing.bytes_read, served_bytes=data.served_bytes,
         opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
         stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s,
         slow_tier=asdict(pace),
