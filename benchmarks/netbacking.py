@@ -182,7 +182,15 @@ class NetBacking:
     sshd: subprocess.Popen[bytes]
     sshfs: subprocess.Popen[bytes]
     netns: str
+    veth: str = ""  # the namespace's end of the link: what the server sends leaves through it
     _stalled: bool = field(default=False, repr=False)
+
+    def wire(self) -> tuple[int, int]:
+        """(bytes, packets) the server has sent over the link so far (its qdisc's counters): the slow tier's reads
+        as they crossed the wire, headers included."""
+        words = _run("ip", "netns", "exec", self.netns, "tc", "-s", "qdisc", "show", "dev", self.veth).stdout.split()
+        i = words.index("Sent")
+        return int(words[i + 1]), int(words[i + 3])
 
     def rtt(self, samples: int = 200) -> float:
         """Median seconds of an ``os.stat`` of the mount's root (one round trip with the kernel caches off)."""
@@ -238,8 +246,9 @@ def _wait_port(host: str, port: int, timeout: float) -> None:
 
 @contextlib.contextmanager
 def net_backing(source: str | os.PathLike[str], delay: float = 0.25e-3, *, kernel_cache: bool = False,
-                workdir: str | os.PathLike[str] | None = None) -> Iterator[NetBacking]:
-    """Serve ``source`` over sshfs through a relay that delays each direction by ``delay`` seconds.
+                workdir: str | os.PathLike[str] | None = None, rate: str | None = None) -> Iterator[NetBacking]:
+    """Serve ``source`` over sshfs through a relay that delays each direction by ``delay`` seconds; ``rate`` (e.g.
+    ``400mbit``): the server's side of the link throttled by ``tc tbf`` (a 1 ms bucket).
 
     Yields a :class:`NetBacking`; everything it started is gone when the block exits.
     """
@@ -269,6 +278,8 @@ def net_backing(source: str | os.PathLike[str], delay: float = 0.25e-3, *, kerne
         _run("ip", "netns", "exec", netns, "ip", "addr", "add", f"{ns_ip}/24", "dev", veth_ns)
         _run("ip", "netns", "exec", netns, "ip", "link", "set", veth_ns, "up")
         _run("ip", "netns", "exec", netns, "ip", "link", "set", "lo", "up")
+        tbf = ["tbf", "rate", rate, "burst", "64kb", "latency", "100ms"] if rate else ["pfifo"]  # (counters)
+        _run("ip", "netns", "exec", netns, "tc", "qdisc", "replace", "dev", veth_ns, "root", *tbf)
         # sshd inside the namespace, keys of its own
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "host_key"))
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "client_key"))
@@ -309,7 +320,7 @@ def net_backing(source: str | os.PathLike[str], delay: float = 0.25e-3, *, kerne
             if sshfs.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"sshfs did not mount: {(tmp / 'sshfs.log').read_text().strip()}")
             time.sleep(0.05)
-        nb = NetBacking(mnt, source, delay, relay, sshd, sshfs, netns)
+        nb = NetBacking(mnt, source, delay, relay, sshd, sshfs, netns, veth_ns)
         yield nb
     finally:
         if relay is not None and relay.poll() is None:

@@ -118,6 +118,7 @@ class BackingStatistics:
     refused: int  # calls failed at once, without a request: the backing lost, or a file whose calls are stuck
     probes: int  # attempts to re-open a lost backing
     recoveries: int  # times a lost backing was taken back
+    bytes_read: int = 0  # every byte read from backing files: readers, staging, copies that failed or were abandoned
 
 
 @dataclass(eq=False)
@@ -152,6 +153,8 @@ class Backing:
         self._requests = 0
         self._timeouts = 0
         self._refused = 0
+        self._bytes_read = 0  # (counted in the threads that read: under _bytes_lock)
+        self._bytes_lock = threading.Lock()
         # calls per file still running in threads, abandoned ones too (threads end them: hence the lock)
         self._files: dict[bytes, dict[int, float]] = {}
         self._files_lock = threading.Lock()
@@ -265,11 +268,24 @@ class Backing:
         self._requests += 1
         return rid
 
-    def moved(self, rid: int) -> None:
-        """(that thread) A backing call of request ``rid`` came back (a copy's read): a long copy that moves is not
-        a stall, one call that hangs is."""
+    def moved(self, rid: int, nbytes: int = 0) -> None:
+        """(that thread) A backing call of request ``rid`` came back (a copy's read, of ``nbytes``): a long copy
+        that moves is not a stall, one call that hangs is."""
         if rid in self._outstanding:
             self._outstanding[rid] = time.monotonic()
+        self._count_read(nbytes)
+
+    def _count_read(self, nbytes: int) -> None:
+        """(any thread) ``nbytes`` were read from a backing file: counted where they arrive, so a read whose caller
+        gave up on it (a timeout, an abandoned copy) counts too -- the figure is what the backing served."""
+        if nbytes:
+            with self._bytes_lock:
+                self._bytes_read += nbytes
+
+    def _pread(self, fd: int, size: int, offset: int) -> bytes:
+        data = os.pread(fd, size, offset)
+        self._count_read(len(data))
+        return data
 
     def untrack(self, rid: int, *, abandoned: bool = False) -> None:
         """Request ``rid`` is over -- or ``abandoned`` (the stager gave it up: counted in ``timeouts``, its thread
@@ -292,7 +308,7 @@ class Backing:
         return await self.call(open_regular, self.root_fd, relpath, self.dev, timeout=timeout, file=relpath)
 
     async def pread(self, fd: int, size: int, offset: int, *, timeout: float | None, file: bytes) -> bytes:
-        return await self.call(os.pread, fd, size, offset, timeout=timeout, file=file)
+        return await self.call(self._pread, fd, size, offset, timeout=timeout, file=file)
 
     async def close(self, fd: int) -> None:
         """Close a backing file's descriptor (a network filesystem may talk to its server on close), also while
@@ -436,6 +452,7 @@ class Backing:
             refused=self._refused,
             probes=self._probes,
             recoveries=self.recoveries,
+            bytes_read=self._bytes_read,
         )
 
 

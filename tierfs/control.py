@@ -54,6 +54,7 @@ __all__ = ["COMMANDS", "CONTROL_WRITE_MAX", "Arf", "BatchReports", "ControlReque
 
 _REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
 _ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
+_LIMIT_KEYS = frozenset({"rf", "rf_max", "advance"})  # what bounds the passes of the current mini-epoch
 
 COMMANDS = ("next-pass", "advance", "feedback", "consumed")
 
@@ -289,7 +290,7 @@ def apply_control(engine: ControlTarget, data: bytes) -> None:
             engine.request_advance()
     for metrics in req.feedback:
         apply_feedback(engine, metrics)
-    if "rf" in req.changed:
+    if req.changed & _LIMIT_KEYS:
         engine.rf_changed()
     engine.save_journal()
     engine.notify()

@@ -62,12 +62,13 @@ class Copied:
 
 def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprint, data_fd: int, serial: int, *,
                     sparse: bool, hash_content: bool, throttle: Callable[[int], None] | None, block: int,
-                    progress: Callable[[], None] = lambda: None,
+                    progress: Callable[[int], None] = lambda nbytes: None,
                     may_commit: Callable[[], bool] = lambda: True) -> Copied:
     """Copy one backing file of fingerprint ``expected`` into ``data_fd`` (a worker thread).
 
     ``sparse``: the tree saw fewer blocks than bytes (its holes are looked for with ``SEEK_DATA``).
-    ``progress()`` is called after every read, ``may_commit()`` right before the rename (False: the copy was
+    ``progress(nbytes)`` is called after every read with the bytes it brought (whatever becomes of the copy:
+    the backing served them), ``may_commit()`` right before the rename (False: the copy was
     abandoned).  Raises :class:`BackingChanged` when the file is not ``expected`` after the copy,
     :class:`CopyAbandoned`, ``OSError`` when it cannot be read or written.
     """
@@ -102,7 +103,7 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
 
 
 def _copy_data(src: int, dst: int, size: int, sparse: bool, hasher: xxhash.xxh3_64 | None,
-               throttle: Callable[[int], None] | None, progress: Callable[[], None]) -> int:
+               throttle: Callable[[int], None] | None, progress: Callable[[int], None]) -> int:
     """Copy up to ``size`` bytes from ``src`` to ``dst``; returns the bytes found (less: the file shrank)."""
     buf = bytearray(min(CHUNK, max(size, 1)))
     view = memoryview(buf)
@@ -131,7 +132,7 @@ def _copy_data(src: int, dst: int, size: int, sparse: bool, hasher: xxhash.xxh3_
         if throttle is not None:
             throttle(want)
         n = os.readv(src, [view[:want]])
-        progress()
+        progress(n)
         if n == 0:
             break  # shrank: the fstat after the copy says how
         total += n
@@ -211,10 +212,10 @@ class CopyBatch:
             self._backing.untrack(rid)
         return time.thread_time() - cpu0
 
-    def _progress(self) -> None:
+    def _progress(self, nbytes: int) -> None:
         self._since = time.monotonic()  # (one attribute store: atomic under the GIL)
         if self._rid is not None:
-            self._backing.moved(self._rid)
+            self._backing.moved(self._rid, nbytes)
 
     def _may_commit(self) -> bool:
         with self._lock:

@@ -116,7 +116,6 @@ class DataPath:
         self._lent_recently: dict[int, tuple[float, CacheEntry]] = {}  # fidx -> (until, copy) just lent
         self._repair_logged: set[str] = set()
         self.hits = self.misses = self.out_of_view = self.lent = 0
-        self.backing_bytes_read = 0  # by readers (misses, out of view): staging counts its own
         self.served_bytes = 0  # returned by the daemon; page-cache hits never reach it
         self.opened_bytes = 0  # sizes of dataset files opened: what loaders consume
         self.stall_seconds = 0.0
@@ -142,7 +141,7 @@ class DataPath:
     def statistics(self) -> DataPathStatistics:
         plans = self.batch.statistics()
         return DataPathStatistics(Reads(self.hits, self.misses, self.out_of_view, self.lent, plans.reported),
-                                  self.backing_bytes_read, self.served_bytes, self.opened_bytes, self.stall_seconds,
+                                  self.served_bytes, self.opened_bytes, self.stall_seconds,
                                   self.handles, plans, self.fd_budget.statistics())
 
     def kernel_stat(self, fidx: int) -> os.stat_result:
@@ -464,7 +463,6 @@ class DataPath:
             raise BackingError(errno.EIO, f"backing read failed: {exc.strerror or exc}") from None
         finally:
             self.stall_seconds += time.monotonic() - t0
-        self.backing_bytes_read += len(data)
         self.served_bytes += len(data)
         return data
 

@@ -20,9 +20,11 @@ meanwhile, behind any file of the current one that is not cached yet.  A pass en
 view was opened since it began, on ``next-pass``, or when the root is listed again after at least one open --
 opens and listings by the mount's owner or root, who may write ``control`` (users.py); other users are served
 without moving anyone's schedule.
-After ``rf`` passes the next mini-epoch takes over: with ``advance=ready`` only once it is fully cached, with
-``strict`` at once; ``advance`` (the command, or ARF) leaves as soon as the next one is cached.  On a switch
-the previous mini-epoch is evicted, except open files, which go on their last release.  ``lru``: policy.py.
+After ``rf`` passes the next mini-epoch takes over: with ``advance=ready`` once it is fully cached or at the
+ceiling ``rf_max``, whichever comes first, with ``strict`` at once; ``advance`` (the command, or ARF) leaves as
+soon as the next one is cached.  On a switch the previous mini-epoch is evicted, except open files, which go on
+their last release.  Whether staging kept up is the :class:`~tierfs.pace.PaceWatch`'s to show.  ``lru``:
+policy.py.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from tierfs.journal import JournalWriter, Position, load_position
 from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
 from tierfs.options import MountConfig, Settings, format_size
+from tierfs.pace import PaceWatch, Rates
 from tierfs.planner import Planner
 from tierfs.policy import POLICIES
 from tierfs.pusher import KernelCache, Pusher, push_budget
@@ -74,6 +77,7 @@ class Engine:
         self.arf = Arf()  # the configured controller is made in open()
         self.control_error: str | None = None
         self.journal = JournalWriter(config.cache)
+        self.pace = PaceWatch()  # whether staging keeps up: repeats beyond rf and stalls, put down to the tier
         self._nursery: trio.Nursery | None = None
         self._opened = self._closed = False
 
@@ -224,13 +228,23 @@ class Engine:
         self.planner.notify()  # (a new epoch: plan the next one now, ready when its last mini-epoch needs it)
 
     def rf_now(self) -> int:
-        """The rf in force: the setting, or with ``auto`` the smallest stall-free one measured so far."""
+        """The rf in force: the setting, or with ``auto`` the IO model's (:meth:`rf_wanted`) within the ceiling."""
         rf = self.settings.rf
         if rf == "auto":
-            staging = self.stager.bytes_per_s()
-            consumption = self.schedule.consumption_bps
-            return stall_free_rf(consumption, staging) if staging > 0 and consumption > 0 else 1
+            return min(self.rf_wanted() or 1, self.rf_ceiling())
         return int(rf)
+
+    def rf_wanted(self) -> int | None:
+        """The smallest stall-free rf from the rates measured so far (the paper's ``rf >= EB1/B2``, no ceiling);
+        None until both are measured."""
+        staging, consumption = self.stager.bytes_per_s(), self.schedule.consumption_bps
+        return stall_free_rf(consumption, staging) if staging > 0 and consumption > 0 else None
+
+    def rf_ceiling(self) -> int:
+        """The most passes a mini-epoch gets, whatever ``advance=ready`` waits for: ``rf_max``, never below an
+        integer ``rf`` (what the user set is what they get)."""
+        rf = self.settings.rf
+        return self.settings.rf_max if rf == "auto" else max(self.settings.rf_max, int(rf))
 
     def next_ready(self) -> bool:
         """The next mini-epoch is cached, or as much of it as fits: staging is stuck on space that only a
@@ -249,15 +263,30 @@ class Engine:
             self._switch()
 
     def end_pass(self) -> None:
-        """The current pass is over (all read, ``next-pass``, the root listed again): count it, move on."""
+        """The current pass is over (all read, ``next-pass``, the root listed again): count it, move on.
+
+        After ``rf`` passes the next mini-epoch takes over: at once under ``advance=strict``, once it is staged
+        under ``ready`` -- but never past the ceiling (:meth:`rf_ceiling`): there the switch is made all the same,
+        and what is not staged yet is fetched as readers open it (their wait counts in ``stall_seconds``)."""
         sch = self.schedule
         limit = sch.end_pass(self.rf_now())  # (never under lru: its passes do not switch)
         self.batch.pass_over()
-        if ((limit and (self.settings.advance == "strict" or self.next_ready()))
-                or (sch.advance_requested and self.next_ready())) and self._switch_when_planned():
+        forced = limit and (self.settings.advance == "strict" or sch.pos.pass_index >= self.rf_ceiling())
+        if limit and sch.next_coords is not None:  # (a next mini-epoch waiting for its plan: the planner's)
+            if not self.next_ready():
+                self.pace.behind(self._rates(), stalled=forced)
+            elif sch.pos.pass_index <= self.rf_now():
+                self.pace.kept_up()
+        if ((forced or ((limit or sch.advance_requested) and self.next_ready()))
+                and self._switch_when_planned()):
             return
         sch.new_view()
         self.save_journal()
+
+    def _rates(self) -> Rates:
+        s = self.settings
+        return Rates(self.stager.bytes_per_s(), self.schedule.consumption_bps, self.rf_now(), s.rf,
+                     self.rf_ceiling(), s.bandwidth, self.config.capacity, int(self.tree.sizes.sum()))
 
     def _switch_when_planned(self) -> bool:
         """Switch now (True), or, while the next epoch is being planned (only ``advance=strict`` switches then),
@@ -419,8 +448,10 @@ class Engine:
             self._entered()
 
     def rf_changed(self) -> None:
-        """A new ``rf``: under ``advance=strict`` a mini-epoch already past it leaves at once."""
-        if self.settings.advance == "strict" and self.schedule.pos.pass_index >= self.rf_now():
+        """A new ``rf``, ``rf_max`` or ``advance``: a mini-epoch already past what it may get now (``rf`` under
+        ``strict``, the ceiling under ``ready``) leaves at once."""
+        limit = self.rf_now() if self.settings.advance == "strict" else self.rf_ceiling()
+        if self.policy.walks_plans and self.schedule.pos.pass_index >= limit:
             self._switch_when_planned()
 
     def notify(self) -> None:
@@ -429,10 +460,11 @@ class Engine:
     def status(self) -> Status:
         """One consistent snapshot of everything ``status`` and ``metrics`` show, from the parts' statistics."""
         return build_status(
-            mountpoint=self.config.mountpoint, settings=self.settings, rf=self.rf_now(), next_ready=self.next_ready(),
+            mountpoint=self.config.mountpoint, settings=self.settings, rf=self.rf_now(), rf_wanted=self.rf_wanted(),
+            rf_max=self.rf_ceiling(), next_ready=self.next_ready(),
             schedule=self.schedule.statistics(), data=self.data.statistics(), cache=self.cache.statistics(),
             stager=self.stager.statistics(), pusher=self.pusher.statistics(), backing=self.backing.statistics(),
-            revalidation=self.reval.statistics(), arf=self.arf, last_error=self.last_error,
-            tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
+            revalidation=self.reval.statistics(), pace=self.pace.statistics(), arf=self.arf,
+            last_error=self.last_error, tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
             substitution=self.names.substitution_statistics(),
         )

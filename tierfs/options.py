@@ -219,6 +219,8 @@ OPTIONS: dict[str, Option] = {
     o.name: o
     for o in [
         Option("rf", _rf, True, "repeating factor: passes per mini-epoch (integer >= 1, or auto)"),
+        Option("rf_max", _int_between(1, _MAX_PASSES), True,
+               "ceiling on passes per mini-epoch for advance=ready and rf=auto (never below an integer rf)"),
         Option("nm", _int_between(1, _MAX_NM), True, "number of mini-epochs per epoch"),
         Option("mini_epoch_size", _optional_size, True, "mini-epoch byte budget (instead of nm), e.g. 50G"),
         Option("composition", _choice("random", "stratified", "contiguous", "reservoir"), True,
@@ -280,6 +282,9 @@ class Settings:
     """The values of every option in :data:`OPTIONS`; immutable, replaced whole on every change."""
 
     rf: int | str = 4
+    #: the most passes a mini-epoch gets: ``advance=ready`` repeats and ``rf=auto`` choose within it (8: the
+    #: largest rf the convergence study measured, docs/tuning.md "Which settings are safe")
+    rf_max: int = 8
     nm: int = 8
     mini_epoch_size: int | None = None
     composition: str = "random"

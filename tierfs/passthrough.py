@@ -6,7 +6,10 @@ call (a network FUSE daemon that crashed); started again at the same mountpoint 
 shows the same inode numbers, sizes and times, so a tree scanned through the first one still matches.
 ``--hang LIST``: opens of the files whose paths (relative to ``SOURCE``) are lines of the file ``LIST`` do not
 answer while they are listed (a file whose server hangs; taking the line out lets them go on); a line ``.``
-does the same to ``statfs`` (a server that stopped answering altogether).
+does the same to ``statfs`` (a server that stopped answering altogether), and a line ``read:PATH`` to the reads
+of that file past its first byte (a server that hangs in the middle of a file).  ``--count FILE``: after every
+read, FILE holds the bytes served so far (what crossed the "wire" of this backing: tests compare it with what
+tierfs counts), and no page cache is kept from one open of a file to the next.
 
 Not part of a mount: tierfs never imports it (see :func:`tierfs.testing.passthrough`).
 """
@@ -27,18 +30,21 @@ __all__ = ["Passthrough"]
 class Passthrough(pyfuse3.Operations):
     """Inodes are the source's (the root is pyfuse3's ROOT_INODE); every error is the source's errno."""
 
-    def __init__(self, source: str, hang: str | None) -> None:
+    def __init__(self, source: str, hang: str | None, count: str | None = None) -> None:
         super().__init__()
         self.source = source
         self.paths: dict[int, str] = {pyfuse3.ROOT_INODE: source}
         self.hang = hang
+        self.count = count
+        self.served = 0
+        self.fd_paths: dict[int, str] = {}
 
-    def _hangs(self, path: str) -> bool:
+    def _hangs(self, path: str, prefix: str = "") -> bool:
         if self.hang is None:
             return False
         try:
             with open(self.hang) as f:
-                return os.path.relpath(path, self.source) in f.read().split("\n")
+                return prefix + os.path.relpath(path, self.source) in f.read().split("\n")
         except FileNotFoundError:
             return False
 
@@ -94,9 +100,9 @@ class Passthrough(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attr(path, ino), i + 1):
                 return
 
-    async def _hang(self, path: str) -> None:
-        """Wait while ``path`` is listed in the hang file."""
-        while self._hangs(path):
+    async def _hang(self, path: str, prefix: str = "") -> None:
+        """Wait while ``path`` (with ``prefix``) is listed in the hang file."""
+        while self._hangs(path, prefix):
             await trio.sleep(0.1)
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
@@ -108,12 +114,25 @@ class Passthrough(pyfuse3.Operations):
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
-        return pyfuse3.FileInfo(fh=fd)
+        self.fd_paths[fd] = path
+        # Counting: no page cache kept from one open to the next (sshfs's default), so every read a client makes
+        # after an open reaches this daemon and is counted.
+        return pyfuse3.FileInfo(fh=fd, keep_cache=self.count is None)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return os.pread(fh, size, off)
+        if off > 0:
+            await self._hang(self.fd_paths[fh], "read:")
+        data = os.pread(fh, size, off)
+        if self.count is not None and data:
+            self.served += len(data)
+            tmp = f"{self.count}.tmp"
+            with open(tmp, "w") as f:
+                f.write(str(self.served))
+            os.replace(tmp, self.count)
+        return data
 
     async def release(self, fh: int) -> None:
+        self.fd_paths.pop(fh, None)
         os.close(fh)
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
@@ -131,10 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("source")
     ap.add_argument("mountpoint")
     ap.add_argument("--hang", help="a file listing paths (one a line) whose opens do not answer while listed")
+    ap.add_argument("--count", help="a file that holds the bytes served by reads so far")
     args = ap.parse_args(argv)
     if not stat.S_ISDIR(os.stat(args.source).st_mode):
         ap.error(f"{args.source} is not a directory")
-    ops = Passthrough(os.path.realpath(args.source), args.hang)
+    ops = Passthrough(os.path.realpath(args.source), args.hang, args.count)
     pyfuse3.init(ops, args.mountpoint, {"fsname=passthrough", "ro", "default_permissions"})
     try:
         trio.run(pyfuse3.main)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tierfs.following import LoaderStatistics
     from tierfs.opening import TreeStatistics
     from tierfs.options import Settings
+    from tierfs.pace import PaceStatistics
     from tierfs.plans import PlanStatistics
     from tierfs.pusher import PusherStatistics
     from tierfs.revalidate import RevalidatorStatistics
@@ -70,7 +71,6 @@ class DataPathStatistics:
     """What the data path reports (``DataPath.statistics()``)."""
 
     reads: Reads
-    backing_bytes_read: int  # by readers (staging counts its own)
     served_bytes: int
     opened_bytes: int
     stall_seconds: float
@@ -95,6 +95,8 @@ class Status:
     nm: int = 0
     rf: int = 1
     rf_setting: int | str = 1
+    rf_wanted: int | None = None  # the IO model's stall-free rf, ceil(EB1/B2), once both rates are measured
+    rf_max: int = 8  # the ceiling in force: the most passes a mini-epoch gets (rf_max, never below an integer rf)
     rf_effective: tuple[int, ...] = ()
     advance: str = "ready"
     policy: str = "met"
@@ -123,6 +125,7 @@ class Status:
     push: dict[str, Any] = field(default_factory=dict)
     stall_seconds: float = 0.0
     consumption_bytes_per_s: float = 0.0
+    slow_tier: dict[str, Any] = field(default_factory=dict)  # staging behind the readers: pace.py
     handles: int = 0
     plans: dict[str, Any] = field(default_factory=dict)  # batch plans: issued, pinned (plans.py)
     fds: int = 0
@@ -167,6 +170,10 @@ class Status:
                self.passes_total)
         metric("nm", "gauge", "Mini-epochs in the current epoch.", self.nm)
         metric("rf", "gauge", "Repeating factor in force.", self.rf)
+        metric("rf_wanted", "gauge", "The stall-free rf of the IO model, ceil(consumption / staging rate); NaN "
+               "until both are measured.", self.rf_wanted)
+        metric("rf_max", "gauge", "The most passes a mini-epoch gets (the ceiling of advance=ready and rf=auto).",
+               self.rf_max)
         metric("rf_effective", "gauge", "Passes made in the current mini-epoch so far.",
                self.rf_effective[-1] if self.rf_effective else 0)
         metric("view_files", "gauge", "Files in the current view.", self.view_files)
@@ -239,6 +246,15 @@ class Status:
         metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
                self.opened_bytes)
         metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", self.stall_seconds)
+        tier = self.slow_tier
+        metric("slow_tier_behind", "gauge", "1 while staging is behind the readers (repeats beyond rf, or stalls); "
+               "status.slow_tier says why and what would fix it.", int(tier.get("state", "ok") != "ok"))
+        metric("slow_tier_episodes_total", "counter", "Times staging fell behind the readers.", tier.get("episodes", 0))
+        metric("repeats_beyond_rf_total", "counter", "Passes made beyond rf because the next mini-epoch was not "
+               "staged (advance=ready, up to rf_max).", tier.get("repeats_beyond_rf", 0))
+        metric("stalled_switches_total", "counter", "Switches made before the next mini-epoch was staged "
+               "(advance=strict, or the rf_max ceiling): its readers wait on the slow tier.",
+               tier.get("stalled_switches", 0))
         metric("consumption_bytes_per_second", "gauge", "Readers' consumption rate measured over the last pass "
                "(its counter: tierfs_opened_bytes_total).", self.consumption_bytes_per_s)
         metric("staging_bytes_per_second", "gauge", "Staging rate now (its counter: tierfs_staged_bytes_total).",
@@ -255,18 +271,20 @@ class Status:
         return "".join(out)
 
 
-def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bool, schedule: ScheduleStatistics,
+def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int | None, rf_max: int,
+                 next_ready: bool, schedule: ScheduleStatistics,
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
-                 arf: Arf, last_error: str | None, tree: TreeStatistics, loader: LoaderStatistics,
-                 substitution: SubstitutionStatistics) -> Status:
+                 pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics,
+                 loader: LoaderStatistics, substitution: SubstitutionStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     fd_limit = soft if soft != resource.RLIM_INFINITY else hard
     return Status(
         epoch=sch.epoch, mini_epoch=sch.mini_epoch, pass_=sch.pass_index, passes_total=sch.passes_total,
-        nm=sch.nm, rf=rf, rf_setting=s.rf, rf_effective=sch.rf_effective, advance=s.advance, policy=s.policy,
+        nm=sch.nm, rf=rf, rf_setting=s.rf, rf_wanted=rf_wanted, rf_max=rf_max, rf_effective=sch.rf_effective,
+        advance=s.advance, policy=s.policy,
         composition=s.composition, view=s.view, view_files=sch.view_files, view_bytes=sch.view_bytes,
         dataset_files=sch.dataset_files, dataset_bytes=sch.dataset_bytes,
         cache_bytes=cache.disk_bytes, cache_logical_bytes=cache.logical_bytes, cache_files=cache.files,
@@ -281,9 +299,10 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, next_ready: bo
                                  bytes_per_s=stager.bytes_per_s,
                                  eta_s=_eta(sch.current_pending_bytes, stager.bytes_per_s)),
         staging=asdict(stager), reads=data.reads, backing=asdict(backing), revalidate=asdict(revalidation),
-        backing_bytes_read=data.backing_bytes_read + stager.bytes_staged, served_bytes=data.served_bytes,
+        backing_bytes_read=backing.bytes_read, served_bytes=data.served_bytes,
         opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
         stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s,
+        slow_tier=asdict(pace),
         handles=data.handles, plans=asdict(data.plans), fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,

@@ -33,7 +33,7 @@ def format_status(st: dict[str, Any], *, now: float | None = None) -> str:
     lines = [_clip(line) for line in lines]
     for warning in _warnings(st, now):  # wrapped, not clipped: each says what to do
         lines += textwrap.wrap(warning, WIDTH, initial_indent="warning    ", subsequent_indent=" " * 11,
-                               max_lines=4, placeholder=" … (tierfs status --json: all of it)")
+                               max_lines=6, placeholder=" … (tierfs status --json: all of it)")
     return "\n".join(lines)
 
 
@@ -71,7 +71,7 @@ def _position(st: dict[str, Any]) -> str:
     if st.get("policy") == "lru":
         return f"position   epoch {st.get('epoch', 0) + 1}  pass {passes}  (policy lru: no mini-epochs)"
     if passes > rf:
-        extra = "  (repeating while the next mini-epoch is staged: advance=ready)"
+        extra = f"  (repeating while the next mini-epoch is staged: at most {st.get('rf_max', rf)} passes)"
     return (f"position   epoch {st.get('epoch', 0) + 1}  mini-epoch {st.get('mini_epoch', 0) + 1}/{st.get('nm', 0)}  "
             f"pass {passes}/{rf}{extra}  ({_n(st.get('passes_total'))} passes in all)")
 
@@ -79,7 +79,10 @@ def _position(st: dict[str, Any]) -> str:
 def _rf(st: dict[str, Any]) -> str:
     made = list(st.get("rf_effective") or [])[:-1]  # (the last entry is the current mini-epoch's, in progress)
     setting = st.get("rf_setting", st.get("rf"))
-    text = f"rf         {st.get('rf')}" + (" (auto)" if setting == "auto" else "")
+    text = f"rf         {st.get('rf')}"
+    if setting == "auto":
+        wanted = st.get("rf_wanted")
+        text += f" (auto: the IO model wants {'-' if wanted is None else wanted}, at most rf_max={st.get('rf_max')})"
     if made:
         last = " ".join(str(x) for x in made[-_HISTORY_SHOWN:])
         more = "… " if len(made) > _HISTORY_SHOWN else ""
@@ -166,6 +169,12 @@ def _warnings(st: dict[str, Any], now: float) -> list[str]:
         out.append(f"{_n(sg['unstaged_files'])} files could not be staged and are read from the backing (newest: "
                    f"{_shorten(str(newest.get('file')))}: {newest.get('why')}); check the cache disk and the backing, "
                    "see the log")
+    tier = st.get("slow_tier") or {}
+    if tier.get("state", "ok") != "ok":
+        since = f" for {_duration(now - tier['since'])}" if tier.get("since") else ""
+        out.append(f"slow tier behind the readers{since} ({_n(tier.get('repeats_beyond_rf'))} passes beyond rf, "
+                   f"{_n(tier.get('stalled_switches'))} switches before staging finished, readers stalled "
+                   f"{st.get('stall_seconds', 0.0):.1f} s): {tier.get('why')}; to fix it: {tier.get('fix')}")
     r, loader = st.get("reads") or {}, st.get("loader") or {}
     if loader.get("warning"):
         out.append(loader["warning"])

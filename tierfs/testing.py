@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,27 @@ def is_mounted(path: str | os.PathLike[str]) -> bool:
     path = os.path.realpath(path)
     with open("/proc/self/mounts") as f:
         return any(line.split()[1] == path for line in f)
+
+
+def within(mnt: str, fn: Callable[[], object], seconds: float = 20.0) -> object:
+    """``fn()`` (its result, or the OSError it raised) in a thread; one still running after ``seconds`` is a
+    hang: the FUSE connection of ``mnt`` is aborted (so it lets go) and ``AssertionError`` fails the test."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except OSError as exc:
+            out.append(exc)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(seconds)
+    if th.is_alive():
+        abort_connection(mnt)
+        th.join(10)
+        raise AssertionError(f"an operation on {mnt} hung for more than {seconds} s (connection aborted)")
+    return out[0]
 
 
 def wait_until(pred: Callable[[], object], timeout: float = 30.0, what: str = "the condition") -> None:
@@ -212,11 +234,13 @@ class PassthroughMount:
     """A read-only passthrough FUSE mount of ``source`` at ``mountpoint`` (:mod:`tierfs.passthrough`): a backing
     dir whose daemon a test can kill (its mount then answers ENOTCONN) and start again at the same path.
     ``hang``: a file listing paths (relative to ``source``, one a line) whose opens do not answer while they are
-    listed (a line ``.``: nor does ``statfs``)."""
+    listed (a line ``.``: nor does ``statfs``; ``read:PATH``: its reads past the first byte).  ``count``: a file
+    that holds the bytes its reads served so far (:meth:`served`)."""
 
     source: str
     mountpoint: str
     hang: str | None = None
+    count: str | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> None:
@@ -226,6 +250,8 @@ class PassthroughMount:
         cmd = [sys.executable, "-m", "tierfs.passthrough", self.source, self.mountpoint]
         if self.hang is not None:
             cmd += ["--hang", self.hang]
+        if self.count is not None:
+            cmd += ["--count", self.count]
         self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
@@ -236,6 +262,15 @@ class PassthroughMount:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"passthrough did not mount {self.mountpoint} within {timeout} s")
             time.sleep(0.02)
+
+    def served(self) -> int:
+        """The bytes the daemon's reads served so far (needs ``count``)."""
+        assert self.count is not None
+        try:
+            with open(self.count) as f:
+                return int(f.read() or 0)
+        except FileNotFoundError:
+            return 0
 
     def kill(self) -> None:
         """SIGKILL the daemon: its mount stays, and answers every call with ENOTCONN (a crashed sshfs)."""
@@ -250,9 +285,9 @@ class PassthroughMount:
 
 @contextlib.contextmanager
 def passthrough(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
-                hang: str | None = None) -> Iterator[PassthroughMount]:
+                hang: str | None = None, count: str | None = None) -> Iterator[PassthroughMount]:
     """Mount a :class:`PassthroughMount`; on the way out kill it, abort its connection and unmount it."""
-    pt = PassthroughMount(os.path.realpath(source), os.path.realpath(mountpoint), hang)
+    pt = PassthroughMount(os.path.realpath(source), os.path.realpath(mountpoint), hang, count)
     try:
         pt.start()
         yield pt

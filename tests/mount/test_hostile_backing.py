@@ -12,34 +12,12 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 
 from sampler.atomic import TEMP_PREFIX
 from tierfs.cache import allocated, cache_block, path_hash
-from tierfs.testing import abort_connection, make_dataset, mounted, passthrough, wait_until
-
-
-def _within(mnt: str, fn: Callable[[], object], seconds: float = 20.0) -> object:
-    """``fn()`` (its result, or the OSError it raised) in a thread; one still running after ``seconds`` is a
-    hang: the mount's FUSE connection is aborted (so it lets go) and the test fails."""
-    out: list[object] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except OSError as exc:
-            out.append(exc)
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(seconds)
-    if th.is_alive():
-        abort_connection(mnt)
-        th.join(10)
-        pytest.fail(f"an operation on {mnt} hung for more than {seconds} s (connection aborted)")
-    return out[0]
+from tierfs.testing import abort_connection, make_dataset, mounted, passthrough, wait_until, within
 
 
 def _read(path: str) -> bytes:
@@ -48,7 +26,7 @@ def _read(path: str) -> bytes:
 
 
 def _status(m) -> dict:
-    st = _within(m.mountpoint, m.status)
+    st = within(m.mountpoint, m.status)
     assert isinstance(st, dict), st
     return st
 
@@ -59,7 +37,7 @@ def test_a_fifo_in_a_later_mini_epoch_never_stops_staging_the_schedule_or_other_
     mnt.mkdir()
     with mounted(backing, mnt, tmp_path / "c", "4M", nm=4, rf=1) as m:
         wait_until(lambda: _status(m)["next_ready"])
-        view = set(_within(str(mnt), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+        view = set(within(str(mnt), lambda: _read(m.path(".tierfs", "order")).decode().split()))
         fifo = sorted(set(files) - view)[0]
         os.unlink(backing / fifo)
         os.mkfifo(backing / fifo)
@@ -75,16 +53,16 @@ def test_a_fifo_in_a_later_mini_epoch_never_stops_staging_the_schedule_or_other_
                     if (st["epoch"], st["mini_epoch"]) != seen[-1]:
                         break
                     assert time.monotonic() < deadline, f"the schedule stopped at {seen[-1]}: {st}"
-                    _within(str(mnt), lambda: m.control("next-pass\n"))
+                    within(str(mnt), lambda: m.control("next-pass\n"))
                     time.sleep(0.05)
                 seen.append((st["epoch"], st["mini_epoch"]))
             assert named and st["staging"].get("skipped", 0) >= 1, st["staging"]
             # ~40 reads of the FIFO's name: each fails at once, none holds a thread
             for _ in range(40):
-                got = _within(str(mnt), lambda: _read(m.path(fifo)), 10)
+                got = within(str(mnt), lambda: _read(m.path(fifo)), 10)
                 assert isinstance(got, OSError) and got.errno == errno.ENOENT, got
             for rel in sorted(set(files) - {fifo}):  # every other file, cached or not, still reads whole
-                assert _within(str(mnt), lambda rel=rel: _read(m.path(rel))) == _read(backing / rel)
+                assert within(str(mnt), lambda rel=rel: _read(m.path(rel))) == _read(backing / rel)
             assert m.process.poll() is None
         finally:
             for _ in range(64):  # (the old code opened it blocking: a writer's open lets such a reader go)
@@ -105,8 +83,8 @@ def test_a_file_whose_opens_hang_holds_a_few_threads_and_every_other_file_is_ser
             mounted(inner, outer, tmp_path / "c", "16M", nm=4, rf=1000, backing_timeout=2) as m:
         try:
             wait_until(lambda: _status(m)["next_ready"] and _status(m)["staging"]["inflight"] == 0)
-            view = set(_within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
-            cached = {rel for rel in files if _within(str(outer), lambda rel=rel: _cached(m.path(rel)))}
+            view = set(within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+            cached = {rel for rel in files if within(str(outer), lambda rel=rel: _cached(m.path(rel)))}
             uncached = sorted(set(files) - cached - view)
             stuck, others = uncached[0], uncached[1:]
             hang.write_text(stuck + "\n")
@@ -123,7 +101,7 @@ def test_a_file_whose_opens_hang_holds_a_few_threads_and_every_other_file_is_ser
             assert len(results) == 40 and all(isinstance(r, OSError) and r.errno == errno.EIO for r in results)
             assert others
             for rel in others:  # the backing threads are not used up: uncached files still read whole
-                assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel)
+                assert within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel)
             assert m.process.poll() is None
         finally:
             pt.kill()  # its hung opens answer ENOTCONN: tierfs's threads in them can end, and tierfs stop
@@ -154,7 +132,7 @@ def test_a_dead_fuse_backing_keeps_cached_files_served_and_is_taken_back_by_itse
     with passthrough(data, inner) as pt, \
             mounted(inner, outer, tmp_path / "c", "16M", nm=4, rf=100000, revalidate=1, backing_timeout=2) as m:
         wait_until(lambda: _status(m)["next_ready"] and _status(m)["staging"]["inflight"] == 0)
-        cached = sorted(rel for rel in files if _within(str(outer), lambda rel=rel: _cached(m.path(rel))))
+        cached = sorted(rel for rel in files if within(str(outer), lambda rel=rel: _cached(m.path(rel))))
         uncached = sorted(set(files) - set(cached))
         assert cached and uncached
         pt.kill()
@@ -165,9 +143,9 @@ def test_a_dead_fuse_backing_keeps_cached_files_served_and_is_taken_back_by_itse
         rounds = 0
         while time.monotonic() < end:
             for rel in cached:
-                assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
+                assert within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
             rounds += 1
-        got = _within(str(outer), lambda: _read(m.path(uncached[0])), 10)
+        got = within(str(outer), lambda: _read(m.path(uncached[0])), 10)
         assert isinstance(got, OSError) and got.errno == errno.EIO, got
         st = _status(m)
         b = st["backing"]
@@ -182,7 +160,7 @@ def test_a_dead_fuse_backing_keeps_cached_files_served_and_is_taken_back_by_itse
         pt.start()  # the same tree at the same path, a new FUSE connection (a new st_dev)
         wait_until(lambda: _status(m)["backing"]["state"] == "ok", timeout=30, what="the backing taken back")
         for rel in sorted(files):
-            assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
+            assert within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
         assert _status(m)["backing"]["recoveries"] == 1 and m.process.poll() is None
 
 
@@ -200,17 +178,17 @@ def test_a_file_whose_copy_hangs_is_skipped_and_the_schedule_moves_to_its_mini_e
             mounted(inner, outer, cache, "16M", nm=4, rf=1000, backing_timeout=2) as m:
         try:
             wait_until(lambda: _status(m)["next_ready"] and _status(m)["staging"]["inflight"] == 0)
-            view = set(_within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
-            cached = {rel for rel in files if _within(str(outer), lambda rel=rel: _cached(m.path(rel)))}
+            view = set(within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+            cached = {rel for rel in files if within(str(outer), lambda rel=rel: _cached(m.path(rel)))}
             stuck = sorted(set(files) - view - cached)[0]  # in a mini-epoch after the next one
             hang.write_text(stuck + "\n")
             for _ in range(4):  # advance until the stuck file's mini-epoch is the current one
                 st = _status(m)
                 at = (st["epoch"], st["mini_epoch"])
-                _within(str(outer), lambda: m.control("advance\n"))
+                within(str(outer), lambda: m.control("advance\n"))
                 wait_until(lambda at=at: (_status(m)["epoch"], _status(m)["mini_epoch"]) != at, timeout=60,
                            what=f"the schedule to move on from {at} (the stuck file's mini-epoch next)")
-                view = set(_within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
+                view = set(within(str(outer), lambda: _read(m.path(".tierfs", "order")).decode().split()))
                 if stuck in view:
                     break
             assert stuck in view
@@ -219,19 +197,19 @@ def test_a_file_whose_copy_hangs_is_skipped_and_the_schedule_moves_to_its_mini_e
             assert any(u["file"] == stuck and "abandoned" in u["why"] for u in st["unstaged"]), st["unstaged"]
             assert stuck in (_status(m)["last_error"] or "")
             for rel in sorted(view - {stuck}):  # the rest of its mini-epoch was staged, and reads whole
-                assert _within(str(outer), lambda rel=rel: _cached(m.path(rel))), rel
-                assert _within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
-            got = _within(str(outer), lambda: _read(m.path(stuck)), 30)
+                assert within(str(outer), lambda rel=rel: _cached(m.path(rel))), rel
+                assert within(str(outer), lambda rel=rel: _read(m.path(rel))) == _read(data / rel), rel
+            got = within(str(outer), lambda: _read(m.path(stuck)), 30)
             assert isinstance(got, OSError) and got.errno == errno.EIO, got
             hang.write_text("")  # the server answers again: the abandoned copy completes in its thread
             wait_until(lambda: _status(m)["staging"]["stuck"] == 0, what="the abandoned copy's thread to return")
             # it is staged again (it is current); nothing but what the cache counts is in data/
-            wait_until(lambda: _within(str(outer), lambda: _cached(m.path(stuck))), what="the file staged again")
+            wait_until(lambda: within(str(outer), lambda: _cached(m.path(stuck))), what="the file staged again")
             wait_until(lambda: _accounted(m, cache), what="status cache_bytes to equal the disk usage of data/")
             copies = [n for n in os.listdir(cache / "data") if n.startswith(f"{path_hash(stuck.encode()):016x}-")]
             assert copies == [os.path.basename(os.getxattr(m.path(stuck), "user.tierfs.cache_path").decode())]
             assert not [n for n in os.listdir(cache / "data") if n.startswith(TEMP_PREFIX)]
-            assert _within(str(outer), lambda: _read(m.path(stuck))) == _read(data / stuck)
+            assert within(str(outer), lambda: _read(m.path(stuck))) == _read(data / stuck)
             assert m.process.poll() is None
         finally:
             hang.write_text("")
