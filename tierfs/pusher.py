@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,11 @@ log = logging.getLogger("tierfs")
 _PUSH_CHUNK = 1 << 20  # bytes per notify_store message
 _PUSH_BUDGET_MAX = 1 << 30
 _PUSH_BATCH_FILES = 32  # files per worker-thread hop
+#: A push of a file the kernel was just told about (its lookup or listing is answered in the same handler that
+#: tells the pusher, before the kernel has read the reply and made the inode) may still find no inode: it is
+#: tried again this much later, up to _LEARN_TRIES times, before it waits for the next lookup or listing.
+_LEARN_DELAY = 0.02
+_LEARN_TRIES = 25
 
 
 def push_budget() -> int:
@@ -193,7 +199,9 @@ class Pusher:
         self.queue: deque[int] = deque()
         self.unknown: dict[int, set[int]] = {}  # dir node -> files whose inode the kernel lacked
         self.inflight: dict[int, trio.Event] = {}
-        self._known_meanwhile: set[int] = set()  # looked up or listed while their push was in flight
+        self._known_meanwhile: set[int] = set()  # looked up or listed since their push was queued again
+        self._later: deque[tuple[float, int]] = deque()  # (when, file): pushes to try again (_LEARN_DELAY)
+        self._tries: dict[int, int] = {}  # file -> pushes that found no inode although the kernel was told of it
         self._wake = trio.Event()
 
     @property
@@ -212,6 +220,8 @@ class Pusher:
         if self.pushed:
             have = have[~np.isin(have, np.fromiter(self.pushed, np.int64, len(self.pushed)))]
         self.queue = deque(have.tolist())
+        self._later.clear()  # (every file still wanted is queued again)
+        self._tries.clear()
         self.wake()
 
     def want(self, fidx: int) -> None:
@@ -252,12 +262,14 @@ class Pusher:
             self._kernel_learnt(dir_node, files)
 
     def _kernel_learnt(self, dir_node: int, files: set[int]) -> None:
-        # A push still travelling may come back -ENOENT although the kernel knows the inode by now: remember.
+        # A push still travelling, or one queued now, may come back -ENOENT although the kernel has been told of
+        # the inode (the reply that tells it is not read yet): remember, so that it is tried again.
         self._known_meanwhile |= files & self.inflight.keys()
         waiting = self.unknown.get(dir_node)
         if waiting and files & waiting:
             found = files & waiting
             waiting -= found
+            self._known_meanwhile |= found
             self.queue.extendleft(found)
             self.wake()
 
@@ -281,9 +293,13 @@ class Pusher:
     async def run(self) -> None:
         while True:
             wake = self._wake
+            now = trio.current_time()
+            while self._later and self._later[0][0] <= now:
+                self.queue.append(self._later.popleft()[1])
             batch = self._take_batch()
             if not batch:
-                await wake.wait()
+                with trio.move_on_at(self._later[0][0] if self._later else math.inf):
+                    await wake.wait()
                 continue
             for fidx, entry in batch:
                 self.inflight[fidx] = trio.Event()
@@ -305,11 +321,14 @@ class Pusher:
     def _landed(self, fidx: int, entry: CacheEntry, n: int) -> None:
         known_meanwhile = fidx in self._known_meanwhile
         self._known_meanwhile.discard(fidx)
+        tries = self._tries.pop(fidx, 0)
         if self.cache.get(fidx) is not entry or entry.fp != fingerprint(self.tree.file_node(fidx).st):
             return  # the backing changed (or the copy went) while its bytes travelled: the engine invalidated
         if n == -errno.ENOENT:
-            if known_meanwhile:  # the kernel learnt the inode while the push travelled: try again
-                self.queue.append(fidx)
+            if known_meanwhile and tries < _LEARN_TRIES:  # the kernel was told of the inode: soon it has it
+                self._tries[fidx] = tries + 1
+                self._known_meanwhile.add(fidx)
+                self._later.append((trio.current_time() + _LEARN_DELAY, fidx))
                 self.wake()
             else:
                 self.unknown.setdefault(int(self.tree.groups[fidx]), set()).add(fidx)

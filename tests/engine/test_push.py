@@ -170,3 +170,37 @@ def test_a_push_racing_a_backing_change_is_invalidated_after_it_lands(open_engin
         assert inode not in kernel.pages or bytes(kernel.pages[inode]) == bytes(b ^ 0xFF for b in old)
 
     _run_with_stager(e, t, body)
+
+
+def test_a_file_looked_up_is_pushed_once_the_kernel_has_read_the_reply(open_engine, t):
+    """The lookup handler tells the pusher before the kernel has read its reply and made the inode: a push that
+    races that reply finds no inode, and is tried again shortly instead of waiting for another lookup (a file of
+    the next mini-epoch is never listed before its mini-epoch: nothing else would come)."""
+    e = open_engine()
+    kernel = FakeKernel(known=set())
+    _attach(e, kernel)
+
+    async def body():
+        await _settled(e, t)
+        nxt = [f for f in e.schedule.next_files.tolist() if f not in e.pusher.pushed]
+        assert nxt and all(f in e.pusher.unknown.get(int(e.tree.groups[f]), set()) for f in nxt)
+        async with trio.open_nursery() as n:
+            for f in nxt:
+                inode = e.names.file_inode(f)
+                parent = int(e.tree.groups[f]) + 1  # (a directory's inode: its node + 1)
+                assert e.names.lookup(parent, os.path.basename(e.tree.file_path(f))) == inode
+
+                async def reply_read(inode=inode):  # the kernel reads the reply a little later
+                    await trio.sleep(0.1)
+                    kernel.known.add(inode)
+
+                n.start_soon(reply_read)
+        for _ in range(200):
+            if all(e.names.file_inode(f) in kernel.pages for f in nxt):
+                break
+            await trio.sleep(0.01)
+        assert {f for f in nxt if e.names.file_inode(f) not in kernel.pages} == set()
+        for f in nxt:
+            assert bytes(kernel.pages[e.names.file_inode(f)]) == t.backing_bytes(e, f)
+
+    _run_with_stager(e, t, body)
