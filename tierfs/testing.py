@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tierfs.tree import Tree
 
 __all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "in_pty", "is_mounted", "mounted",
-           "passthrough", "synthetic_tree", "wait_until"]
+           "passthrough", "snapshot", "synthetic_tree", "wait_until"]
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -357,3 +357,21 @@ def synthetic_tree(root: str | os.PathLike[str], *, dirs: int, per_dir: int, siz
     scan.levels.append(scan.count)
     return scan.tree()
 
+
+
+def snapshot(root: str | os.PathLike[str]) -> dict[str, bytes | str]:
+    """Every entry under ``root`` (symlinks not followed): file bytes, link texts (``"-> TEXT"``), ``"dir"``: what
+    a test compares before and after to show that nothing under ``root`` changed."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                out[rel] = "-> " + os.readlink(p)
+            elif os.path.isdir(p):
+                out[rel] = "dir"
+            else:
+                with open(p, "rb") as f:
+                    out[rel] = f.read()
+    return out

@@ -15,22 +15,7 @@ import trio
 
 from sampler.atomic import TEMP_PREFIX
 from tierfs.cache import MARKER_NAME
-
-
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    """Every entry under ``root`` (symlinks not followed): file bytes, link texts, directories."""
-    out: dict[str, bytes | str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = "-> " + os.readlink(p)
-            elif p.is_dir():
-                out[rel] = "dir"
-            else:
-                out[rel] = p.read_bytes()
-    return out
+from tierfs.testing import snapshot
 
 
 def users_scratch(cache: Path) -> None:
@@ -120,8 +105,8 @@ def test_an_empty_dir_is_adopted_and_marked(open_engine, tmp_path):
     e.close()
 
 
-def test_a_tierfs_cache_remounts_and_keeps_its_copies(open_engine, t):
-    e = open_engine(rf=2)
+def _stage(e, t) -> None:
+    """Run the engine until its staging has settled."""
 
     async def stage():
         async with trio.open_nursery() as n:
@@ -130,6 +115,12 @@ def test_a_tierfs_cache_remounts_and_keeps_its_copies(open_engine, t):
             n.cancel_scope.cancel()
 
     t.run(stage)
+
+
+def test_a_tierfs_cache_remounts_and_keeps_its_copies(open_engine, t):
+    e = open_engine(rf=2)
+
+    _stage(e, t)
     cached = {f: en.name for f, en in e.cache.entries.items()}
     assert cached
     e.close()
@@ -140,13 +131,7 @@ def test_a_tierfs_cache_remounts_and_keeps_its_copies(open_engine, t):
 def test_an_older_release_cache_without_the_marker_is_adopted_when_every_name_is_tierfs(open_engine, t):
     e = open_engine(rf=2)
 
-    async def stage():
-        async with trio.open_nursery() as n:
-            await n.start(e.run)
-            await t.settle(e)
-            n.cancel_scope.cancel()
-
-    t.run(stage)
+    _stage(e, t)
     cached = {f: en.name for f, en in e.cache.entries.items()}
     cache = Path(e.config.cache)
     e.close()

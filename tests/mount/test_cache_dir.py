@@ -15,20 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import is_mounted, mounted
+from tierfs.testing import is_mounted, mounted, snapshot
 
 TIERFS = [sys.executable, "-m", "tierfs"]
-
-
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    """Every entry under ``root`` (symlinks not followed): file bytes, link texts, directories."""
-    out: dict[str, bytes | str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            out[rel] = "-> " + os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
-    return out
 
 
 def mount_refused(backing: Path, mnt: Path, cache: Path, *extra: str) -> str:
