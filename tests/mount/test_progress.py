@@ -38,7 +38,7 @@ def _ends_on_the_total(out: bytes, entries: int) -> None:
     counts = [int(n) for n in SCAN.findall(out)]
     assert counts and counts[-1] == entries, out  # the bar ends on the scan's total
     # the files and bytes found, the time and the rate (a fraction and the time left when the total is known)
-    assert re.search(rb", \d+ files, [\d.]+[KMGT]? \[[\d:]+( left)?, [\d.]+k?/s\]", out), out
+    assert re.search(rb", \d+ files, [\d.]+[KMGT]? \[[\d:]+( left)?, [\d.]+[kMGT]?/s\]", out), out
 
 
 def test_a_foreground_mounts_scan_shows_progress_until_it_answers(tree):
