@@ -328,7 +328,9 @@ class PassIndices:
     lists every file while the view, the order and the passes stay the mini-epoch's).  Each :meth:`next_pass`
     reads ``/.tierfs/order0`` and returns the positions of the pass's files, rank ``rank`` of ``world_size``
     taking every ``world_size``-th one (``order[rank::world_size]``), padded as ``DistributedSampler`` pads so
-    that every rank gets the same count (the first files of the pass read again).
+    that every rank gets the same count (the first files of the pass read again); ``pad=False``:
+    ``order[rank::world_size]`` as it is (a rank may get one file fewer, as webdataset's ``split_by_node`` splits
+    shards).
 
     The ranks share one mount and must each start a pass only once the previous one ended (all its files read,
     by every rank): :meth:`next_pass` waits up to ``wait`` seconds for the mount's pass count to move past the
@@ -338,12 +340,12 @@ class PassIndices:
     """
 
     def __init__(self, paths: Sequence[str | os.PathLike[str]], mount: str | os.PathLike[str] | None = None, *,
-                 rank: int = 0, world_size: int = 1, wait: float = 60.0) -> None:
+                 rank: int = 0, world_size: int = 1, wait: float = 60.0, pad: bool = True) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         if not paths:
             raise ValueError("no files: the dataset is empty")
-        self.rank, self.world_size, self.wait = rank, world_size, wait
+        self.rank, self.world_size, self.wait, self.pad = rank, world_size, wait, pad
         found = tierfs_mount(mount if mount is not None else os.fspath(paths[0]))
         self.client = Client(found) if found is not None else None
         self._n = len(paths)
@@ -404,8 +406,8 @@ class PassIndices:
         return len(self._share([i for p in order if (i := self._index.get(p)) is not None]))
 
     def _share(self, own: list[int]) -> list[int]:
-        if not own:
-            return []
+        if not own or not self.pad:
+            return own[self.rank::self.world_size]
         per = -(-len(own) // self.world_size)
         padded = own + (own * self.world_size)[: per * self.world_size - len(own)]
         return padded[self.rank::self.world_size]

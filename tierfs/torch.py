@@ -45,7 +45,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 from tierfs.loaders import PassFiles, PassIndices, find_classes, read_pass, read_sample
 
-__all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "read_file"]
+__all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "MountShards", "read_file"]
 
 _UNREAD, _READ, _REPORTED = 0, 1, 2
 
@@ -259,3 +259,95 @@ class MountSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.indices.peek()
+
+
+def _expand(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """A shard list as webdataset takes it: a brace pattern (``shard-{000000..000019}.tar``, expanded as
+    webdataset expands it, with ``braceexpand``) or a sequence of paths."""
+    if isinstance(urls, (str, os.PathLike)):
+        url = os.fspath(urls)
+        if "{" not in url:
+            return [url]
+        try:
+            from braceexpand import braceexpand
+        except ImportError as e:
+            raise ImportError(f"{url!r}: a brace pattern needs the braceexpand package (webdataset installs it); "
+                              "or give a list of paths") from e
+        return list(braceexpand(url))
+    return [os.fspath(u) for u in urls]
+
+
+class MountShards(IterableDataset):
+    """A shard list that follows a tierfs mount, for WebDataset (where the brace URL goes) and for Parquet::
+
+        shards = MountShards("/mnt/laion/shard-{000000..000999}.tar", rank=rank, world_size=world_size)
+        ds = wds.DataPipeline(shards, wds.tarfile_to_samples(), wds.shuffle(1000), wds.decode("pil"), ...)
+        loader = DataLoader(ds, batch_size=256, num_workers=8, persistent_workers=True)
+        for epoch in range(epochs):
+            shards.set_epoch(epoch)                  # the current pass's shards, for every worker
+            for batch in loader:                     # one DataLoader epoch = one tierfs pass
+                ...
+
+    ``urls``: every shard of the data set under the mount, as a brace pattern or a list of paths (the names are
+    given: no listing, no ``listing=all`` needed).  :meth:`set_epoch`, in the main process before each epoch,
+    draws the current pass with :class:`tierfs.loaders.PassIndices` -- ``order0``'s shards in serving order,
+    rank ``rank`` taking every ``world_size``-th one, once the previous pass ended (rank 0 ends a pass left
+    unread after ``wait`` seconds) -- and puts it in shared memory, where the ``DataLoader``'s workers (fork or
+    spawn, persistent or not) take it.  Iterating yields ``{"url": path}`` per shard, as webdataset's
+    ``SimpleShardList`` does, each worker taking every ``num_workers``-th shard of the rank's share: the node
+    split and the worker split both, with ``split_by_node`` and ``split_by_worker``'s semantics (no padding:
+    ranks may get a shard more or less, as there), so add neither to the pipeline.  :meth:`files` yields the
+    same shards as paths (``pyarrow.parquet.ParquetFile``, ``pyarrow.dataset.dataset``).  Iterated in the main
+    process (``num_workers=0``, or no ``DataLoader``), an iteration with no :meth:`set_epoch` since the last one
+    draws the pass itself.
+
+    A worker that finds the pass drawn over when it starts (``set_epoch`` was not called before this epoch: it
+    would read the last pass's shards again, out of view) raises ``RuntimeError``.  Not on a mount: every
+    shard, every epoch, in the list's order.  (``wds.WebDataset(urls)`` copies its list once, so it cannot
+    follow the view: start a ``wds.DataPipeline`` with this instead.)
+    """
+
+    def __init__(self, urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                 mount: str | os.PathLike[str] | None = None, *, rank: int = 0, world_size: int = 1,
+                 wait: float = 60.0) -> None:
+        self.urls = _expand(urls)
+        self.indices = PassIndices(self.urls, mount, rank=rank, world_size=world_size, wait=wait, pad=False)
+        # the pass drawn for this epoch, shared with every worker: [draws, the mount's pass, shards, positions...]
+        self._drawn = torch.full((3 + len(self.urls),), -1, dtype=torch.int64).share_memory_()
+        self._drawn[0] = 0
+        self._iterated = 0  # the draw the main process last iterated (main process only)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the current pass for the coming epoch (see the class); ``epoch`` is kept for the familiar call."""
+        self.epoch = epoch
+        positions = self.indices.next_pass()
+        n, last = len(positions), self.indices.last_pass
+        self._drawn[3:3 + n] = torch.tensor(positions, dtype=torch.int64)
+        self._drawn[1:3] = torch.tensor([-1 if last is None else last, n])
+        self._drawn[0] += 1  # (last: a worker that sees the new count finds the pass whole)
+
+    def files(self) -> Iterator[str]:
+        """This worker's shards of the drawn pass, as paths (see the class)."""
+        info = get_worker_info()
+        if info is None and int(self._drawn[0]) == self._iterated:
+            self.set_epoch(self.epoch + 1)  # the main process iterates again: the next pass
+        draws, passes, n = self._drawn[:3].tolist()
+        if draws == 0:
+            raise RuntimeError("MountShards: no pass drawn: call shards.set_epoch(epoch) before each epoch, in the "
+                               "main process (DataLoader workers take the pass it draws)")
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        share = self._drawn[3 + worker:3 + n:workers].tolist()
+        if info is None:
+            self._iterated = draws
+        elif share and self.indices.client is not None and self.indices.client.status()["passes_total"] != passes:
+            # (only this worker opens its shards: their pass cannot be over unless it was drawn for another epoch)
+            raise RuntimeError(f"MountShards: pass {passes} of {self.indices.client.mountpoint} is over: call "
+                               "shards.set_epoch(epoch) before each epoch, in the main process (this worker "
+                               "would read the last pass's shards again)")
+        for i in share:
+            yield self.urls[i]
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        for url in self.files():
+            yield {"url": url}
