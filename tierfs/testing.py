@@ -10,12 +10,15 @@ them: engine tests and benchmarks resume an engine over it (its ``tree.bin`` in 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pty
+import random
 import select
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -326,6 +329,49 @@ def make_dataset(root: str | os.PathLike[str], *, dirs: int = 4, files_per_dir: 
                 f.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
             out[rel] = size
     return out
+
+
+def make_tar_shards(backing: str | os.PathLike[str], shards: int, seed: int) -> dict[str, dict[str, bytes]]:
+    """Write ``shard-NNNNNN.tar`` files (with tarfile) of samples in webdataset's naming (``KEY.cls``,
+    ``KEY.bin``), of different sizes; returns {shard name: {member name: bytes}}."""
+    rnd = random.Random(seed)
+    os.makedirs(backing, exist_ok=True)
+    made = {}
+    for s in range(shards):
+        members = {}
+        for i in range(rnd.randint(3, 8)):
+            key = f"s{s:03d}_{i:03d}"
+            members[f"{key}.cls"] = str(rnd.randrange(10)).encode()
+            members[f"{key}.bin"] = rnd.randbytes(rnd.randint(1, 12 << 10))
+        name = f"shard-{s:06d}.tar"
+        with tarfile.open(os.path.join(backing, name), "w") as tar:
+            for member, data in members.items():
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        made[name] = members
+    return made
+
+
+def make_parquet_files(backing: str | os.PathLike[str], files: int,
+                       seed: int) -> dict[str, list[tuple[int, int, bytes]]]:
+    """Write ``part-NNNNN.parquet`` files of rows (id, label, payload); returns {file name: rows}."""
+    import pyarrow as pa  # (the test extra's)
+    import pyarrow.parquet as pq
+
+    rnd = random.Random(seed)
+    os.makedirs(backing, exist_ok=True)
+    made, next_id = {}, 0
+    for f in range(files):
+        rows = []
+        for _ in range(rnd.randint(20, 120)):
+            rows.append((next_id, rnd.randrange(10), rnd.randbytes(rnd.randint(1, 400))))
+            next_id += 1
+        name = f"part-{f:05d}.parquet"
+        table = pa.table({"id": [r[0] for r in rows], "label": [r[1] for r in rows], "payload": [r[2] for r in rows]})
+        pq.write_table(table, os.path.join(backing, name), row_group_size=32)
+        made[name] = rows
+    return made
 
 
 def synthetic_tree(root: str | os.PathLike[str], *, dirs: int, per_dir: int, size: int) -> Tree:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import mounted
+from tierfs.testing import make_parquet_files, make_tar_shards, mounted
 
 pytest.importorskip("torch")
 
@@ -96,6 +96,43 @@ def test_substitute_recipe_reads_view_files_of_each_name_s_class(dataset, mount_
     assert st["reads"]["out_of_view"] <= 2 * st["passes_total"] and st["substitution"]["substituted"] > 0
     assert st["passes_total"] >= 4 and len({(p["epoch"], p["mini_epoch"]) for p in passes}) >= 2
     assert served == set(files)  # the mini-epochs moved on: every file served
+
+
+def _shard_passes(passes: list[dict]) -> list[dict]:
+    """Each pass with one sample per file it read (what check_mini_epoch_passes compares)."""
+    return [{**p, "samples": [[f] for f in sorted({s[0] for s in p["samples"]})]} for p in passes]
+
+
+def test_webdataset_recipe_follows_the_mini_epochs(mount_dirs):
+    mnt, cache = mount_dirs
+    backing = Path(mnt).parent / "shards"
+    made = make_tar_shards(backing, 8, seed=2)
+    with mounted(backing, mnt, cache, "1M", nm=2, rf=2, advance="strict", seed=3) as m:
+        passes = run_example("webdataset_loader.py", os.path.join(mnt, "shard-{000000..000007}.tar"), "--passes", 8,
+                             "--batch", 4, "--workers", 2)
+        st = m.status()
+    for p in passes:  # every shard of the pass whole, once, its samples the backing's
+        keys = sorted(s[1] for s in p["samples"])
+        assert keys == sorted(k[:-4] for f in {s[0] for s in p["samples"]} for k in made[f] if k.endswith(".bin"))
+        for shard, key, crc in p["samples"]:
+            assert crc == zlib.crc32(made[shard][key + ".bin"])
+    check_mini_epoch_passes(_shard_passes(passes), made, nm=2, rf=2)
+    assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0 and st["passes_total"] == 8
+
+
+def test_parquet_recipe_follows_the_mini_epochs(mount_dirs):
+    mnt, cache = mount_dirs
+    backing = Path(mnt).parent / "table"
+    made = make_parquet_files(backing, 8, seed=2)
+    with mounted(backing, mnt, cache, "1M", nm=2, rf=2, advance="strict", seed=3, listing="all") as m:
+        passes = run_example("parquet_loader.py", mnt, "--passes", 8, "--batch", 16, "--workers", 2)
+        st = m.status()
+    for p in passes:  # every row of the pass's files, once, the backing's
+        want = sorted([f, i, label, zlib.crc32(payload)] for f in {s[0] for s in p["samples"]}
+                      for i, label, payload in made[f])
+        assert sorted(p["samples"]) == want
+    check_mini_epoch_passes(_shard_passes(passes), made, nm=2, rf=2)
+    assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0 and st["passes_total"] == 8
 
 
 def test_direct_reads_recipe_reads_cached_copies(dataset, mount_dirs):

@@ -5,10 +5,7 @@ DataLoader workers, none outside the view, the mini-epochs advancing, the bytes 
 from __future__ import annotations
 
 import gc
-import io
 import os
-import random
-import tarfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tierfs.client import Client
-from tierfs.testing import mounted
+from tierfs.testing import make_parquet_files, make_tar_shards, mounted
 
 pytest.importorskip("torch")
 
@@ -31,48 +28,6 @@ def _collate(batch):
 def _items(loader) -> list:
     """Every item of a DataLoader epoch (batches of lists, see _collate)."""
     return [x for batch in loader for x in batch]
-
-
-def make_tar_shards(backing: Path, shards: int, seed: int) -> dict[str, dict[str, bytes]]:
-    """``shard-NNNNNN.tar`` files of samples in webdataset's naming (``KEY.cls``, ``KEY.bin``), of different sizes;
-    returns {shard name: {member name: bytes}}."""
-    rnd = random.Random(seed)
-    backing.mkdir(parents=True)
-    made = {}
-    for s in range(shards):
-        members = {}
-        for i in range(rnd.randint(3, 8)):
-            key = f"s{s:03d}_{i:03d}"
-            members[f"{key}.cls"] = str(rnd.randrange(10)).encode()
-            members[f"{key}.bin"] = rnd.randbytes(rnd.randint(1, 12 << 10))
-        name = f"shard-{s:06d}.tar"
-        with tarfile.open(backing / name, "w") as tar:
-            for member, data in members.items():
-                info = tarfile.TarInfo(member)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        made[name] = members
-    return made
-
-
-def make_parquet_files(backing: Path, files: int, seed: int) -> dict[str, list[tuple[int, int, bytes]]]:
-    """``part-NNNNN.parquet`` files of rows (id, label, payload); returns {file name: rows}."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rnd = random.Random(seed)
-    backing.mkdir(parents=True)
-    made, next_id = {}, 0
-    for f in range(files):
-        rows = []
-        for _ in range(rnd.randint(20, 120)):
-            rows.append((next_id, rnd.randrange(10), rnd.randbytes(rnd.randint(1, 400))))
-            next_id += 1
-        name = f"part-{f:05d}.parquet"
-        table = pa.table({"id": [r[0] for r in rows], "label": [r[1] for r in rows], "payload": [r[2] for r in rows]})
-        pq.write_table(table, backing / name, row_group_size=32)
-        made[name] = rows
-    return made
 
 
 def _check_mount_after(m, st0: dict, positions: list[tuple[int, int]], total: int) -> None:
@@ -91,7 +46,7 @@ def test_webdataset_with_mount_shards_reads_each_pass_s_shards_once_across_ranks
     """Two ranks, each a webdataset pipeline in a DataLoader with 2 workers (rank 0's persistent, rank 1's
     started again every epoch): every shard of each pass read once, each rank every other shard of the pass
     (webdataset's split_by_node), the samples the backing's."""
-    wds = pytest.importorskip("webdataset")
+    import webdataset as wds
     from torch.utils.data import DataLoader
 
     from tierfs.torch import MountShards
@@ -144,7 +99,6 @@ def test_pyarrow_over_mount_shards_reads_each_pass_s_rows_once(mount_dirs):
     """Parquet files read with pyarrow: rank 0 in a DataLoader with 2 persistent workers (``ParquetFile`` per
     shard), rank 1 in its own process as a ``pyarrow.dataset`` over its shards of the pass: every row of each
     pass's files read once, the rows the backing's."""
-    pytest.importorskip("pyarrow")
     import pyarrow.dataset as pads
     import pyarrow.parquet as pq
     from torch.utils.data import DataLoader, IterableDataset
