@@ -53,7 +53,6 @@ import os
 import re
 import stat
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -267,6 +266,41 @@ class CacheStatistics:
     block: int
 
 
+class _Index(OrderedDict[int, CacheEntry]):
+    """The copies by file index, in LRU order (oldest first), with a mask of the files that have one: a switch
+    asks which of millions of files are cached, on the trio thread, and a mask answers without a lookup each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mask = np.zeros(0, bool)
+
+    def __setitem__(self, fidx: int, entry: CacheEntry) -> None:
+        if fidx >= len(self.mask):
+            grown = np.zeros(max(fidx + 1, 2 * len(self.mask)), bool)
+            grown[:len(self.mask)] = self.mask
+            self.mask = grown
+        super().__setitem__(fidx, entry)
+        self.mask[fidx] = True
+
+    def __delitem__(self, fidx: int) -> None:
+        super().__delitem__(fidx)
+        self.mask[fidx] = False
+
+    def pop(self, fidx: int, *default: object) -> object:  # type: ignore[override]
+        if fidx in self:
+            self.mask[fidx] = False
+        return super().pop(fidx, *default)
+
+    def having(self, files: np.ndarray) -> np.ndarray:
+        """Which of ``files`` have a copy, as a mask."""
+        inside = files < len(self.mask)
+        if inside.all():
+            return self.mask[files]
+        out = np.zeros(len(files), bool)
+        out[inside] = self.mask[files[inside]]
+        return out
+
+
 class CacheStore:
     """Cached copies and the disk accounting that keeps them under ``capacity`` (see the module docstring)."""
 
@@ -274,7 +308,7 @@ class CacheStore:
         self.path = os.path.abspath(path)
         self.data_path = os.path.join(self.path, "data")
         self.capacity = capacity
-        self.entries: OrderedDict[int, CacheEntry] = OrderedDict()  # in LRU order (oldest first)
+        self.entries = _Index()  # in LRU order (oldest first)
         self.committed = 0  # disk bytes of every copy on disk, doomed ones included
         self.reserved = 0  # disk bytes promised to copies in flight
         self.doomed_bytes = 0  # disk bytes of evicted copies still open (they go on release)
@@ -512,10 +546,20 @@ class CacheStore:
     def get(self, fidx: int) -> CacheEntry | None:
         return self.entries.get(fidx)
 
+    def held(self, n_files: int) -> np.ndarray:
+        """Which of the tree's ``n_files`` files have a copy, as a mask (the index's own: read it, never write)."""
+        mask = self.entries.mask
+        if len(mask) >= n_files:
+            return mask[:n_files]
+        out = np.zeros(n_files, bool)
+        k = min(n_files, len(mask))
+        out[:k] = mask[:k]
+        return out
+
     def cached(self, files: np.ndarray) -> np.ndarray:
         """Which of ``files`` have a copy, as a mask: one pass over the index, not a lookup per file (a switch
         asks about millions, on the trio thread)."""
-        return np.isin(files, np.fromiter(self.entries, np.int64, len(self.entries)))
+        return self.entries.having(files)
 
     def touch(self, entry: CacheEntry) -> None:
         """Mark as most recently used (the LRU policy evicts from the other end)."""
@@ -590,10 +634,15 @@ class CacheStore:
                 self.evict(fidx)
         return self.can_reserve(need)
 
-    def evict_unwanted(self, wanted: Sequence[bool]) -> bool:
-        """Evict every copy whose file is not ``wanted[fidx]``; True if any space was freed now."""
+    def evict_unwanted(self, wanted: np.ndarray) -> bool:
+        """Evict every copy whose file is not ``wanted[fidx]`` (a mask per file); True if any space was freed
+        now.  One pass over masks: a switch asks this of every copy, on the trio thread."""
         freed = False
-        for fidx in [f for f in self.entries if not wanted[f]]:
+        held = self.entries.mask
+        keep = np.zeros(len(held), bool)
+        n = min(len(held), len(wanted))
+        keep[:n] = wanted[:n]
+        for fidx in np.flatnonzero(held & ~keep).tolist():
             freed |= self.evict(fidx)
         return freed
 

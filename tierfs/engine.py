@@ -214,8 +214,8 @@ class Engine:
     def current_mini_epoch(self) -> tuple[int, int]:
         return self.schedule.pos.epoch, self.schedule.pos.mini_epoch
 
-    def _cached(self, files: np.ndarray) -> np.ndarray:
-        return self.cache.cached(files)
+    def _cached(self) -> np.ndarray:
+        return self.cache.held(self.tree.n_files)
 
     def _entered(self) -> None:
         """A mini-epoch became current (mount, switch, replan): evict, re-queue staging and pushes."""
@@ -352,8 +352,7 @@ class Engine:
     def _landed(self, fidx: int, entry: CacheEntry) -> None:
         """A copy was committed: its fingerprint was confirmed by the copy itself."""
         self.reval.confirm(fidx)
-        self.schedule.pending_next.discard(fidx)
-        self.schedule.pending_current.discard(fidx)
+        self.schedule.staged(fidx)
         if not self.policy.keeps(fidx):
             self.cache.evict(fidx)  # the view moved on while we copied
             return
@@ -365,18 +364,13 @@ class Engine:
         """A file of the next mini-epoch could not be staged (gone, unreadable, no room on the cache disk, its copy
         stuck on the backing): the mini-epoch counts as staged without it, so ``advance=ready`` never waits for it
         (it is retried, and read from the backing meanwhile)."""
-        self.schedule.pending_next.discard(fidx)
-        self.schedule.pending_current.discard(fidx)  # (read from the backing: nothing to wait for)
+        self.schedule.staged(fidx)
         self._advance_if_ready()
 
     def _restage(self, fidx: int) -> None:
         """``fidx`` has no valid copy any more: stage it again if it is wanted ahead."""
-        sch = self.schedule
         if self.policy.walks_plans and self.policy.keeps(fidx):
-            if fidx in sch.next_files:
-                sch.pending_next.add(fidx)
-            elif sch.current_mask[fidx]:
-                sch.pending_current.add(fidx)
+            self.schedule.unstaged(fidx)
             self.stager.push_front(fidx)
 
     def _changed(self, fidx: int, st: os.stat_result) -> None:

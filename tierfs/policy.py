@@ -104,9 +104,9 @@ class MetPolicy(CachePolicy):
         sch = self.schedule
         if sch.view is None:
             return np.zeros(0, np.int64)
-        nxt = [f for f in sch.next_files.tolist() if self.cache.get(f) is not None] if sch.next_files.size else []
+        nxt = sch.next_files[self.cache.cached(sch.next_files)]
         unread = sch.unread()
-        return np.concatenate([unread, np.asarray(nxt, unread.dtype)])  # (int32 file indices: see tree.index_dtype)
+        return np.concatenate([unread, nxt.astype(unread.dtype)])  # (int32 file indices: see tree.index_dtype)
 
 
 class LruPolicy(CachePolicy):

@@ -35,6 +35,7 @@ import trio
 
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copies import CopyDamaged, open_copy
+from tierfs.filequeue import FileQueue
 from tierfs.tree import Tree, fingerprint
 
 __all__ = ["KernelCache", "Pusher", "PusherStatistics", "push_budget"]
@@ -196,7 +197,7 @@ class Pusher:
         self.pushed_bytes = 0
         self.pushed: set[int] = set()  # files of the current/next mini-epoch whose bytes were pushed
         self.window = 0  # their bytes, held under budget
-        self.queue: deque[int] = deque()
+        self.queue = FileQueue()
         self.unknown: dict[int, set[int]] = {}  # dir node -> files whose inode the kernel lacked
         self.inflight: dict[int, trio.Event] = {}
         self._known_meanwhile: set[int] = set()  # looked up or listed since their push was queued again
@@ -219,7 +220,7 @@ class Pusher:
         have = files[self.cache.cached(files)]
         if self.pushed:
             have = have[~np.isin(have, np.fromiter(self.pushed, np.int64, len(self.pushed)))]
-        self.queue = deque(have.tolist())
+        self.queue = FileQueue(have)
         self._later.clear()  # (every file still wanted is queued again)
         self._tries.clear()
         self.wake()

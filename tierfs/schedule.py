@@ -33,10 +33,48 @@ from tierfs.options import Settings, format_size, format_size_at_least
 from tierfs.tree import Tree, index_dtype
 from tierfs.view import View
 
-__all__ = ["Cached", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
+__all__ = ["Cached", "Pending", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
 
-#: which of some files have a copy in the cache, as a mask (the engine's ``CacheStore.cached``)
-Cached = Callable[[np.ndarray], np.ndarray]
+#: which files of the tree have a copy in the cache, as a mask over the tree's files (``CacheStore.held``)
+Cached = Callable[[], np.ndarray]
+
+
+class Pending:
+    """Files of a mini-epoch not staged yet: a mask over the tree's files, with their count and bytes kept as
+    they change.  Made at every switch from up to millions of files, on the trio thread, with array operations
+    (a set of ints cost 0.2 s a million files there, and every reader waited for it)."""
+
+    def __init__(self, sizes: np.ndarray, mask: np.ndarray | None = None) -> None:
+        self._sizes = sizes
+        self.mask = mask if mask is not None else np.zeros(len(sizes), bool)
+        self._n = int(np.count_nonzero(self.mask))
+        self._bytes: int | None = 0 if not self._n else None  # (summed when status first asks)
+
+    @property
+    def bytes(self) -> int:
+        if self._bytes is None:
+            self._bytes = int(np.sum(self._sizes, where=self.mask, dtype=np.int64))
+        return self._bytes
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, fidx: int) -> bool:
+        return bool(self.mask[fidx])
+
+    def add(self, fidx: int) -> None:
+        if not self.mask[fidx]:
+            self.mask[fidx] = True
+            self._n += 1
+            if self._bytes is not None:
+                self._bytes += int(self._sizes[fidx])
+
+    def discard(self, fidx: int) -> None:
+        if self.mask[fidx]:
+            self.mask[fidx] = False
+            self._n -= 1
+            if self._bytes is not None:
+                self._bytes -= int(self._sizes[fidx])
 
 
 @dataclass(frozen=True)
@@ -168,11 +206,12 @@ class Schedule:
         self.current = np.zeros(0, np.int64)
         self.current_mask = np.zeros(n, bool)
         self.next_files = np.zeros(0, np.int64)
+        self.next_mask = np.zeros(n, bool)
         #: the mini-epoch after the current one; None while its epoch's plan is being made
         self.next_coords: tuple[int, int] | None = (0, 0)
         self.wanted = np.zeros(n, bool)
-        self.pending_next: set[int] = set()  # files of the next mini-epoch not cached yet
-        self.pending_current: set[int] = set()  # and of the current one (what status shows staging of)
+        self.pending_next = Pending(tree.sizes)  # files of the next mini-epoch not cached yet
+        self.pending_current = Pending(tree.sizes)  # and of the current one (what status shows staging of)
         self.view: View | None = None
         self.advance_requested = False
         self.plan_note: str | None = None  # why a later epoch needed more mini-epochs (shown as last_error)
@@ -313,10 +352,13 @@ class Schedule:
             self.next_files = np.zeros(0, np.int64)  # (not planned yet, or no other mini-epoch)
         else:
             self.next_files = self.plans[self.next_coords[0]][self.next_coords[1]]
-        self.wanted = self.current_mask.copy()
-        self.wanted[self.next_files] = True
-        self.pending_next = set(self.next_files[~cached(self.next_files)].tolist())
-        self.pending_current = set(self.current[~cached(self.current)].tolist()) if self.walks_plans else set()
+        self.next_mask[:] = False
+        self.next_mask[self.next_files] = True
+        self.wanted = self.current_mask | self.next_mask
+        # (masks, not the files: a switch makes these from millions of files while every reader waits)
+        held, sizes = cached(), self.tree.sizes
+        self.pending_next = Pending(sizes, self.next_mask & ~held)
+        self.pending_current = Pending(sizes, self.current_mask & ~held if self.walks_plans else None)
         if not keep_view:
             self.new_view()
 
@@ -360,6 +402,18 @@ class Schedule:
             return np.zeros(0, np.int64)
         return np.concatenate([self.current, self.next_files])
 
+    def staged(self, fidx: int) -> None:
+        """``fidx`` has a copy now, or staging gave up on it (read from the backing: nothing to wait for)."""
+        self.pending_next.discard(fidx)
+        self.pending_current.discard(fidx)
+
+    def unstaged(self, fidx: int) -> None:
+        """``fidx``'s copy went (changed, damaged): pending again in whichever mini-epoch wants it."""
+        if self.next_mask[fidx]:
+            self.pending_next.add(fidx)
+        elif self.current_mask[fidx]:
+            self.pending_current.add(fidx)
+
     def statistics(self) -> ScheduleStatistics:
         pos, view, sizes, nxt = self.pos, self.view, self.tree.sizes, self.next_files
         return ScheduleStatistics(
@@ -369,10 +423,10 @@ class Schedule:
             dataset_files=self.tree.n_files, dataset_bytes=int(sizes.sum()),
             next_files=len(nxt), next_pending=len(self.pending_next),
             next_bytes=int(sizes[nxt].sum()) if len(nxt) else 0,
-            next_pending_bytes=_bytes_of(sizes, self.pending_next),
+            next_pending_bytes=self.pending_next.bytes,
             consumption_bytes_per_s=self.consumption_bps, current_files=len(self.current),
             current_bytes=int(sizes[self.current].sum()), current_pending=len(self.pending_current),
-            current_pending_bytes=_bytes_of(sizes, self.pending_current),
+            current_pending_bytes=self.pending_current.bytes,
         )
 
     # ============================================================================================ passes
@@ -433,7 +487,3 @@ class Schedule:
         self.pos.passes_total += 1
         self.pos.rf_effective[-1] += 1
         return self.walks_plans and self.pos.pass_index >= rf
-
-
-def _bytes_of(sizes: np.ndarray, files: set[int]) -> int:
-    return int(sizes[np.fromiter(files, np.int64, len(files))].sum())

@@ -50,7 +50,6 @@ import itertools
 import os
 import stat
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -60,6 +59,7 @@ import trio
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copier import BackingChanged, Copied, CopyBatch, copy_into_cache
+from tierfs.filequeue import FileQueue
 from tierfs.tree import Tree, fingerprint
 
 __all__ = ["Stager", "StagerStatistics", "StreamTuner", "Unstaged"]
@@ -202,7 +202,7 @@ class Stager:
         self._blocked_cb = blocked
         self._data_dir_lost = data_dir_lost
         self._gave_up = gave_up
-        self.queue: deque[int] = deque()
+        self.queue = FileQueue()
         self.inflight: dict[int, trio.Event] = {}
         self.failed: dict[int, float] = {}  # fidx -> monotonic time it may be tried again
         self.unstaged: dict[int, str] = {}  # fidx -> why its last try failed (insertion order: oldest first)
@@ -226,7 +226,7 @@ class Stager:
 
     def reset(self, files: np.ndarray) -> None:
         """Stage these files, in this order, instead of whatever was queued (copies in flight go on)."""
-        self.queue = deque(files[~self.cache.cached(files)].tolist())
+        self.queue = FileQueue(files[~self.cache.cached(files)])
         self.failed.clear()
         self.unstaged = {f: why for f, why in self.unstaged.items() if self._wanted(f)}  # (what status names)
         self.blocked = False
@@ -246,7 +246,7 @@ class Stager:
     def next_job(self) -> int | None:
         """The next file to copy; None when everything queued is cached, copying, failed or unwanted."""
         while self.queue:
-            fidx = self.queue[0]
+            fidx = self.queue.first()
             if self.cache.get(fidx) is not None or fidx in self.inflight or fidx in self.failed \
                     or fidx in self.stuck or not self._wanted(fidx):
                 self.queue.popleft()  # (a failed or stuck file comes back through _retry_timer)
@@ -396,7 +396,7 @@ class Stager:
 
     def _begin(self, fidx: int) -> None:
         self.blocked = False
-        if self.queue and self.queue[0] == fidx:
+        if self.queue and self.queue.first() == fidx:
             self.queue.popleft()
         self.inflight[fidx] = trio.Event()
         if self._since is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ def test_accounting_never_passes_the_cap_and_matches_the_disk(seq):
         cache.data_fd = os.open(cache.data_path, os.O_RDONLY | os.O_DIRECTORY)
         cache.block = 4096
         handles: list = []
+        every = np.arange(8)
         for op, fidx, size in seq:
             need = cache.estimate(size)
             if op == "stage" and cache.get(fidx) is None and cache.reserve(need):
@@ -54,6 +56,8 @@ def test_accounting_never_passes_the_cap_and_matches_the_disk(seq):
             assert cache.committed == cache.disk_bytes()
             assert cache.doomed_bytes == sum({id(e): e.disk for e, _ in handles if e.doomed}.values())
             assert cache.logical == sum(e.size for e in cache.entries.values())
+            assert cache.cached(every).tolist() == [f in cache.entries for f in range(8)]  # the mask a switch reads
+            assert cache.held(8).tolist() == [f in cache.entries for f in range(8)]
         for e, fd in handles:
             os.close(fd)
             cache.unpin(e)

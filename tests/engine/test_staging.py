@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -13,6 +14,7 @@ from sampler.atomic import TEMP_PREFIX
 from tierfs.cache import path_hash
 from tierfs.engine import Engine
 from tierfs.options import MountConfig, Settings
+from tierfs.schedule import Pending
 from tierfs.testing import make_dataset
 
 
@@ -238,6 +240,12 @@ def test_without_readers_staging_never_waits(open_engine, t):
     assert e.stager.statistics().yielded_seconds == 0
 
 
+def _mask(e: Engine, files: list[int]) -> np.ndarray:
+    mask = np.zeros(e.tree.n_files, bool)
+    mask[files] = True
+    return mask
+
+
 def test_staging_yields_only_while_it_is_ahead_of_the_readers(open_engine, t):
     """Readers first, but never at the price of a late mini-epoch: staging may yield only while the next one is
     staged further than it must be to be complete at three quarters of the current one's rf passes."""
@@ -250,9 +258,9 @@ def test_staging_yields_only_while_it_is_ahead_of_the_readers(open_engine, t):
     sch = e.schedule
     nxt = sch.next_files.tolist()
     assert nxt and not sch.pending_next and sch.staging_ahead(4)  # all staged: ahead
-    sch.pending_next = set(nxt)
+    sch.pending_next = Pending(e.tree.sizes, _mask(e, nxt))
     assert not sch.staging_ahead(4)  # nothing staged: behind from the first open on
-    sch.pending_next = set(nxt[: len(nxt) // 2])  # half staged
+    sch.pending_next = Pending(e.tree.sizes, _mask(e, nxt[: len(nxt) // 2]))  # half staged
     assert sch.staging_ahead(4)  # nothing read yet
     sch.pos.pass_index = 2  # half of the passes made: it must be all but done by now
     assert not sch.staging_ahead(4)
