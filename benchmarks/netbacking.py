@@ -42,7 +42,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["NetBacking", "abort_fuse", "net_backing", "relay_main"]
+from tierfs.mount import abort_connection, fuse_connection
+
+__all__ = ["NetBacking", "net_backing", "relay_main"]
 
 _HERE = Path(__file__).resolve()
 
@@ -136,36 +138,6 @@ def relay_main(listen_port: int, target: tuple[str, int], delay: float, ready_fd
             if pending[dst] <= 8 << 20:
                 with contextlib.suppress(KeyError, ValueError):
                     sel.register(src, selectors.EVENT_READ, None)
-
-
-# --------------------------------------------------------------------------------------------- FUSE helpers
-
-
-def _fuse_connection(path: str) -> str | None:
-    where = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if parts[4] == where and parts[parts.index("-") + 1].startswith("fuse"):
-                major, minor = (int(x) for x in parts[2].split(":"))
-                return str(minor if major == 0 else os.makedev(major, minor))
-    return None
-
-
-def abort_fuse(path: str) -> bool:
-    """Abort the FUSE connection mounted at ``path`` (fusectl); True if it was found and aborted."""
-    conn = _fuse_connection(path)
-    if conn is None:
-        return False
-    try:
-        Path(f"/sys/fs/fuse/connections/{conn}/abort").write_text("1")
-    except OSError:
-        return False
-    return True
-
-
-def _is_mounted(path: str) -> bool:
-    return _fuse_connection(path) is not None
 
 
 # --------------------------------------------------------------------------------------------- the backing
@@ -316,7 +288,7 @@ def net_backing(source: str | os.PathLike[str], delay: float = 0.25e-3, *, kerne
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=open(tmp / "sshfs.log", "wb"))  # noqa: SIM115
         deadline = time.monotonic() + 20
-        while not _is_mounted(str(mnt)):
+        while fuse_connection(str(mnt)) is None:
             if sshfs.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"sshfs did not mount: {(tmp / 'sshfs.log').read_text().strip()}")
             time.sleep(0.05)
@@ -325,10 +297,10 @@ def net_backing(source: str | os.PathLike[str], delay: float = 0.25e-3, *, kerne
     finally:
         if relay is not None and relay.poll() is None:
             relay.send_signal(signal.SIGCONT)
-        if _is_mounted(str(mnt)):
+        if fuse_connection(str(mnt)) is not None:
             r = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=10, check=False)
             if r.returncode != 0:
-                abort_fuse(str(mnt))
+                abort_connection(str(mnt))
                 subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, check=False)
         for p in (sshfs, relay, sshd):
             if p is not None and p.poll() is None:

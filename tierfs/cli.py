@@ -27,6 +27,7 @@ from typing import overload
 
 from tierfs import __version__
 from tierfs.client import Client, NotAMount
+from tierfs.mounts import mount_at
 from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, parse_assignments
 from tierfs.progress import ScanProgress
 from tierfs.summary import format_status
@@ -287,17 +288,6 @@ def _dead_mount(path: str, exc: OSError) -> str:
             "resumes from its journal (docs/operations.md, A dead mount)")
 
 
-def _mounts() -> dict[str, str]:
-    """mountpoint -> filesystem type, from /proc/self/mountinfo (mount points have their octal escapes)."""
-    found: dict[str, str] = {}
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            left, _, right = line.partition(b" - ")
-            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), left.split()[4])
-            found[os.fsdecode(point)] = os.fsdecode(right.split()[0]) if right else "?"
-    return found
-
-
 def _starting_daemons(mountpoint: str) -> list[int]:
     """tierfs processes whose command line names ``mountpoint``: a mount that has not answered yet (its first
     mount scans the backing dir first)."""
@@ -319,8 +309,9 @@ def _not_a_mount(path: str) -> str | None:
     full = os.path.realpath(path)
     if not os.path.isdir(full):
         return f"{path} is not a tierfs mount: {'it is not a directory' if os.path.exists(full) else 'no such path'}"
-    fstype = _mounts().get(full)
-    if fstype is not None:
+    mounted = mount_at(full)
+    if mounted is not None:
+        fstype = mounted[1]
         what = "a tierfs mount that does not answer" if fstype == "fuse.tierfs" else f"a {fstype} mount"
         return f"{path} is not a tierfs mount: it is {what}"
     starting = _starting_daemons(full)

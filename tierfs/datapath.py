@@ -50,6 +50,7 @@ from tierfs.staging import Stager
 from tierfs.stats import DataPathStatistics, Reads
 from tierfs.tree import Node, Tree, fingerprint
 from tierfs.users import OWNER_UID, FdBudget
+from tierfs.wakeup import Wakeup
 
 __all__ = ["LEND_SECONDS", "DataPath", "FileHandle"]
 
@@ -112,7 +113,7 @@ class DataPath:
         self._page_stat: dict[int, os.stat_result] = {}  # fidx -> the version those handles read (kernel_stat)
         self._invalidating: dict[int, trio.Event] = {}  # invalidations on their way to the kernel
         self._leases: deque[tuple[float, CacheEntry]] = deque()  # (deadline, copy) pinned by lend, in time order
-        self._lease_wake = trio.Event()
+        self._lease_wake = Wakeup()
         self._lent_recently: dict[int, tuple[float, CacheEntry]] = {}  # fidx -> (until, copy) just lent
         self._repair_logged: set[str] = set()
         self.hits = self.misses = self.out_of_view = self.lent = 0
@@ -394,7 +395,7 @@ class DataPath:
         now = time.monotonic()
         self._leases.append((now + LEND_SECONDS, entry))
         if len(self._leases) == 1:
-            self._lease_wake.set()
+            self._lease_wake.notify()
         recent = self._lent_recently.get(fidx)
         if recent is None or recent[1] is not entry or recent[0] <= now:
             # (the same question again at once is the kernel retrying with a bigger buffer, not another open)
@@ -427,7 +428,6 @@ class DataPath:
         """Unpin lent copies when their time is up, also when no further ``lend`` comes to do it."""
         while True:
             if not self._leases:
-                self._lease_wake = trio.Event()
                 await self._lease_wake.wait()
                 continue
             await trio.sleep(max(0.0, self._leases[0][0] - time.monotonic()))

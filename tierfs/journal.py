@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from sampler.atomic import atomic_write
+from tierfs.wakeup import Wakeup
 
 __all__ = ["JOURNAL_NAME", "JournalWriter", "Position", "encode_position", "load_position", "save_position"]
 
@@ -90,16 +91,15 @@ class JournalWriter:
         self.cache_dir = cache_dir
         self.error: str | None = None
         self._pending: bytes | None = None
-        self._wake = trio.Event()
+        self._wake = Wakeup()
 
     def save(self, pos: Position) -> None:
         self._pending = encode_position(pos)
-        self._wake.set()
+        self._wake.notify()
 
     async def run(self, limiter: trio.CapacityLimiter) -> None:
         while True:
             await self._wake.wait()
-            self._wake = trio.Event()
             data = self._pending  # stays pending until written: a cancel before the write loses nothing
             if data is None:
                 continue
@@ -111,7 +111,7 @@ class JournalWriter:
             except OSError as exc:
                 self.error = f"cannot write the journal: {exc.strerror or exc}"
                 await trio.sleep(1.0)
-                self._wake.set()
+                self._wake.notify()
 
     def _write(self, data: bytes) -> None:
         atomic_write(os.path.join(self.cache_dir, JOURNAL_NAME), data)

@@ -31,7 +31,6 @@ import ctypes
 import errno
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from tierfs.mounts import mount_at
 from tierfs.options import MountConfig, format_size
 from tierfs.textfile import mountpoint_file_name
 
@@ -163,30 +163,18 @@ def _check_capacity(capacity: int, on: str, cache: str | None) -> None:
 
 
 def _is_fuse_mount(path: str) -> bool:
-    # /proc/self/mounts writes blanks and backslashes in paths as octal escapes (\040)
-    try:
-        with open("/proc/self/mounts") as f:
-            return any(_unescape(line.split()[1]) == path and line.split()[2].startswith("fuse") for line in f)
-    except OSError:
-        return False
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+    mounted = mount_at(path)
+    return mounted is not None and mounted[1].startswith("fuse")
 
 
 def fuse_connection(mountpoint: str) -> str | None:
     """The fusectl name (``/sys/fs/fuse/connections/NAME``) of the FUSE mount at ``mountpoint``, the topmost
     one there, from /proc/self/mountinfo: without touching the mount (which may not answer)."""
-    from tierfs.tree import mountinfo
-
-    where = os.fsencode(os.path.abspath(mountpoint))
-    found = None
-    for dev, mnt, fstype in mountinfo():
-        if mnt == where and fstype.startswith("fuse"):
-            major, minor = (int(x) for x in dev.split(":"))
-            found = str(major << 20 | minor)  # the kernel's dev_t, which names the fusectl directory
-    return found
+    mounted = mount_at(mountpoint)
+    if mounted is None or not mounted[1].startswith("fuse"):
+        return None
+    major, minor = (int(x) for x in mounted[0].split(":"))
+    return str(major << 20 | minor)  # the kernel's dev_t, which names the fusectl directory
 
 
 def abort_connection(mountpoint: str, conn: str | None = None) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import trio
 
 from tierfs.schedule import Cached, Schedule
+from tierfs.wakeup import Wakeup
 
 __all__ = ["Planner"]
 
@@ -27,11 +28,11 @@ class Planner:
         self.schedule = schedule
         self._cached = cached
         self._landed = landed
-        self._wake = trio.Event()
+        self._wake = Wakeup()
         self.made = 0  # plans made in a worker thread (the trio thread makes none while this runs)
 
     def notify(self) -> None:
-        self._wake.set()
+        self._wake.notify()
 
     async def run(self) -> None:
         """Make each plan the schedule lacks, until cancelled (the engine sets ``plans_ahead`` before it starts
@@ -41,7 +42,6 @@ class Planner:
             job = sch.plan_job()
             if job is None:
                 await self._wake.wait()
-                self._wake = trio.Event()
                 continue
             try:
                 # abandoned on unmount: the thread only computes, and a stop must not wait seconds for it
@@ -49,7 +49,6 @@ class Planner:
             except ValueError as exc:  # a file grew past half the cache since the mount checked the sizes
                 sch.plan_failed(job, str(exc))
                 await self._wake.wait()  # (a replan, a changed file, a new mini-epoch: try again)
-                self._wake = trio.Event()
                 continue
             self.made += 1
             if sch.adopt(job, plan, note, self._cached):

@@ -37,6 +37,7 @@ from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copies import CopyDamaged, open_copy
 from tierfs.filequeue import FileQueue
 from tierfs.tree import Tree, fingerprint
+from tierfs.wakeup import Wakeup
 
 __all__ = ["KernelCache", "Pusher", "PusherStatistics", "push_budget"]
 
@@ -203,7 +204,7 @@ class Pusher:
         self._known_meanwhile: set[int] = set()  # looked up or listed since their push was queued again
         self._later: deque[tuple[float, int]] = deque()  # (when, file): pushes to try again (_LEARN_DELAY)
         self._tries: dict[int, int] = {}  # file -> pushes that found no inode although the kernel was told of it
-        self._wake = trio.Event()
+        self._wake = Wakeup()
 
     @property
     def enabled(self) -> bool:
@@ -238,8 +239,7 @@ class Pusher:
             self.window -= int(self.tree.sizes[fidx])
 
     def wake(self) -> None:
-        self._wake.set()
-        self._wake = trio.Event()
+        self._wake.notify()
 
     async def wait_landed(self, fidx: int) -> None:
         """Wait until a push of ``fidx`` in flight has landed (its old bytes must land before an invalidation)."""
@@ -293,14 +293,13 @@ class Pusher:
 
     async def run(self) -> None:
         while True:
-            wake = self._wake
             now = trio.current_time()
             while self._later and self._later[0][0] <= now:
                 self.queue.append(self._later.popleft()[1])
             batch = self._take_batch()
             if not batch:
                 with trio.move_on_at(self._later[0][0] if self._later else math.inf):
-                    await wake.wait()
+                    await self._wake.wait()
                 continue
             for fidx, entry in batch:
                 self.inflight[fidx] = trio.Event()

@@ -34,6 +34,7 @@ import trio
 
 from tierfs.backing import Backing
 from tierfs.tree import Tree, fingerprint
+from tierfs.wakeup import Wakeup
 
 __all__ = ["BATCH", "Revalidator", "RevalidatorStatistics"]
 
@@ -72,7 +73,7 @@ class Revalidator:
         self._candidates = candidates
         self._changed = changed
         self._gone = gone
-        self._wake = trio.Event()
+        self._wake = Wakeup()
         self.checked = 0
         self.changed = 0
         self.open_checks = 0
@@ -81,8 +82,7 @@ class Revalidator:
 
     def set(self, setting: float | str) -> None:
         self.setting = setting
-        self._wake.set()
-        self._wake = trio.Event()
+        self._wake.notify()
 
     def _now(self, now: float | None = None) -> float:
         """``now`` (monotonic, default the present) in the units of ``confirmed``; a value from before a
@@ -129,16 +129,15 @@ class Revalidator:
                 if self.backing.recoveries != self._recoveries:
                     self._recoveries = self.backing.recoveries
                     self.confirmed[:] = -math.inf
-                wake = self._wake
                 s = self.setting
                 if s in ("open", "never"):
-                    await wake.wait()
+                    await self._wake.wait()
                     continue
                 horizon = float(s) / 2
                 due = self._due(self._now(), horizon)
                 if not due.size:
                     with trio.move_on_after(max(0.05, min(horizon / 2, 1.0))):
-                        await wake.wait()
+                        await self._wake.wait()
                     continue
                 for start in range(0, int(due.size), BATCH):
                     batch = due[start:start + BATCH].tolist()

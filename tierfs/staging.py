@@ -61,6 +61,7 @@ from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copier import BackingChanged, Copied, CopyBatch, copy_into_cache
 from tierfs.filequeue import FileQueue
 from tierfs.tree import Tree, fingerprint
+from tierfs.wakeup import Wakeup
 
 __all__ = ["Stager", "StagerStatistics", "StreamTuner", "Unstaged"]
 
@@ -212,7 +213,7 @@ class Stager:
         self.blocked = False
         self.error: str | None = None
         self._jobs = 0  # copy jobs (threads) running: what ``streams`` bounds
-        self._wake = trio.Event()
+        self._wake = Wakeup()
         self._bytes = 0
         self._files = 0
         self._busy = 0.0
@@ -240,8 +241,7 @@ class Stager:
 
     def notify(self) -> None:
         """Something changed that may let staging go on (space freed, files queued, a switch)."""
-        self._wake.set()
-        self._wake = trio.Event()
+        self._wake.notify()
 
     def next_job(self) -> int | None:
         """The next file to copy; None when everything queued is cached, copying, failed or unwanted."""
@@ -268,13 +268,12 @@ class Stager:
                 if self.backing.lost:
                     await self.backing.wait_answering()  # (its files are not skipped: they are staged after)
                     continue
-                wake = self._wake
                 if self._jobs >= min(self.tuner.streams, MAX_STREAMS - len(self.stuck)):
-                    await wake.wait()
+                    await self._wake.wait()
                     continue
                 fidx = self.next_job()
                 if fidx is None:
-                    await wake.wait()
+                    await self._wake.wait()
                     continue
                 pause = self._pause()
                 if pause > 0:
@@ -285,7 +284,7 @@ class Stager:
                 if reserved is None:
                     self.blocked = True
                     self._blocked_cb()
-                    await wake.wait()  # space frees on an eviction, a release or a switch
+                    await self._wake.wait()  # space frees on an eviction, a release or a switch
                     continue
                 self._begin(fidx)
                 batch = [(fidx, reserved)]

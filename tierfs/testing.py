@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from tierfs.client import Client
 from tierfs.mount import abort_connection as abort_fuse_connection
 from tierfs.mount import fuse_connection
+from tierfs.mounts import mount_at
 
 if TYPE_CHECKING:
     from tierfs.tree import Tree
@@ -38,9 +39,7 @@ __all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
-    path = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == path for line in f)
+    return mount_at(path) is not None
 
 
 def within(mnt: str, fn: Callable[[], object], seconds: float = 20.0) -> object:

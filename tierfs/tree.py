@@ -26,7 +26,6 @@ import functools
 import itertools
 import logging
 import os
-import re
 import stat
 import threading
 import time
@@ -41,6 +40,7 @@ import numpy as np
 import xxhash
 
 from sampler.atomic import atomic_open
+from tierfs.mounts import mountinfo
 
 log = logging.getLogger("tierfs")
 
@@ -74,18 +74,6 @@ CONTROL_INODES = {
 
 
 Fingerprint = tuple[int, int, int, int]
-
-
-def mountinfo() -> list[tuple[str, bytes, str]]:
-    """(``major:minor``, mount point, filesystem type) of every mount this process sees (/proc/self/mountinfo,
-    whose paths escape blanks and backslashes as octal: ``\\040``)."""
-    out = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split()
-            where = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4])
-            out.append((fields[2].decode(), where, fields[fields.index(b"-") + 1].decode()))
-    return out
 
 
 SCAN_THREADS = 16  # lstat requests in flight while scanning: a network tier answers many at once

@@ -1,0 +1,41 @@
+"""What is mounted where, from ``/proc/self/mountinfo``: the one reader of the mount table.
+
+Read without touching any mount (a hung FUSE mount answers nothing; the table does).  Paths there escape blanks,
+tabs, newlines and backslashes as octal (``\\040``); they are unescaped here, once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["mount_at", "mountinfo"]
+
+_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
+def mountinfo() -> list[tuple[str, bytes, str]]:
+    """(``major:minor``, mount point, filesystem type) of every mount this process sees, in mount order."""
+    out = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split()
+            where = _ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), fields[4])
+            out.append((fields[2].decode(), where, fields[fields.index(b"-") + 1].decode()))
+    return out
+
+
+def mount_at(path: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """(``major:minor``, filesystem type) of the topmost mount whose mount point is ``path``; None where nothing
+    is mounted there, or the table cannot be read.  ``path`` is made absolute, not resolved: resolving would
+    stat the mount point, which a hung mount never answers (resolve it first where it may be a symlink)."""
+    where = os.fsencode(os.path.abspath(path))
+    found = None
+    try:
+        table = mountinfo()
+    except OSError:
+        return None
+    for dev, point, fstype in table:
+        if point == where:
+            found = (dev, fstype)  # (a later line is mounted over an earlier one)
+    return found
