@@ -19,7 +19,8 @@ How a mount moves (policy ``met``): the *current* mini-epoch is what the root sh
 meanwhile, behind any file of the current one that is not cached yet.  A pass ends when every file of the
 view was opened since it began, on ``next-pass``, or when the root is listed again after at least one open --
 opens and listings by the mount's owner or root, who may write ``control`` (users.py); other users are served
-without moving anyone's schedule.
+without moving anyone's schedule.  Several jobs on one mount each count their own passes (consumers.py): the
+mount's pass ends with the last live consumer's (``_catch_up``), and a job ahead waits in ``begin_pass``.
 After ``rf`` passes the next mini-epoch takes over: with ``advance=ready`` once it is fully cached or at the
 ceiling ``rf_max``, whichever comes first, with ``strict`` at once; ``advance`` (the command, or ARF) leaves as
 soon as the next one is cached.  On a switch the previous mini-epoch is evicted, except open files, which go on

@@ -16,8 +16,9 @@ Caveats worth knowing:
   pins the copies it names until the pass ends (see :mod:`tierfs.plans`).  Those that name files (``status``,
   ``order``, ``order0``, ``plan``) are the mount's owner's and root's, and so are writes to ``control``
   (:mod:`tierfs.users`).
-* The requester (``ctx.uid``) goes with every open and listing to the part that answers it: who may steer the
-  schedule, and how many descriptors a user may hold, are decided there.
+* The requester (``ctx.uid``, and the consumer of ``ctx.pid``: consumers.py) goes with every open and listing to
+  the part that answers it: who may steer the schedule, whose pass an open counts in, and how many descriptors
+  a user may hold, are decided there.
 * ``getxattr(user.tierfs.cache_path)`` on a dataset file answers the path of its cached copy (see
   :mod:`tierfs.direct`); every other attribute does not exist, and the kernel asks again each time.
 * Writes to ``control`` are applied per ``write()`` call, whole or not at all (the handle's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import trio
 
+from tierfs.summary import WIDTH, format_status
 from tierfs.users import OWNER_UID
 
 
@@ -110,5 +111,25 @@ def test_arf_leaves_early_only_when_every_live_consumer_says_advance(open_engine
         for loss in (1.0, 2.0):
             e.control_write(f"feedback loss={loss}\n".encode(), "b")
         assert e.schedule.advance_requested  # (the switch waits for the next mini-epoch to be staged)
+
+    t.run(main)
+
+
+def test_status_shows_each_consumer(open_engine, t):
+    e = open_engine(rf=2)
+
+    async def main():
+        assert "consumers" not in format_status(e.status().as_dict())  # one anonymous reader: as before
+        for who in ("lr0.1", "lr0.01"):
+            await _read(e, int(e.schedule.view.order[0]), who)
+        st = e.status()
+        assert [(c["name"], c["state"], c["opens"]) for c in st.consumers["consumers"]] == [
+            ("lr0.01", "live", 1), ("lr0.1", "live", 1)]
+        text = format_status(st.as_dict())
+        assert "consumers  2 live of 2" in text and "  lr0.1 " in text and "1/" in text
+        assert all(len(line) <= WIDTH for line in text.splitlines())
+        prom = st.to_prometheus()
+        assert 'tierfs_consumer_opens_total{consumer="lr0.1"} 1' in prom and "tierfs_consumers_live 2" in prom
+        assert prom.count("# TYPE tierfs_consumer_opens_total") == 1
 
     t.run(main)
