@@ -134,7 +134,8 @@ class Consumer:
         self.drops = 0
         self.opens = 0
         self.reads_in_pass = 0
-        self.marks = np.zeros(n_files, bool)
+        self.n_files = n_files
+        self.marks: np.ndarray | None = None  # (made at its first open: a lister that never reads costs nothing)
         self.view_files = self.unread = view_files
         self.view: View | None = None  # its own order of the view, made when it lists (None: not made yet)
         self.last_seen = time.time()
@@ -144,7 +145,8 @@ class Consumer:
         self.advance_vote = False  # its ARF said advance in the current mini-epoch
 
     def new_pass(self, view_files: int) -> None:
-        self.marks[:] = False
+        if self.marks is not None:
+            self.marks[:] = False
         self.view_files = self.unread = view_files
         self.reads_in_pass = 0
         self.pass_started = None
@@ -236,6 +238,8 @@ class Consumers:
         if c.pass_started is None:
             c.pass_started = now
         c.reads_in_pass += 1
+        if c.marks is None:
+            c.marks = np.zeros(c.n_files, bool)
         if in_view and not c.marks[fidx]:
             c.marks[fidx] = True
             c.unread -= 1
