@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sampler.arf import Controller, make_controller
+from tierfs.consumers import ANONYMOUS
 from tierfs.options import Settings, apply_assignments, parse_assignments
 
 __all__ = ["COMMANDS", "CONTROL_WRITE_MAX", "Arf", "BatchReports", "ControlRequest", "ControlTarget", "ControlWriter",
@@ -202,9 +203,13 @@ class ControlTarget(Protocol):
 
     def apply_settings(self, new: Settings, *, replan: bool) -> None: ...
 
-    def end_pass(self) -> None: ...
+    def next_pass(self, who: str) -> None: ...
 
     def request_advance(self) -> None: ...
+
+    def arf_of(self, who: str) -> Arf: ...
+
+    def arf_advance(self, who: str) -> None: ...
 
     def rf_changed(self) -> None: ...
 
@@ -251,16 +256,18 @@ class Arf:
         return decision
 
 
-def apply_feedback(engine: ControlTarget, metrics: Mapping[str, float]) -> None:
-    """Feed one ``feedback`` line to ARF, attributed to the last completed pass (see the module docstring)."""
+def apply_feedback(engine: ControlTarget, metrics: Mapping[str, float], who: str = ANONYMOUS) -> None:
+    """Feed one ``feedback`` line of consumer ``who`` to its ARF controller, attributed to the last completed
+    pass (see the module docstring); the mini-epoch is left early once every live consumer's ARF says so."""
     about = engine.last_pass or engine.current_mini_epoch
-    decision = engine.arf.observe(metrics, about)
+    decision = engine.arf_of(who).observe(metrics, about)
     if decision == "advance" and engine.settings.arf != "off" and about == engine.current_mini_epoch:
-        engine.request_advance()
+        engine.arf_advance(who)
 
 
-def apply_control(engine: ControlTarget, data: bytes) -> None:
-    """Apply one write to the control file, all of it or (``ValueError``, ``last_error`` set) nothing."""
+def apply_control(engine: ControlTarget, data: bytes, who: str = ANONYMOUS) -> None:
+    """Apply one write to the control file by consumer ``who`` (whose pass ``next-pass`` ends and whose ARF
+    ``feedback`` feeds), all of it or (``ValueError``, ``last_error`` set) nothing."""
     try:
         try:
             text = data.decode("utf-8")
@@ -285,11 +292,11 @@ def apply_control(engine: ControlTarget, data: bytes) -> None:
         engine.batch.consumed(plan_id, list(indices))
     for cmd in req.commands:
         if cmd == "next-pass":
-            engine.end_pass()
+            engine.next_pass(who)
         elif cmd == "advance":
             engine.request_advance()
     for metrics in req.feedback:
-        apply_feedback(engine, metrics)
+        apply_feedback(engine, metrics, who)
     if req.changed & _LIMIT_KEYS:
         engine.rf_changed()
     engine.save_journal()
@@ -299,8 +306,9 @@ def apply_control(engine: ControlTarget, data: bytes) -> None:
 class ControlWriter:
     """The writes of one open control file: each applied whole or refused whole (see the module docstring)."""
 
-    def __init__(self, engine: ControlTarget) -> None:
+    def __init__(self, engine: ControlTarget, who: str = ANONYMOUS) -> None:
         self.engine = engine
+        self.who = who  # the consumer that opened it
         self.end = 0  # where the bytes accepted through this open file end
 
     def write(self, offset: int, data: bytes) -> int:
@@ -312,6 +320,6 @@ class ControlWriter:
                    f"{CONTROL_WRITE_MAX} bytes of whole lines at a time")
             self.engine.control_error = why
             raise OSError(errno.EFBIG, why)
-        apply_control(self.engine, data)
+        apply_control(self.engine, data, self.who)
         self.end = max(self.end, offset + len(data))
         return len(data)

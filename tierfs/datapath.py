@@ -39,6 +39,7 @@ import trio
 
 from tierfs.backing import Backing, BackingError, answered_gone
 from tierfs.cache import CacheEntry, CacheStore
+from tierfs.consumers import ANONYMOUS
 from tierfs.copies import CopyDamaged, hash_copy, open_copy
 from tierfs.options import Settings
 from tierfs.plans import BatchPlans
@@ -88,7 +89,7 @@ class DataPath:
 
     def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
                  reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule, policy: CachePolicy,
-                 settings: Callable[[], Settings], opened: Callable[[int, int, int], None],
+                 settings: Callable[[], Settings], opened: Callable[[int, int, int, str], None],
                  changed: Callable[[int, os.stat_result], None], restage: Callable[[int], None],
                  data_dir_lost: Callable[[], Awaitable[str | None]]) -> None:
         self.tree = tree
@@ -131,13 +132,13 @@ class DataPath:
     def settings(self) -> Settings:
         return self._settings()
 
-    def _opened(self, fidx: int, size: int, uid: int) -> None:
+    def _opened(self, fidx: int, size: int, uid: int, who: str = ANONYMOUS) -> None:
         self.stager.serving()  # staging yields to readers
         self.opened_bytes += size
         view = self.schedule.view
         if view is None or not view.mask[fidx]:
             self.out_of_view += 1
-        self._opened_cb(fidx, size, uid)
+        self._opened_cb(fidx, size, uid, who)
 
     def statistics(self) -> DataPathStatistics:
         plans = self.batch.statistics()
@@ -250,17 +251,18 @@ class DataPath:
         self._on_changed(fidx, st)
         return st
 
-    async def open_file(self, fidx: int, uid: int = OWNER_UID) -> FileHandle:
-        """Open dataset file ``fidx`` for reading by user ``uid``: from the cache if a valid copy is there, else the
-        backing; ``EMFILE`` for that user alone once it holds its share of the daemon's descriptors."""
+    async def open_file(self, fidx: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> FileHandle:
+        """Open dataset file ``fidx`` for reading by user ``uid``, consumer ``who`` (consumers.py): from the cache
+        if a valid copy is there, else the backing; ``EMFILE`` for that user alone once it holds its share of the
+        daemon's descriptors."""
         self.fd_budget.take(uid)
         try:
-            return await self._open_file(fidx, uid)
+            return await self._open_file(fidx, uid, who)
         except BaseException:
             self.fd_budget.give(uid)
             raise
 
-    async def _open_file(self, fidx: int, uid: int) -> FileHandle:
+    async def _open_file(self, fidx: int, uid: int, who: str) -> FileHandle:
         if not self.reval.fresh(fidx) and self.cache.get(fidx) is not None:
             # (an uncached file needs no separate check: its copy, or its backing open, compares fingerprints)
             await self._confirm(fidx)
@@ -312,7 +314,7 @@ class DataPath:
             # WILLNEED on a local copy only queues read-ahead on the fast tier and returns: never the backing.
             with contextlib.suppress(OSError):
                 os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_WILLNEED)
-        self._opened(fidx, size, uid)
+        self._opened(fidx, size, uid, who)
         return handle
 
     async def _open_backing(self, fidx: int, node: Node) -> tuple[int, int]:
@@ -364,7 +366,7 @@ class DataPath:
         await self.repair(entry, self.stager.error)
         return None
 
-    async def lend(self, fidx: int, uid: int = OWNER_UID) -> bytes | None:
+    async def lend(self, fidx: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> bytes | None:
         """The absolute path of a valid cached copy of ``fidx``, for a reader that opens it itself; or None.
 
         The copy is complete and never changes (copies land by rename under a fresh name), so a reader that
@@ -403,7 +405,7 @@ class DataPath:
             self._lent_recently[fidx] = (now + 0.2, entry)
             self.hits += 1
             self.lent += 1
-            self._opened(fidx, entry.size, uid)
+            self._opened(fidx, entry.size, uid, who)
         return os.fsencode(os.path.join(self.cache.data_path, entry.name))
 
     def served_from_copies(self, reads: list[tuple[int, CacheEntry]]) -> None:

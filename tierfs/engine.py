@@ -19,7 +19,8 @@ How a mount moves (policy ``met``): the *current* mini-epoch is what the root sh
 meanwhile, behind any file of the current one that is not cached yet.  A pass ends when every file of the
 view was opened since it began, on ``next-pass``, or when the root is listed again after at least one open --
 opens and listings by the mount's owner or root, who may write ``control`` (users.py); other users are served
-without moving anyone's schedule.
+without moving anyone's schedule.  Several jobs on one mount each count their own passes (consumers.py): the
+mount's pass ends with the last live consumer's (``_catch_up``), and a job ahead waits in ``begin_pass``.
 After ``rf`` passes the next mini-epoch takes over: with ``advance=ready`` once it is fully cached or at the
 ceiling ``rf_max``, whichever comes first, with ``strict`` at once; ``advance`` (the command, or ARF) leaves as
 soon as the next one is cached.  On a switch the previous mini-epoch is evicted, except open files, which go on
@@ -32,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -40,6 +42,7 @@ import trio
 from sampler.iomodel import stall_free_rf
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore, disk_estimates
+from tierfs.consumers import ANONYMOUS, Consumer, Consumers
 from tierfs.control import Arf, ControlWriter, apply_control
 from tierfs.datapath import DataPath
 from tierfs.following import LoaderWatch
@@ -78,6 +81,9 @@ class Engine:
         self.control_error: str | None = None
         self.journal = JournalWriter(config.cache)
         self.pace = PaceWatch()  # whether staging keeps up: repeats beyond rf and stalls, put down to the tier
+        #: the named consumers' ARF controllers, with the settings they were made for (the anonymous one's: ``arf``)
+        self._arfs: dict[str, tuple[tuple[object, ...], Arf]] = {}
+        self._moved = trio.Event()  # set when the mount's pass ends or its settings change: waiting consumers look
         self._nursery: trio.Nursery | None = None
         self._opened = self._closed = False
 
@@ -134,8 +140,9 @@ class Engine:
                              policy=self.policy, settings=lambda: self.settings, opened=self._opened_file,
                              changed=self._changed, restage=self._restage, data_dir_lost=self._data_dir_lost)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
-        self.names = Namespace(tree, self.schedule, self.pusher, root_relisted=self._root_relisted,
-                               substitute=s.substitute and policy.walks_plans)
+        self.consumers = Consumers(self.schedule)
+        self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, root_relisted=self._root_relisted,
+                               pass_begins=self.begin_pass, substitute=s.substitute and policy.walks_plans)
         self.planner = Planner(self.schedule, self._cached, landed=self._planned)
         self.loader_watch = LoaderWatch(enabled=policy.walks_plans)
         if self.trees.scanned:
@@ -281,6 +288,8 @@ class Engine:
                 and self._switch_when_planned()):
             return
         sch.new_view()
+        self.consumers.mount_pass_over()
+        self._wake_waiters()
         self.save_journal()
 
     def _rates(self) -> Rates:
@@ -311,6 +320,8 @@ class Engine:
     def _switch(self) -> None:
         """The next mini-epoch takes over; the previous one is evicted (open files on release)."""
         self.schedule.switch(self._cached)
+        self.consumers.mini_epoch_over()
+        self._wake_waiters()
         self._entered()
         self.batch.pass_over()  # (after the eviction: a copy a plan named goes now, by its own name)
         self.save_journal()
@@ -332,20 +343,112 @@ class Engine:
         if self._nursery is None:
             self.journal.flush()
 
-    def _opened_file(self, fidx: int, size: int, uid: int) -> None:
+    def _opened_file(self, fidx: int, size: int, uid: int, who: str = ANONYMOUS) -> None:
         # Only those who may write ``control`` move the schedule: another user's reads are served, not counted.
         if not self.steering.steers(uid):
             return
         sch = self.schedule
-        if sch.view is not None:
-            self.loader_watch.opened(bool(sch.view.mask[fidx]), sch.pos.passes_total, len(sch.view))
-        if sch.record_open(fidx, size):
+        in_view = sch.view is not None and bool(sch.view.mask[fidx])
+        readers = max(1, len(self.consumers.live()))
+        if sch.view is not None:  # (a pass-worth of opens: every consumer's pass)
+            self.loader_watch.opened(in_view, sch.pos.passes_total, len(sch.view) * readers)
+        sch.record_open(fidx, size / readers)  # (consumption: one consumer's pass per pass of the mount)
+        c = self.consumers.get(who)
+        if self.consumers.opened(c, fidx, in_view):
+            self._consumer_pass_over(c)
+
+    def _root_relisted(self, uid: int, who: str = ANONYMOUS) -> None:
+        """The root was listed: that ends the lister's pass if it opened a file in it.  (The same rule for listings
+        as for opens: another user's ``ls`` of the root never ends anyone's pass.)"""
+        if self.steering.steers(uid):
+            c = self.consumers.get(who)
+            if c.reads_in_pass:
+                self._consumer_pass_over(c)
+
+    def _consumer_pass_over(self, c: Consumer) -> None:
+        """Consumer ``c``'s pass ended: the mount's ends with the last live consumer's (see consumers.py)."""
+        if c.state != "live":
+            c.new_pass(len(self.schedule.view) if self.schedule.view is not None else 0)
+            return
+        self.consumers.pass_over(c)
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """End the mount's pass as long as every live consumer is past it (after a pass end or a drop: a switch
+        makes them all start again at 0)."""
+        while True:
+            fewest = self.consumers.min_passes()
+            if fewest is None or fewest <= self.schedule.pos.pass_index:
+                return
             self.end_pass()
 
-    def _root_relisted(self, uid: int) -> None:
-        # (the same rule for listings: another user's ``ls`` of the root never ends everyone's pass)
-        if self.steering.steers(uid):
+    def _wake_waiters(self) -> None:
+        self._moved.set()
+        self._moved = trio.Event()
+
+    def _ahead(self, c: Consumer) -> bool:
+        """``c`` made its rf passes and is ahead of the mount: its next pass waits for the others."""
+        return (self.policy.walks_plans and c.state == "live" and c.passes >= self.rf_now()
+                and c.passes > self.schedule.pos.pass_index)
+
+    async def begin_pass(self, uid: int, who: str, *, relisted: bool) -> None:
+        """Consumer ``who`` starts reading a view: it listed the root (``relisted``: that ends its pass if it
+        opened a file in it) or opened ``order``.  Ahead of the others, it waits here for the mount to move on, at
+        most ``consumer_timeout`` seconds: then the live consumers that hold the mount back are dropped."""
+        if not self.steering.steers(uid):
+            return
+        c = self.consumers.get(who)
+        self.consumers.rejoin(c)
+        if relisted and c.reads_in_pass:
+            self._consumer_pass_over(c)
+        if not self._ahead(c):
+            return
+        c.waiting_since = time.monotonic()
+        try:
+            with trio.move_on_after(self.settings.consumer_timeout):
+                while self._ahead(c):
+                    await self._moved.wait()
+            if self._ahead(c):
+                self._drop_laggards(c)
+        finally:
+            c.waiting_since = None
+
+    def _drop_laggards(self, waiter: Consumer) -> None:
+        """``waiter`` waited ``consumer_timeout``: every live consumer the mount's pass waits for is dropped."""
+        for c in self.consumers.live():
+            if c.passes <= self.schedule.pos.pass_index:
+                self.consumers.drop(c, f"{waiter.name} waited {self.settings.consumer_timeout:g} s (consumer_timeout) "
+                                       f"while it had made {c.passes} of {self.rf_now()} passes")
+        self._catch_up()
+
+    def next_pass(self, who: str = ANONYMOUS) -> None:
+        """``next-pass`` written by consumer ``who``: its pass ends; written by anyone else (an operator), every
+        live consumer's; with no consumer live, the mount's."""
+        c = self.consumers.get(who)
+        if c.state == "live":
+            self._consumer_pass_over(c)
+        elif self.consumers.live():
+            for x in self.consumers.live():
+                self.consumers.pass_over(x)
+            self._catch_up()
+        else:
             self.end_pass()
+
+    def arf_of(self, who: str) -> Arf:
+        """The ARF controller fed by consumer ``who``'s ``feedback`` (the anonymous consumer's is the mount's)."""
+        if who == ANONYMOUS:
+            return self.arf
+        s = self.settings
+        made_for = (s.arf, s.arf_wait, s.arf_window, s.arf_k, s.arf_weights)
+        known = self._arfs.get(who)
+        if known is None or known[0] != made_for:
+            known = self._arfs[who] = (made_for, Arf(Arf.controller_for(s)))
+        return known[1]
+
+    def arf_advance(self, who: str) -> None:
+        """Consumer ``who``'s ARF says advance: leave the mini-epoch when every live consumer's ARF says so."""
+        if self.consumers.vote_advance(self.consumers.get(who)):
+            self.request_advance()
 
     # ==================================================================== what files mean for the parts
 
@@ -414,13 +517,14 @@ class Engine:
     def control_text(self) -> bytes:
         return self.settings.as_lines().encode()
 
-    def control_write(self, data: bytes) -> None:
+    def control_write(self, data: bytes, who: str = ANONYMOUS) -> None:
         """Apply one write to the control file (see :func:`tierfs.control.apply_control`)."""
-        apply_control(self, data)
+        apply_control(self, data, who)
 
-    def control_writer(self) -> ControlWriter:
-        """What takes the writes of one open control file (the kernel's pieces: see :mod:`tierfs.control`)."""
-        return ControlWriter(self)
+    def control_writer(self, who: str = ANONYMOUS) -> ControlWriter:
+        """What takes the writes of one open control file by consumer ``who`` (the kernel's pieces: see
+        :mod:`tierfs.control`)."""
+        return ControlWriter(self, who)
 
     def check_plan(self, settings: Settings) -> None:
         """``ValueError`` if ``settings`` cannot plan the next epoch (a control write is then refused); a sum
@@ -440,6 +544,7 @@ class Engine:
         if replan:
             self.schedule.replan(new, self._cached)
             self._entered()
+        self._wake_waiters()  # (a new rf: a waiting consumer looks again)
 
     def rf_changed(self) -> None:
         """A new ``rf``, ``rf_max`` or ``advance``: a mini-epoch already past what it may get now (``rf`` under
@@ -461,4 +566,5 @@ class Engine:
             revalidation=self.reval.statistics(), pace=self.pace.statistics(), arf=self.arf,
             last_error=self.last_error, tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
             substitution=self.names.substitution_statistics(),
+            consumers=self.consumers.statistics(self.settings.consumer_timeout),
         )

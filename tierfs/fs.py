@@ -16,8 +16,9 @@ Caveats worth knowing:
   pins the copies it names until the pass ends (see :mod:`tierfs.plans`).  Those that name files (``status``,
   ``order``, ``order0``, ``plan``) are the mount's owner's and root's, and so are writes to ``control``
   (:mod:`tierfs.users`).
-* The requester (``ctx.uid``) goes with every open and listing to the part that answers it: who may steer the
-  schedule, and how many descriptors a user may hold, are decided there.
+* The requester (``ctx.uid``, and the consumer of ``ctx.pid``: consumers.py) goes with every open and listing to
+  the part that answers it: who may steer the schedule, whose pass an open counts in, and how many descriptors
+  a user may hold, are decided there.
 * ``getxattr(user.tierfs.cache_path)`` on a dataset file answers the path of its cached copy (see
   :mod:`tierfs.direct`); every other attribute does not exist, and the kernel asks again each time.
 * Writes to ``control`` are applied per ``write()`` call, whole or not at all (the handle's
@@ -221,7 +222,7 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        listing = self.engine.names.list_dir(inode, ctx.uid)
+        listing = await self.engine.names.open_dir(inode, ctx.uid, ctx.pid)
         fh = next(self._fh)
         self._dirs[fh] = (inode, listing)
         return fh
@@ -258,20 +259,21 @@ class TierOperations(pyfuse3.Operations):
                 data = eng.status().to_json().encode()
             elif inode == CONTROL_INODES[b"metrics"]:
                 data = eng.status().to_prometheus().encode()
-            elif inode == CONTROL_INODES[b"order0"]:
-                data = eng.names.order0_text()
             elif inode == _CTL_PLAN:
                 data = await eng.batch.plan_text(ctx.uid)
             else:
-                data = eng.names.order_text()
+                data = await eng.names.order_file(ctx.uid, ctx.pid, nul=inode == CONTROL_INODES[b"order0"])
             fh = next(self._fh)
-            self._handles[fh] = _Virtual(data, eng.control_writer() if writes else None)
+            # (a control write is its writer's consumer's: whose pass next-pass ends, whose ARF feedback feeds)
+            writer = eng.control_writer(await eng.consumers.name_of(ctx.pid)) if writes else None
+            self._handles[fh] = _Virtual(data, writer)
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         if inode == _CTL_DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        handle = await eng.data.open_file(eng.names.file_index(inode), ctx.uid)
+        fidx = eng.names.file_index(inode)
+        handle = await eng.data.open_file(fidx, ctx.uid, await eng.consumers.name_of(ctx.pid))
         fh = next(self._fh)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
@@ -329,7 +331,7 @@ class TierOperations(pyfuse3.Operations):
         node = self.engine.names.node(inode)
         if node is None or node.kind != KIND_FILE:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        path = await self.engine.data.lend(node.fidx, ctx.uid)
+        path = await self.engine.data.lend(node.fidx, ctx.uid, await self.engine.consumers.name_of(ctx.pid))
         if path is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return path

@@ -11,9 +11,10 @@ again after reads may end the pass (``root_relisted``: the engine decides, by wh
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tierfs.backing import BackingError
+from tierfs.consumers import ANONYMOUS, Consumers
 from tierfs.pusher import Pusher
 from tierfs.schedule import Schedule
 from tierfs.substitute import Substitutions, SubstitutionStatistics
@@ -31,12 +32,15 @@ class Namespace:
     names of one backing inode are one inode: the first name's (see :meth:`Tree.first_name`).  Everything here
     answers from the tree's arrays: a lookup, an attribute or a listing makes no Python object per file."""
 
-    def __init__(self, tree: Tree, schedule: Schedule, pusher: Pusher, *,
-                 root_relisted: Callable[[int], None], substitute: bool = False) -> None:
+    def __init__(self, tree: Tree, schedule: Schedule, pusher: Pusher, consumers: Consumers, *,
+                 root_relisted: Callable[[int, str], None],
+                 pass_begins: Callable[..., Awaitable[None]], substitute: bool = False) -> None:
         self.tree = tree
         self.schedule = schedule
         self.pusher = pusher
+        self.consumers = consumers  # who asks, and each one's order of the view
         self._root_relisted = root_relisted
+        self._pass_begins = pass_begins
         #: ``substitute``: file names resolve per pass to view files (substitute.py); the kernel must not keep
         #: a file's entry (fs.py gives it an entry timeout of 0)
         self.substitutions = (Substitutions(lambda: schedule.view, schedule.opened_in_pass) if substitute
@@ -96,16 +100,25 @@ class Namespace:
             return (a[0], 1, *a[2:])
         return a
 
-    def list_dir(self, inode: int, uid: int = OWNER_UID) -> list[tuple[bytes, int]]:
-        """A frozen listing (name, inode) for one ``opendir`` by user ``uid``; listing the root again after reads
-        may end the pass (the engine's ``root_relisted(uid)`` decides)."""
+    async def open_dir(self, inode: int, uid: int, pid: int) -> list[tuple[bytes, int]]:
+        """The listing for one ``opendir`` by process ``pid`` of user ``uid``: a listing of the root starts a
+        pass of its consumer, which may first wait for the other consumers (the engine's ``pass_begins``)."""
+        who = await self.consumers.name_of(pid)
+        if inode == 1:
+            await self._pass_begins(uid, who, relisted=True)
+        return self.list_dir(inode, uid, who)
+
+    def list_dir(self, inode: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> list[tuple[bytes, int]]:
+        """A frozen listing (name, inode) for one ``opendir`` by user ``uid``, consumer ``who``, in that
+        consumer's order; listing the root again after reads may end its pass (the engine's
+        ``root_relisted(uid, who)`` decides)."""
         if inode == _CTL_DIR:
             return [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
         if not 0 < inode <= self.tree.n_nodes or self.tree.kinds[inode - 1] != KIND_DIR:
             raise BackingError(errno.ENOTDIR, "not a directory")
-        if inode == 1 and self.schedule.reads_in_pass:
-            self._root_relisted(uid)
-        view = self.schedule.view
+        if inode == 1:
+            self._root_relisted(uid, who)
+        view = self.consumers.view_of(who)
         assert view is not None
         kinds = self.tree.kinds
         return [(name, self._inode(i, kinds[i])) for name, i in view.listing(inode - 1)]
@@ -135,12 +148,19 @@ class Namespace:
             raise BackingError(errno.EINVAL, "not a symlink")
         return self.tree.link(i)
 
-    def order_text(self) -> bytes:
-        """``/.tierfs/order``: this pass's serving order."""
-        view = self.schedule.view
+    async def order_file(self, uid: int, pid: int, *, nul: bool) -> bytes:
+        """``order`` (``order0`` if ``nul``) opened by process ``pid`` of user ``uid``: its consumer starts a
+        pass (it may wait for the others first, like a listing of the root) and gets its own order."""
+        who = await self.consumers.name_of(pid)
+        await self._pass_begins(uid, who, relisted=False)
+        return self.order0_text(who) if nul else self.order_text(who)
+
+    def order_text(self, who: str = ANONYMOUS) -> bytes:
+        """``/.tierfs/order``: this pass's serving order for consumer ``who``."""
+        view = self.consumers.view_of(who)
         return view.order_text() if view is not None else b""
 
-    def order0_text(self) -> bytes:
+    def order0_text(self, who: str = ANONYMOUS) -> bytes:
         """``/.tierfs/order0``: the same paths, NUL-terminated."""
-        view = self.schedule.view
+        view = self.consumers.view_of(who)
         return view.order0_text() if view is not None else b""

@@ -127,11 +127,16 @@ def _revalidate(text: str) -> float | str:
     return "open" if v == 0 else v
 
 
+def _seconds(text: str) -> float:
+    """Seconds, above 0 and at most a day (a trailing ``s`` allowed)."""
+    return _float_between(0.0, 86400.0)(text.rstrip("s"))
+
+
 def _backing_timeout(text: str) -> float | str:
     """Seconds an uncached open waits on a stalled backing before EIO, or ``hard`` (wait as NFS hard does)."""
     if text == "hard":
         return text
-    return _float_between(0.0, 86400.0)(text.rstrip("s"))
+    return _seconds(text)
 
 
 def _streams(text: str) -> int | str:
@@ -237,6 +242,8 @@ OPTIONS: dict[str, Option] = {
                "seconds a backing fingerprint may age before an open uses it, or open (every open) or never"),
         Option("backing_timeout", _backing_timeout, True,
                "seconds an uncached open waits on a stalled backing before EIO, or hard (wait)"),
+        Option("consumer_timeout", _seconds, True, "seconds a job that made its rf passes waits for the other "
+               "jobs on the mount (TIERFS_CONSUMER) before those holding it back are dropped from the count"),
         Option("staging_streams", _streams, True, "copies staged at once: auto (adapt to the tier) or 1-64"),
         Option("policy", _choice("met", "lru"), False, "met (mini-epochs) or lru (read-through baseline)"),
         Option("seed", _int_between(0, 2**63 - 1), False, "seed of every shuffle"),
@@ -297,6 +304,8 @@ class Settings:
     bandwidth: int = 0
     revalidate: float | str = 30.0
     backing_timeout: float | str = 30.0
+    #: how long a consumer ahead waits for the others (consumers.py): a few passes of a slow job, not a dead one's
+    consumer_timeout: float = 60.0
     staging_streams: int | str = "auto"
     policy: str = "met"
     seed: int = 0

@@ -222,8 +222,8 @@ class Schedule:
         self._unread = 0
         self.reads_in_pass = 0
         self._pass_started: float | None = None
-        self._pass_opened = 0
-        self._prev_pass: tuple[float, int] | None = None  # (first open, bytes opened) of the pass just ended
+        self._pass_opened = 0.0
+        self._prev_pass: tuple[float, float] | None = None  # (first open, bytes opened) of the pass just ended
         self._consumption_measured = False
         self.consumption_bps = 0.0
 
@@ -379,22 +379,27 @@ class Schedule:
         self._generation += 1  # a plan under way with the old settings is not kept
         self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)
 
-    def new_view(self) -> None:
+    def view_for(self, *, seed: int, pass_index: int) -> View:
+        """The view of the current mini-epoch in the order of (``seed``, ``pass_index``): the mount's own pass
+        with its seed, a consumer's with its (consumers.py)."""
         s = self.settings
         whole = s.view == "full" or not self.walks_plans
         # (the whole tree looks like the backing: a hard-linked file is one file, shown under each of its names)
         files = self.tree.first_names() if whole else self.current
         if not self.walks_plans:
-            self.view = View(self.tree, files, seed=s.seed, epoch=0, mini_epoch=0, pass_index=self.pos.passes_total,
-                             hard_links=whole)
-        else:
-            self.view = View(self.tree, files, seed=s.seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
-                             pass_index=self.pos.pass_index, hard_links=whole, lists_all=s.listing == "all")
+            return View(self.tree, files, seed=seed, epoch=0, mini_epoch=0, pass_index=pass_index, hard_links=whole)
+        return View(self.tree, files, seed=seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
+                    pass_index=pass_index, hard_links=whole, lists_all=s.listing == "all")
+
+    def new_view(self) -> None:
+        pos = self.pos
+        self.view = self.view_for(seed=self.settings.seed,
+                                  pass_index=pos.pass_index if self.walks_plans else pos.passes_total)
         self._read_mark[:] = False
         self._unread = len(self.view)
         self.reads_in_pass = 0
         self._pass_started = None
-        self._pass_opened = 0
+        self._pass_opened = 0.0
 
     def staging_order(self) -> np.ndarray:
         """What the stager should copy, in order: what the current mini-epoch lacks, then the next one."""
@@ -441,8 +446,9 @@ class Schedule:
         """Whether ``fidx`` (a view file) was opened since this pass began."""
         return bool(self._read_mark[fidx])
 
-    def record_open(self, fidx: int, size: int) -> bool:
-        """Count one open; True when it was the last unread file of the view (the pass is over)."""
+    def record_open(self, fidx: int, size: float) -> bool:
+        """Count one open (``size``: its bytes, shared among the consumers reading); True when it was the last
+        file of the view that nobody had opened this pass (with one consumer: its pass is over)."""
         if self._pass_started is None:
             now = self._pass_started = time.monotonic()
             if self._prev_pass is not None:

@@ -24,6 +24,7 @@ from tierfs.textfile import escape_label
 if TYPE_CHECKING:
     from tierfs.backing import BackingStatistics
     from tierfs.cache import CacheStatistics
+    from tierfs.consumers import ConsumersStatistics
     from tierfs.control import Arf
     from tierfs.following import LoaderStatistics
     from tierfs.opening import TreeStatistics
@@ -139,6 +140,8 @@ class Status:
     loader: dict[str, Any] = field(default_factory=dict)
     #: the substitute option (substitute.py): {enabled, substituted, rounds}
     substitution: dict[str, Any] = field(default_factory=dict)
+    #: the jobs reading the mount (consumers.py): {timeout, live, drops, consumers: [{name, state, passes, ...}]}
+    consumers: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -266,6 +269,27 @@ class Status:
                "Opens refused with EMFILE because their user held its share of the descriptors.",
                self.fd_budget.get("refused", 0))
         metric("arf_score", "gauge", "Last ARF score reported through feedback.", self.arf.score)
+        metric("consumers_live", "gauge", "Consumers (jobs) the mini-epoch waits for.", self.consumers.get("live", 0))
+        metric("consumer_drops_total", "counter", "Times a consumer was dropped from the wait (consumer_timeout).",
+               self.consumers.get("drops", 0))
+        per_consumer = (
+            ("consumer_live", "gauge", "1 while the consumer takes part in the count of passes.",
+             lambda c: int(c["state"] == "live")),
+            ("consumer_passes", "gauge", "Passes the consumer made in the current mini-epoch.", lambda c: c["passes"]),
+            ("consumer_passes_total", "counter", "Passes the consumer made.", lambda c: c["passes_total"]),
+            ("consumer_position_files", "gauge", "View files the consumer opened in its current pass.",
+             lambda c: c["position"]),
+            ("consumer_opens_total", "counter", "Opens of dataset files by the consumer.", lambda c: c["opens"]),
+            ("consumer_samples_per_second", "gauge", "The consumer's opens per second over its last pass.",
+             lambda c: float(c["samples_per_s"])),
+            ("consumer_last_seen_timestamp_seconds", "gauge", "When the consumer last opened or listed (Unix time).",
+             lambda c: float(c["last_seen"])),
+            ("consumer_waiting", "gauge", "1 while the consumer waits for the others (it made its rf passes).",
+             lambda c: int(c["waiting_s"] is not None)),
+        )
+        for name, kind, help_, value in per_consumer:
+            for i, c in enumerate(self.consumers.get("consumers", ())):
+                metric(name, kind, help_ if i == 0 else "", value(c), f'{{consumer="{escape_label(c["name"])}"}}')
         metric("last_error", "gauge", "1 if a control write or staging error is on record.",
                0 if self.last_error is None else 1)
         return "".join(out)
@@ -276,7 +300,8 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                  data: DataPathStatistics, cache: CacheStatistics, stager: StagerStatistics,
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics,
-                 loader: LoaderStatistics, substitution: SubstitutionStatistics) -> Status:
+                 loader: LoaderStatistics, substitution: SubstitutionStatistics,
+                 consumers: ConsumersStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -307,7 +332,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         fd_budget=asdict(data.fd_budget), tree=asdict(tree),
         arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
         mountpoint=mountpoint, loader=asdict(loader),
-        substitution=asdict(substitution),
+        substitution=asdict(substitution), consumers=asdict(consumers),
     )
 
 

@@ -25,7 +25,8 @@ _HISTORY_SHOWN = 6  # entries of rf_effective shown
 def format_status(st: dict[str, Any], *, now: float | None = None) -> str:
     """The summary of status object ``st`` (``now``: wall-clock time, for the ages of stalls)."""
     now = time.time() if now is None else now
-    lines = [_position(st), _rf(st), _view(st), _cache(st), *_staging(st), _reads(st), _io(st)]
+    lines = [_position(st), _rf(st), _view(st), _cache(st), *_staging(st), _reads(st), _io(st),
+             *_consumers(st, now)]
     arf = st.get("arf") or {}
     if arf.get("mode", "off") != "off":
         score = arf.get("score")
@@ -149,6 +150,31 @@ def _io(st: dict[str, Any]) -> str:
     return (f"traffic    readers opened {format_size(st.get('opened_bytes', 0))} at {format_size(rate)}/s; "
             f"backing read {format_size(st.get('backing_bytes_read', 0))}; "
             f"readers stalled {st.get('stall_seconds', 0.0):.1f} s")
+
+
+_CONSUMERS_SHOWN = 8
+
+
+def _consumers(st: dict[str, Any], now: float) -> list[str]:
+    """One line per job reading the mount (consumers.py), once a job has named itself or several read; none for
+    a mount read by one anonymous reader (as before consumers)."""
+    c = st.get("consumers") or {}
+    table = list(c.get("consumers") or ())
+    if not table or [x.get("name") for x in table] == ["anonymous"]:
+        return []
+    rf, view = st.get("rf", 1) or 1, st.get("view_files", 0)
+    lines = [f"consumers  {_n(c.get('live'))} live of {len(table)}, {_n(c.get('drops'))} dropped; a job done with "
+             f"its rf passes waits <= {c.get('timeout', 0):g} s (consumer_timeout)"]
+    for x in sorted(table, key=lambda x: (x.get("state") != "live", x.get("name", "")))[:_CONSUMERS_SHOWN]:
+        waiting = x.get("waiting_s")
+        extra = f", waiting {_duration(waiting)}" if waiting is not None else ""
+        rate = x.get("samples_per_s", 0.0) or 0.0
+        lines.append(f"  {_shorten(str(x.get('name')), 16):<16} {x.get('state'):<7} {x.get('passes', 0)}/{rf} passes, "
+                     f"{_n(x.get('position'))}/{_n(view)} files  {rate:,.0f} files/s  "
+                     f"seen {_duration(max(0.0, now - (x.get('last_seen') or now)))} ago{extra}")
+    if len(table) > _CONSUMERS_SHOWN:
+        lines.append(f"  … {len(table) - _CONSUMERS_SHOWN} more (tierfs status --json)")
+    return lines
 
 
 def _warnings(st: dict[str, Any], now: float) -> list[str]:

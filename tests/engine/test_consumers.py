@@ -1,0 +1,135 @@
+"""Consumers (consumers.py): passes per job, each its own order, the wait bounded by ``consumer_timeout``, ARF
+decided by every live consumer -- the engine driven directly, the consumer named as ``fs.py`` names it."""
+
+from __future__ import annotations
+
+import trio
+
+from tierfs.summary import WIDTH, format_status
+from tierfs.users import OWNER_UID
+
+
+async def _read(e, fidx: int, who: str) -> None:
+    h = await e.data.open_file(fidx, OWNER_UID, who)
+    await e.data.release(h)
+
+
+async def _read_pass(e, who: str) -> None:
+    """One pass of ``who``: its listing of the root (which may wait), then every view file in its order."""
+    await e.begin_pass(OWNER_UID, who, relisted=True)
+    for f in e.consumers.view_of(who).order.tolist():
+        await _read(e, f, who)
+
+
+def _passes(e, who: str) -> int:
+    return e.consumers.get(who).passes
+
+
+def test_the_mount_moves_when_every_live_consumer_made_rf_passes(open_engine, t):
+    e = open_engine(rf=2, advance="strict", consumer_timeout=30)
+
+    async def main():
+        await e.begin_pass(OWNER_UID, "b", relisted=True)
+        b_order = e.consumers.view_of("b").order.tolist()
+        await _read(e, b_order[0], "b")  # b takes part
+        await _read_pass(e, "a")
+        await _read_pass(e, "a")
+        assert _passes(e, "a") == 2 and e.schedule.pos.pass_index == 0 and e.schedule.pos.mini_epoch == 0
+        for f in b_order[1:]:
+            await _read(e, f, "b")
+        assert e.schedule.pos.pass_index == 1 and e.schedule.pos.mini_epoch == 0
+        await _read_pass(e, "b")
+        assert e.schedule.pos.mini_epoch == 1 and e.schedule.pos.rf_effective == [2, 0]
+        assert _passes(e, "a") == _passes(e, "b") == 0
+        st = {c.name: c for c in e.consumers.statistics(30).consumers}
+        assert st["a"].passes_total == st["b"].passes_total == 2 and st["a"].state == st["b"].state == "live"
+
+    t.run(main)
+
+
+def test_each_consumer_lists_and_orders_the_same_view_its_own_way(open_engine, t):
+    e = open_engine(rf=3)
+
+    async def main():
+        anonymous, a, b = e.names.order_text(), e.names.order_text("a"), e.names.order_text("b")
+        assert anonymous == e.schedule.view.order_text()  # a reader that names nothing: as before consumers
+        assert a != b and sorted(a.splitlines()) == sorted(b.splitlines()) == sorted(anonymous.splitlines())
+        assert e.names.list_dir(1, OWNER_UID, "a") == e.names.list_dir(1, OWNER_UID, "b")  # the class folders
+        d = e.names.list_dir(1)[0][1]
+        la, lb = e.names.list_dir(d, OWNER_UID, "a"), e.names.list_dir(d, OWNER_UID, "b")
+        assert sorted(la) == sorted(lb) and (la != lb or len(la) < 2)
+        await _read(e, int(e.schedule.view.order[0]), "b")  # b takes part
+        await _read_pass(e, "a")
+        assert (_passes(e, "a"), _passes(e, "b"), e.schedule.pos.pass_index) == (1, 0, 0)
+        e.names.list_dir(1, OWNER_UID, "b")  # b's listing after a read ends b's pass, nothing of a's
+        assert _passes(e, "a") == _passes(e, "b") == 1 and e.schedule.pos.pass_index == 1
+        e.control_write(b"next-pass\n", "a")  # a's own pass only
+        assert (_passes(e, "a"), _passes(e, "b"), e.schedule.pos.pass_index) == (2, 1, 1)
+
+    t.run(main)
+
+
+def test_a_consumer_ahead_waits_at_most_consumer_timeout_then_the_laggard_is_dropped_and_rejoins(open_engine, t):
+    e = open_engine(rf=2, advance="strict", consumer_timeout=0.3)
+
+    async def main():
+        await _read(e, int(e.schedule.view.order[0]), "slow")
+        await _read_pass(e, "fast")
+        await _read_pass(e, "fast")
+        assert e.schedule.pos.mini_epoch == 0
+        waited = False
+
+        async def nudge():  # another pass end of the mount's (none here) would wake it early
+            nonlocal waited
+            await trio.sleep(0.1)
+            waited = e.consumers.get("fast").waiting_since is not None
+
+        async with trio.open_nursery() as n:
+            n.start_soon(nudge)
+            await e.begin_pass(OWNER_UID, "fast", relisted=True)  # waits for slow, then drops it
+        assert waited
+        slow = e.consumers.get("slow")
+        assert slow.state == "dropped" and e.consumers.drops == 1
+        assert e.schedule.pos.mini_epoch == 1 and e.consumers.get("fast").passes == 0
+        # it rejoins at the mount's position: its next listing, then its first open of a view file
+        await e.begin_pass(OWNER_UID, "slow", relisted=True)
+        await _read(e, int(e.schedule.view.order[0]), "slow")
+        assert slow.state == "live" and slow.passes == 0
+
+    t.run(main)
+
+
+def test_arf_leaves_early_only_when_every_live_consumer_says_advance(open_engine, t):
+    e = open_engine(rf=8, arf="score", arf_wait=1)
+
+    async def main():
+        for who in ("a", "b"):
+            await _read(e, int(e.schedule.view.order[0]), who)
+        for loss in (1.0, 2.0):  # no better: a's ARF says advance
+            e.control_write(f"feedback loss={loss}\n".encode(), "a")
+        assert e.consumers.get("a").advance_vote and not e.schedule.advance_requested  # b's has not
+        for loss in (1.0, 2.0):
+            e.control_write(f"feedback loss={loss}\n".encode(), "b")
+        assert e.schedule.advance_requested  # (the switch waits for the next mini-epoch to be staged)
+
+    t.run(main)
+
+
+def test_status_shows_each_consumer(open_engine, t):
+    e = open_engine(rf=2)
+
+    async def main():
+        assert "consumers" not in format_status(e.status().as_dict())  # one anonymous reader: as before
+        for who in ("lr0.1", "lr0.01"):
+            await _read(e, int(e.schedule.view.order[0]), who)
+        st = e.status()
+        assert [(c["name"], c["state"], c["opens"]) for c in st.consumers["consumers"]] == [
+            ("lr0.01", "live", 1), ("lr0.1", "live", 1)]
+        text = format_status(st.as_dict())
+        assert "consumers  2 live of 2" in text and "  lr0.1 " in text and "1/" in text
+        assert all(len(line) <= WIDTH for line in text.splitlines())
+        prom = st.to_prometheus()
+        assert 'tierfs_consumer_opens_total{consumer="lr0.1"} 1' in prom and "tierfs_consumers_live 2" in prom
+        assert prom.count("# TYPE tierfs_consumer_opens_total") == 1
+
+    t.run(main)

@@ -1,0 +1,310 @@
+"""Consumers: several jobs on one mount, each with its own passes, its own order and its own pace.
+
+A hyperparameter sweep runs 4-8 training jobs over the same data set at once.  One mount serves them all -- one
+cache, one read of the slow tier per epoch -- if passes are counted per job: a *consumer*.
+
+**Who is who.**  A job names itself with ``TIERFS_CONSUMER=NAME`` in its environment (``TIERFS_CONSUMER=lr0.1
+python train.py``): every process started with it -- the DataLoader's workers inherit it -- is that consumer.
+The daemon reads the variable from ``/proc/PID/environ`` of the requesting process (the environment the process
+was started with, so it must be set on the job's command line, not changed from inside), once per process and
+again after :data:`PID_TTL` seconds (pids are reused), in a worker thread (reading another process's environment
+waits on that process's memory map, which a page fault into this very mount may hold).  Readers without it are
+the one *anonymous* consumer: a mount used by one job, or by readers that never name themselves, counts passes
+exactly as before.  Neither the process group nor the session tells jobs apart (measured: two jobs started from
+one non-interactive shell script share both with each other and with their DataLoader workers), so the name is
+explicit.
+
+**Passes.**  A consumer's pass ends when it has opened every file of the view since its pass began, or when it
+lists the root again after opening at least one file, or on ``next-pass`` written by it.  Its listings and its
+``order`` file are in its own shuffle (a seed of its own, from its name), so jobs do not read in lockstep and a
+listing by one never ends another's pass.  A consumer takes part in the count -- is *live* -- from its first
+open of a view file; it joins at the mount's current pass (``Schedule.pos.pass_index``).  The mount's pass count
+is the smallest of the live consumers' (the engine's ``Engine._catch_up``): the mini-epoch moves on, as
+``advance`` rules, once every live consumer has made its ``rf`` passes.
+
+**Waiting, bounded.**  A consumer that has made its ``rf`` passes and is ahead of the others waits when it starts
+another pass (its root listing, or its open of ``order``/``order0``) until the mount moves on -- so each job makes
+exactly ``rf`` passes per mini-epoch.  The wait lasts at most ``consumer_timeout`` seconds: then every live
+consumer that holds the mount back is *dropped* from the count (killed, paused, finished, or just that much
+slower), the mount moves on, and the waiter goes on.  A dropped consumer is served as before; it rejoins at the
+mount's current position with its next root listing (or ``order`` open) and first open of a view file.
+
+This module owns the table of consumers and their pass state and reports them (``status.consumers``); the
+engine decides what a consumer's pass end means for the mount.  Plain Python and numpy on the trio thread, but
+for the environment read.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+
+from tierfs.schedule import Schedule
+from tierfs.view import View
+
+__all__ = ["ANONYMOUS", "CONSUMER_ENV", "Consumer", "ConsumerStatistics", "Consumers", "ConsumersStatistics",
+           "consumer_name"]
+
+log = logging.getLogger("tierfs")
+
+#: The environment variable a job names itself with.
+CONSUMER_ENV = "TIERFS_CONSUMER"
+#: The consumer of every reader that does not name itself.
+ANONYMOUS = "anonymous"
+#: What a name may be: it shows in status, metrics labels and the log.
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]{0,63}")
+#: Seconds a process's name is kept before it is read again (a pid may be reused by another job).
+PID_TTL = 30.0
+#: Consumers kept in the table; beyond it the one seen longest ago that is not live is forgotten.
+MAX_CONSUMERS = 64
+_PIDS_KEPT = 4096
+_ENV_READ_TIMEOUT = 2.0  # a process whose memory map stays locked that long is taken as anonymous
+_KEY = (CONSUMER_ENV + "=").encode()
+
+NEW, LIVE, DROPPED = "new", "live", "dropped"
+
+
+def consumer_name(pid: int) -> str:
+    """The consumer name in the environment process ``pid`` was started with; :data:`ANONYMOUS` if it has none,
+    it cannot be read (gone, another user's) or it is not a valid name (logged).  Blocking: a worker thread."""
+    if pid <= 0:
+        return ANONYMOUS
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read(1 << 20)
+    except OSError:
+        return ANONYMOUS
+    for item in env.split(b"\0"):
+        if item.startswith(_KEY):
+            name = item[len(_KEY):].decode("utf-8", "replace")
+            if NAME.fullmatch(name):
+                return name
+            log.warning("tierfs: process %d: %s=%r is not a consumer name (letters, digits, _.:@+=- up to 64 "
+                        "characters); it reads as the anonymous consumer", pid, CONSUMER_ENV, name[:80])
+            return ANONYMOUS
+    return ANONYMOUS
+
+
+@dataclass(frozen=True)
+class ConsumerStatistics:
+    """One consumer in ``status.consumers``: ``passes`` made in the current mini-epoch, ``position`` the view
+    files opened in its current pass, ``samples_per_s`` its last pass's opens per second (its pass so far until
+    one ended), ``last_seen`` the wall-clock time of its last open or listing, ``waiting_s`` how long it has
+    waited for the others (None: not waiting)."""
+
+    name: str
+    state: str
+    passes: int
+    passes_total: int
+    position: int
+    opens: int
+    samples_per_s: float
+    last_seen: float
+    waiting_s: float | None
+    drops: int
+    advance_vote: bool = False  # its ARF said advance in this mini-epoch
+
+
+@dataclass(frozen=True)
+class ConsumersStatistics:
+    """``status.consumers``: the bound on a wait, how many are live, every consumer in the table."""
+
+    timeout: float
+    live: int
+    drops: int
+    consumers: tuple[ConsumerStatistics, ...] = ()
+
+
+class Consumer:
+    """One job's pass state.  ``passes``: passes made in the current mini-epoch (from the mount's count when it
+    joined); the marks say which view files it opened in its current pass."""
+
+    def __init__(self, name: str, seed: int, n_files: int, view_files: int) -> None:
+        self.name = name
+        self.seed = seed
+        self.state = NEW
+        self.passes = 0
+        self.passes_total = 0
+        self.drops = 0
+        self.opens = 0
+        self.reads_in_pass = 0
+        self.n_files = n_files
+        self.marks: np.ndarray | None = None  # (made at its first open: a lister that never reads costs nothing)
+        self.view_files = self.unread = view_files
+        self.view: View | None = None  # its own order of the view, made when it lists (None: not made yet)
+        self.last_seen = time.time()
+        self.pass_started: float | None = None  # monotonic time of its pass's first open
+        self.rate = 0.0
+        self.waiting_since: float | None = None
+        self.advance_vote = False  # its ARF said advance in the current mini-epoch
+
+    def new_pass(self, view_files: int) -> None:
+        if self.marks is not None:
+            self.marks[:] = False
+        self.view_files = self.unread = view_files
+        self.reads_in_pass = 0
+        self.pass_started = None
+        self.view = None
+
+    def statistics(self, now: float) -> ConsumerStatistics:
+        rate = self.rate
+        if self.pass_started is not None and not self.passes_total and now > self.pass_started:
+            rate = self.reads_in_pass / (now - self.pass_started)  # (no pass ended yet: this one so far)
+        return ConsumerStatistics(
+            name=self.name, state=self.state, passes=self.passes, passes_total=self.passes_total,
+            position=self.view_files - self.unread, opens=self.opens, samples_per_s=rate, last_seen=self.last_seen,
+            waiting_s=None if self.waiting_since is None else now - self.waiting_since, drops=self.drops,
+            advance_vote=self.advance_vote,
+        )
+
+
+class Consumers:
+    """See the module docstring: the consumers of one mount, by name, and the names of the requesting pids."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self._table: dict[str, Consumer] = {}
+        self._pids: dict[int, tuple[str, float]] = {}  # pid -> (name, monotonic time it was read)
+        self._limiter = trio.CapacityLimiter(4)
+        self.drops = 0
+
+    # ============================================================================================ names
+
+    async def name_of(self, pid: int) -> str:
+        """The consumer that process ``pid`` reads as (read from its environment once per :data:`PID_TTL`)."""
+        now = time.monotonic()
+        known = self._pids.get(pid)
+        if known is not None and now - known[1] < PID_TTL:
+            return known[0]
+        name = ANONYMOUS
+        with trio.move_on_after(_ENV_READ_TIMEOUT):
+            name = await trio.to_thread.run_sync(consumer_name, pid, limiter=self._limiter, abandon_on_cancel=True)
+        if len(self._pids) >= _PIDS_KEPT:
+            self._pids = {p: v for p, v in self._pids.items() if now - v[1] < PID_TTL}
+        self._pids[pid] = (name, now)
+        return name
+
+    def get(self, name: str) -> Consumer:
+        """The consumer ``name`` (made now if new; the table keeps :data:`MAX_CONSUMERS`)."""
+        c = self._table.get(name)
+        if c is None:
+            if len(self._table) >= MAX_CONSUMERS:
+                idle = [x for x in self._table.values() if x.state != LIVE and x.waiting_since is None]
+                if idle:
+                    del self._table[min(idle, key=lambda x: x.last_seen).name]
+            seed = self.schedule.settings.seed
+            if name != ANONYMOUS:  # (the anonymous consumer's order is the mount's own: as before consumers)
+                seed += (zlib.crc32(name.encode()) + 1) << 32
+            view = self.schedule.view
+            c = self._table[name] = Consumer(name, seed, self.schedule.tree.n_files, len(view) if view else 0)
+            c.passes = self.schedule.pos.pass_index
+        c.last_seen = time.time()
+        return c
+
+    # =========================================================================================== passes
+
+    def live(self) -> list[Consumer]:
+        return [c for c in self._table.values() if c.state == LIVE]
+
+    def min_passes(self) -> int | None:
+        """The fewest passes a live consumer made in this mini-epoch (None: no consumer is live)."""
+        return min((c.passes for c in self._table.values() if c.state == LIVE), default=None)
+
+    def view_of(self, name: str) -> View | None:
+        """The view as consumer ``name`` lists it now: the same files, in its own order for its pass."""
+        sch = self.schedule
+        c = self._table.get(name)
+        if sch.view is None or (c is None and name == ANONYMOUS):
+            return sch.view
+        c = c or self.get(name)
+        if c.seed == sch.settings.seed and c.passes == sch.pos.pass_index:
+            return sch.view  # (the anonymous consumer in step with the mount: the very same view)
+        if c.view is None:
+            c.view = sch.view_for(seed=c.seed, pass_index=c.passes)
+        return c.view
+
+    def opened(self, c: Consumer, fidx: int, in_view: bool) -> bool:
+        """Consumer ``c`` opened file ``fidx``; True when that was the last view file of its pass (it ends)."""
+        c.opens += 1
+        if in_view and c.state == NEW:
+            self._join(c)
+        now = time.monotonic()
+        if c.pass_started is None:
+            c.pass_started = now
+        c.reads_in_pass += 1
+        if c.marks is None:
+            c.marks = np.zeros(c.n_files, bool)
+        if in_view and not c.marks[fidx]:
+            c.marks[fidx] = True
+            c.unread -= 1
+            return c.unread <= 0 and c.state == LIVE
+        return False
+
+    def _join(self, c: Consumer) -> None:
+        """``c`` takes part from now on, at the mount's current pass."""
+        sch = self.schedule
+        c.state = LIVE
+        c.passes = sch.pos.pass_index
+        c.new_pass(len(sch.view) if sch.view is not None else 0)
+        log.info("tierfs: consumer %s joined at epoch %d, mini-epoch %d, pass %d", c.name, sch.pos.epoch,
+                 sch.pos.mini_epoch, c.passes)
+
+    def pass_over(self, c: Consumer) -> None:
+        """``c``'s pass ended (all read, listed again, ``next-pass``)."""
+        now = time.monotonic()
+        if c.pass_started is not None and now > c.pass_started:
+            c.rate = c.reads_in_pass / (now - c.pass_started)
+        c.passes += 1
+        c.passes_total += 1
+        c.new_pass(len(self.schedule.view) if self.schedule.view is not None else 0)
+
+    def mount_pass_over(self) -> None:
+        """The mount's pass ended: a live consumer behind it (the pass was ended for everyone: ``next-pass``
+        from someone who is not a consumer, engine calls) starts a new pass at the mount's count."""
+        sch = self.schedule
+        for c in self._table.values():
+            if c.state == LIVE and c.passes < sch.pos.pass_index:
+                c.passes = sch.pos.pass_index
+                c.new_pass(len(sch.view) if sch.view is not None else 0)
+
+    def mini_epoch_over(self) -> None:
+        """A new mini-epoch: every consumer starts its first pass over it."""
+        view = self.schedule.view
+        for c in self._table.values():
+            c.passes = 0
+            c.advance_vote = False
+            c.new_pass(len(view) if view is not None else 0)
+
+    def drop(self, c: Consumer, why: str) -> None:
+        c.state = DROPPED
+        c.drops += 1
+        self.drops += 1
+        c.advance_vote = False
+        log.warning("tierfs: consumer %s dropped from the wait: %s; it rejoins with its next listing of the root",
+                    c.name, why)
+
+    def rejoin(self, c: Consumer) -> None:
+        """A dropped consumer starts a pass again (lists the root, opens ``order``): it becomes live at its first
+        open of a view file."""
+        if c.state == DROPPED:
+            c.state = NEW
+            c.passes = self.schedule.pos.pass_index
+            c.new_pass(len(self.schedule.view) if self.schedule.view is not None else 0)
+
+    def vote_advance(self, c: Consumer) -> bool:
+        """``c``'s ARF says advance; True when every live consumer's does (or ``c`` is not live and no one is)."""
+        if c.state == LIVE:
+            c.advance_vote = True
+        live = self.live()
+        return all(x.advance_vote for x in live) if live else True
+
+    def statistics(self, timeout: float) -> ConsumersStatistics:
+        now = time.monotonic()
+        cs = tuple(c.statistics(now) for c in sorted(self._table.values(), key=lambda x: x.name))
+        return ConsumersStatistics(timeout, sum(c.state == LIVE for c in cs), self.drops, cs)
