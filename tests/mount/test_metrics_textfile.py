@@ -48,7 +48,8 @@ def test_two_mounts_in_one_textfile_dir_do_not_collide(tmp_path):
                          f"tierfs-{str(tmp_path / 'b-c').strip('/').replace('-', '--').replace('/', '-')}.prom"]
         texts = [(textfiles / f).read_text() for f in files]
         printed = run_tierfs("metrics", ma.mountpoint)
-        assert printed.returncode == 0 and printed.stdout == texts[0]  # the same text, printed
+        # the same series, printed (not the same values: counters such as backing requests move meanwhile)
+        assert printed.returncode == 0 and set(_series(printed.stdout)) == set(_series(texts[0]))
     per_mount = [_series(t) for t in texts]
     together = {}
     for series in per_mount:  # node-exporter merges the files' families: no series may appear twice
