@@ -5,6 +5,12 @@ frozen ``statistics()`` of its parts -- the cache, the stager, the pusher, the b
 and its own counters; this module reads nothing private, it only renders.  ``/.tierfs/status`` and
 ``/.tierfs/metrics`` render that object once per open, so a reader always gets one complete, consistent object.
 
+:class:`Status` holds the parts' snapshots as they are (``status.backing`` is the backing's
+:class:`BackingStatistics`), so the JSON's sections are those dataclasses' fields and the Prometheus text reads
+them by attribute: :data:`METRICS` names, for each metric, the fields it reads, and :data:`NOT_METRICS` says why
+each other field has none.  A renamed field fails (an ``AttributeError``, and tests/engine/test_metrics.py) rather
+than rendering 0, and a new field fails that test until it gets a metric or a reason.
+
 Prometheus names follow the conventions: base units in the name's suffix (``_bytes``, ``_seconds``), counters
 end in ``_total``, no rates (use ``rate()`` on the counters).
 """
@@ -13,32 +19,35 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import resource
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tierfs import __version__
+from tierfs.backing import BackingStatistics
+from tierfs.consumers import ConsumersStatistics
+from tierfs.following import LoaderStatistics
+from tierfs.opening import TreeStatistics
+from tierfs.pace import PaceStatistics
+from tierfs.plans import PlanStatistics
+from tierfs.pusher import PusherStatistics
+from tierfs.revalidate import RevalidatorStatistics
+from tierfs.staging import StagerStatistics
+from tierfs.substitute import SubstitutionStatistics
 from tierfs.textfile import escape_label
+from tierfs.users import FdBudgetStatistics
 
-if TYPE_CHECKING:
-    from tierfs.backing import BackingStatistics
+if TYPE_CHECKING:  # (the snapshots Status nests are imported above, at run time: get_type_hints(Status) works)
     from tierfs.cache import CacheStatistics
-    from tierfs.consumers import ConsumersStatistics
     from tierfs.control import Arf
-    from tierfs.following import LoaderStatistics
-    from tierfs.opening import TreeStatistics
     from tierfs.options import Settings
-    from tierfs.pace import PaceStatistics
-    from tierfs.plans import PlanStatistics
-    from tierfs.pusher import PusherStatistics
-    from tierfs.revalidate import RevalidatorStatistics
     from tierfs.schedule import ScheduleStatistics
-    from tierfs.staging import StagerStatistics
-    from tierfs.substitute import SubstitutionStatistics
-    from tierfs.users import FdBudgetStatistics
 
-__all__ = ["ArfStatus", "DataPathStatistics", "Prefetch", "Reads", "Status", "build_status"]
+__all__ = ["METRICS", "NOT_METRICS", "ArfStatus", "DataPathStatistics", "Metric", "Prefetch", "Reads", "Status",
+           "build_status"]
 
 
 @dataclass(frozen=True)
@@ -89,59 +98,58 @@ class ArfStatus:
 
 @dataclass(frozen=True)
 class Status:
-    epoch: int = 0
-    mini_epoch: int = 0
-    pass_: int = 0
-    passes_total: int = 0
-    nm: int = 0
-    rf: int = 1
-    rf_setting: int | str = 1
-    rf_wanted: int | None = None  # the IO model's stall-free rf, ceil(EB1/B2), once both rates are measured
-    rf_max: int = 8  # the ceiling in force: the most passes a mini-epoch gets (rf_max, never below an integer rf)
-    rf_effective: tuple[int, ...] = ()
-    advance: str = "ready"
-    policy: str = "met"
-    composition: str = "random"
-    view: str = "mini-epoch"
-    view_files: int = 0
-    view_bytes: int = 0
-    dataset_files: int = 0
-    dataset_bytes: int = 0
-    cache_bytes: int = 0  # on disk, what the cap counts: allocated blocks of the copies + reservations
-    cache_logical_bytes: int = 0  # file sizes of the copies
-    cache_files: int = 0
-    cache_capacity: int = 0
-    cache_repairs: int = 0
-    next_ready: bool = False
-    prefetch: Prefetch = field(default_factory=Prefetch)
-    current_staging: Prefetch = field(default_factory=Prefetch)
-    staging: dict[str, Any] = field(default_factory=dict)
-    reads: Reads = field(default_factory=Reads)
-    backing: dict[str, Any] = field(default_factory=dict)
-    revalidate: dict[str, Any] = field(default_factory=dict)
-    backing_bytes_read: int = 0
-    served_bytes: int = 0
-    opened_bytes: int = 0
-    pushed_bytes: int = 0
-    push: dict[str, Any] = field(default_factory=dict)
-    stall_seconds: float = 0.0
-    consumption_bytes_per_s: float = 0.0
-    slow_tier: dict[str, Any] = field(default_factory=dict)  # staging behind the readers: pace.py
-    handles: int = 0
-    plans: dict[str, Any] = field(default_factory=dict)  # batch plans: issued, pinned (plans.py)
-    fds: int = 0
-    fd_limit: int = 0
-    fd_budget: dict[str, Any] = field(default_factory=dict)  # the handles' descriptors per user (users.py)
-    tree: dict[str, Any] = field(default_factory=dict)  # where the tree came from (scan/saved), its rescan
-    arf: ArfStatus = field(default_factory=ArfStatus)
-    last_error: str | None = None
-    mountpoint: str = ""
-    #: whether the loader follows the view (following.py): {follows_view, warning, warnings}
-    loader: dict[str, Any] = field(default_factory=dict)
-    #: the substitute option (substitute.py): {enabled, substituted, rounds}
-    substitution: dict[str, Any] = field(default_factory=dict)
-    #: the jobs reading the mount (consumers.py): {timeout, live, drops, consumers: [{name, state, passes, ...}]}
-    consumers: dict[str, Any] = field(default_factory=dict)
+    """Everything ``status`` shows, in its order; the sections are the parts' own snapshots."""
+
+    epoch: int
+    mini_epoch: int
+    pass_: int
+    passes_total: int
+    nm: int
+    rf: int
+    rf_setting: int | str
+    rf_wanted: int | None  # the IO model's stall-free rf, ceil(EB1/B2), once both rates are measured
+    rf_max: int  # the ceiling in force: the most passes a mini-epoch gets (rf_max, never below an integer rf)
+    rf_effective: tuple[int, ...]
+    advance: str
+    policy: str
+    composition: str
+    view: str
+    view_files: int
+    view_bytes: int
+    dataset_files: int
+    dataset_bytes: int
+    cache_bytes: int  # on disk, what the cap counts: allocated blocks of the copies + reservations
+    cache_logical_bytes: int  # file sizes of the copies
+    cache_files: int
+    cache_capacity: int
+    cache_repairs: int
+    next_ready: bool
+    prefetch: Prefetch
+    current_staging: Prefetch
+    staging: StagerStatistics
+    reads: Reads
+    backing: BackingStatistics
+    revalidate: RevalidatorStatistics
+    backing_bytes_read: int  # (backing.bytes_read, kept at the top where status has always shown it)
+    served_bytes: int
+    opened_bytes: int
+    pushed_bytes: int  # (push.pushed_bytes, likewise)
+    push: PusherStatistics
+    stall_seconds: float
+    consumption_bytes_per_s: float
+    slow_tier: PaceStatistics  # staging behind the readers: pace.py
+    handles: int
+    plans: PlanStatistics  # batch plans: issued, pinned (plans.py)
+    fds: int
+    fd_limit: int
+    fd_budget: FdBudgetStatistics  # the handles' descriptors per user (users.py)
+    tree: TreeStatistics  # where the tree came from (scan/saved), its rescan
+    arf: ArfStatus
+    last_error: str | None
+    mountpoint: str
+    loader: LoaderStatistics  # whether the loader follows the view (following.py)
+    substitution: SubstitutionStatistics  # the substitute option (substitute.py)
+    consumers: ConsumersStatistics  # the jobs reading the mount (consumers.py)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -156,143 +164,233 @@ class Status:
 
     def to_prometheus(self) -> str:
         out: list[str] = []
-
-        def metric(name: str, kind: str, help_: str, value: float | int | None, labels: str = "") -> None:
-            if help_:  # the second sample of a labelled metric shares the first one's header
-                out.append(f"# HELP tierfs_{name} {help_}\n# TYPE tierfs_{name} {kind}\n")
-            v = "NaN" if value is None else repr(float(value)) if isinstance(value, float) else str(int(value))
-            out.append(f"tierfs_{name}{labels} {v}\n")
-
-        p, r, st, b, rv = self.prefetch, self.reads, self.staging, self.backing, self.revalidate
-        metric("info", "gauge", "The mount and its tierfs; 1.", 1,
-               f'{{mountpoint="{escape_label(self.mountpoint)}",version="{escape_label(__version__)}"}}')
-        metric("epoch", "gauge", "Current epoch.", self.epoch)
-        metric("mini_epoch", "gauge", "Current mini-epoch within the epoch.", self.mini_epoch)
-        metric("pass", "gauge", "Current pass within the mini-epoch.", self.pass_)
-        metric("passes_total", "counter", "Passes completed since the first mount of this cache.",
-               self.passes_total)
-        metric("nm", "gauge", "Mini-epochs in the current epoch.", self.nm)
-        metric("rf", "gauge", "Repeating factor in force.", self.rf)
-        metric("rf_wanted", "gauge", "The stall-free rf of the IO model, ceil(consumption / staging rate); NaN "
-               "until both are measured.", self.rf_wanted)
-        metric("rf_max", "gauge", "The most passes a mini-epoch gets (the ceiling of advance=ready and rf=auto).",
-               self.rf_max)
-        metric("rf_effective", "gauge", "Passes made in the current mini-epoch so far.",
-               self.rf_effective[-1] if self.rf_effective else 0)
-        metric("view_files", "gauge", "Files in the current view.", self.view_files)
-        metric("view_bytes", "gauge", "Bytes in the current view.", self.view_bytes)
-        metric("dataset_files", "gauge", "Files in the backing dir.", self.dataset_files)
-        metric("dataset_bytes", "gauge", "Bytes in the backing dir.", self.dataset_bytes)
-        metric("cache_bytes", "gauge", "Disk bytes the cache occupies (allocated blocks, copies in flight included).",
-               self.cache_bytes)
-        metric("cache_logical_bytes", "gauge", "File sizes of the cached copies.", self.cache_logical_bytes)
-        metric("cache_files", "gauge", "Cached copies.", self.cache_files)
-        metric("cache_capacity_bytes", "gauge", "Cache capacity.", self.cache_capacity)
-        metric("cache_repairs_total", "counter", "Cached copies found damaged or missing (cache misses).",
-               self.cache_repairs)
-        metric("next_ready", "gauge", "1 if the next mini-epoch is staged.", int(self.next_ready))
-        metric("prefetch_files", "gauge", "Files of the mini-epoch being staged.", p.files_total)
-        metric("prefetch_done_files", "gauge", "Files of the mini-epoch being staged that are cached.", p.files_done)
-        metric("prefetch_bytes", "gauge", "Bytes of the mini-epoch being staged.", p.bytes_total)
-        metric("prefetch_done_bytes", "gauge", "Bytes of the mini-epoch being staged that are cached.", p.bytes_done)
-        c = self.current_staging
-        metric("current_pending_files", "gauge", "Files of the current mini-epoch not cached yet.",
-               c.files_total - c.files_done)
-        metric("current_pending_bytes", "gauge", "Bytes of the current mini-epoch not cached yet.",
-               c.bytes_total - c.bytes_done)
-        metric("staged_bytes_total", "counter", "Bytes copied into the cache.", st.get("bytes_staged", 0))
-        metric("staged_files_total", "counter", "Files copied into the cache.", st.get("files_staged", 0))
-        metric("staging_streams", "gauge", "Copies allowed in flight now.", st.get("streams", 0))
-        metric("staging_failed_files", "gauge", "Files waiting to retry staging.", st.get("failed", 0))
-        metric("staging_skipped_total", "counter", "Times a file could not be staged and was skipped.",
-               st.get("skipped", 0))
-        metric("staging_unstaged_files", "gauge", "Files whose last staging try failed.", st.get("unstaged_files", 0))
-        metric("staging_stuck_copies", "gauge", "Copies abandoned on a backing call that has not come back.",
-               st.get("stuck", 0))
-        metric("staging_yielded_seconds_total", "counter", "Seconds staging waited so that readers kept the CPU.",
-               st.get("yielded_seconds", 0))
-        metric("reads_total", "counter", "Opens of dataset files by where they were served from.", r.hits,
-               '{result="hit"}')
-        metric("reads_total", "counter", "", r.misses, '{result="miss"}')
-        metric("reads_out_of_view_total", "counter", "Opens of files outside the current view.", r.out_of_view)
-        metric("loader_off_view", "gauge", "1 while the loader does not follow the view (status: loader.warning).",
-               int(not self.loader.get("follows_view", True)))
-        metric("loader_warnings_total", "counter", "Times a pass showed a loader not following the view.",
-               self.loader.get("warnings", 0))
-        metric("substituted_lookups_total", "counter", "Names resolved to another file of the view (substitute).",
-               self.substitution.get("substituted", 0))
-        metric("reads_direct_total", "counter", "Hits answered with the cached copy's path (user.tierfs.cache_path).",
-               r.direct)
-        metric("reads_plan_total", "counter", "Hits read from batch-plan copies (reported with consumed).", r.plan)
-        metric("reads_unconfirmed_total", "counter",
-               "Hits served while a stalled backing could not confirm the fingerprint.", rv.get("unconfirmed", 0))
-        metric("backing_read_bytes_total", "counter", "Bytes read from the backing dir.", self.backing_bytes_read)
-        metric("backing_stalled", "gauge", "1 while a backing request is outstanding for over a second.",
-               int(b.get("state") == "stalled"))
-        metric("backing_lost", "gauge", "1 while the backing filesystem is gone (e.g. a dead FUSE daemon).",
-               int(b.get("state") == "lost"))
-        metric("backing_refused_total", "counter",
-               "Backing calls failed at once: the backing lost, or a file whose calls are stuck.", b.get("refused", 0))
-        metric("backing_recoveries_total", "counter", "Times a lost backing was re-opened.", b.get("recoveries", 0))
-        metric("backing_waiting_requests", "gauge", "Backing requests outstanding now.", b.get("waiting", 0))
-        metric("backing_requests_total", "counter", "Requests made to the backing dir.", b.get("requests", 0))
-        metric("backing_timeouts_total", "counter", "Backing requests abandoned after backing_timeout.",
-               b.get("timeouts", 0))
-        metric("revalidations_total", "counter", "Backing stats made to confirm fingerprints.", rv.get("checked", 0))
-        metric("revalidation_changes_total", "counter", "Files found changed by them.", rv.get("changed", 0))
-        metric("open_revalidations_total", "counter", "Opens that asked the backing first.", rv.get("open_checks", 0))
-        metric("served_bytes_total", "counter",
-               "Bytes the daemon returned to readers (reads from the kernel page cache are not seen).",
-               self.served_bytes)
-        metric("pushed_bytes_total", "counter", "Staged bytes pushed into the kernel page cache ahead of readers.",
-               self.pushed_bytes)
-        metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
-               self.opened_bytes)
-        metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", self.stall_seconds)
-        tier = self.slow_tier
-        metric("slow_tier_behind", "gauge", "1 while staging is behind the readers (repeats beyond rf, or stalls); "
-               "status.slow_tier says why and what would fix it.", int(tier.get("state", "ok") != "ok"))
-        metric("slow_tier_episodes_total", "counter", "Times staging fell behind the readers.", tier.get("episodes", 0))
-        metric("repeats_beyond_rf_total", "counter", "Passes made beyond rf because the next mini-epoch was not "
-               "staged (advance=ready, up to rf_max).", tier.get("repeats_beyond_rf", 0))
-        metric("stalled_switches_total", "counter", "Switches made before the next mini-epoch was staged "
-               "(advance=strict, or the rf_max ceiling): its readers wait on the slow tier.",
-               tier.get("stalled_switches", 0))
-        metric("consumption_bytes_per_second", "gauge", "Readers' consumption rate measured over the last pass "
-               "(its counter: tierfs_opened_bytes_total).", self.consumption_bytes_per_s)
-        metric("staging_bytes_per_second", "gauge", "Staging rate now (its counter: tierfs_staged_bytes_total).",
-               p.bytes_per_s)
-        metric("open_handles", "gauge", "Dataset files open now.", self.handles)
-        metric("open_fds", "gauge", "File descriptors the daemon holds.", self.fds)
-        metric("fd_limit", "gauge", "The daemon's descriptor limit.", self.fd_limit)
-        metric("fd_refused_total", "counter",
-               "Opens refused with EMFILE because their user held its share of the descriptors.",
-               self.fd_budget.get("refused", 0))
-        metric("arf_score", "gauge", "Last ARF score reported through feedback.", self.arf.score)
-        metric("consumers_live", "gauge", "Consumers (jobs) the mini-epoch waits for.", self.consumers.get("live", 0))
-        metric("consumer_drops_total", "counter", "Times a consumer was dropped from the wait (consumer_timeout).",
-               self.consumers.get("drops", 0))
-        per_consumer = (
-            ("consumer_live", "gauge", "1 while the consumer takes part in the count of passes.",
-             lambda c: int(c["state"] == "live")),
-            ("consumer_passes", "gauge", "Passes the consumer made in the current mini-epoch.", lambda c: c["passes"]),
-            ("consumer_passes_total", "counter", "Passes the consumer made.", lambda c: c["passes_total"]),
-            ("consumer_position_files", "gauge", "View files the consumer opened in its current pass.",
-             lambda c: c["position"]),
-            ("consumer_opens_total", "counter", "Opens of dataset files by the consumer.", lambda c: c["opens"]),
-            ("consumer_samples_per_second", "gauge", "The consumer's opens per second over its last pass.",
-             lambda c: float(c["samples_per_s"])),
-            ("consumer_last_seen_timestamp_seconds", "gauge", "When the consumer last opened or listed (Unix time).",
-             lambda c: float(c["last_seen"])),
-            ("consumer_waiting", "gauge", "1 while the consumer waits for the others (it made its rf passes).",
-             lambda c: int(c["waiting_s"] is not None)),
-        )
-        for name, kind, help_, value in per_consumer:
-            for i, c in enumerate(self.consumers.get("consumers", ())):
-                metric(name, kind, help_ if i == 0 else "", value(c), f'{{consumer="{escape_label(c["name"])}"}}')
-        metric("last_error", "gauge", "1 if a control write or staging error is on record.",
-               0 if self.last_error is None else 1)
+        family = ""
+        for m in METRICS:
+            for labels, value in m.samples(self):
+                if m.name != family:  # a labelled family's samples share one header
+                    family = m.name
+                    out.append(f"# HELP tierfs_{m.name} {m.help}\n# TYPE tierfs_{m.name} {m.kind}\n")
+                v = "NaN" if value is None else repr(float(value)) if isinstance(value, float) else str(int(value))
+                out.append(f"tierfs_{m.name}{labels} {v}\n")
         return "".join(out)
+
+
+def field_at(obj: Any, path: str) -> Any:
+    """The field at dotted ``path`` (``"backing.refused"``) of ``obj``: attributes all the way, no default."""
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One Prometheus metric and the :class:`Status` fields it is made of.
+
+    ``fields`` are dotted paths; ``value`` makes the sample from their values (left out: the one field as it is,
+    a bool as 0/1, None as NaN).  ``labels`` are (label, path of the field giving its value) and ``constant``
+    (label, value).  With ``each`` (the path of a tuple of snapshots) the metric has one sample per item, its
+    paths relative to the item.  Several entries of one name (one per label value) follow each other and share
+    ``kind`` and ``help``."""
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+    fields: tuple[str, ...]
+    value: Callable[..., float | int | None] | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    constant: tuple[tuple[str, str], ...] = ()
+    each: str | None = None
+
+    def samples(self, status: Status) -> Iterator[tuple[str, float | int | None]]:
+        for item in field_at(status, self.each) if self.each else (status,):
+            values = [field_at(item, p) for p in self.fields]
+            pairs = [(k, str(field_at(item, p))) for k, p in self.labels] + list(self.constant)
+            labels = "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs) + "}" if pairs else ""
+            yield labels, self.value(*values) if self.value else values[0]
+
+
+def _is(value: str) -> Callable[[str], bool]:
+    return lambda state: state == value
+
+
+_READS = "Opens of dataset files by where they were served from."
+
+#: every metric, in the order of the text (tests/engine/test_metrics.py checks it against the fields)
+METRICS: tuple[Metric, ...] = (
+    Metric("info", "gauge", "The mount and its tierfs; 1.", (), lambda: 1,
+           labels=(("mountpoint", "mountpoint"),), constant=(("version", __version__),)),
+    Metric("epoch", "gauge", "Current epoch.", ("epoch",)),
+    Metric("mini_epoch", "gauge", "Current mini-epoch within the epoch.", ("mini_epoch",)),
+    Metric("pass", "gauge", "Current pass within the mini-epoch.", ("pass_",)),
+    Metric("passes_total", "counter", "Passes completed since the first mount of this cache.", ("passes_total",)),
+    Metric("nm", "gauge", "Mini-epochs in the current epoch.", ("nm",)),
+    Metric("rf", "gauge", "Repeating factor in force.", ("rf",)),
+    Metric("rf_wanted", "gauge", "The stall-free rf of the IO model, ceil(consumption / staging rate); NaN "
+           "until both are measured.", ("rf_wanted",)),
+    Metric("rf_max", "gauge", "The most passes a mini-epoch gets (the ceiling of advance=ready and rf=auto).",
+           ("rf_max",)),
+    Metric("rf_effective", "gauge", "Passes made in the current mini-epoch so far.", ("rf_effective",),
+           lambda passes: passes[-1] if passes else 0),
+    Metric("view_files", "gauge", "Files in the current view.", ("view_files",)),
+    Metric("view_bytes", "gauge", "Bytes in the current view.", ("view_bytes",)),
+    Metric("dataset_files", "gauge", "Files in the backing dir.", ("dataset_files",)),
+    Metric("dataset_bytes", "gauge", "Bytes in the backing dir.", ("dataset_bytes",)),
+    Metric("cache_bytes", "gauge", "Disk bytes the cache occupies (allocated blocks, copies in flight included).",
+           ("cache_bytes",)),
+    Metric("cache_logical_bytes", "gauge", "File sizes of the cached copies.", ("cache_logical_bytes",)),
+    Metric("cache_files", "gauge", "Cached copies.", ("cache_files",)),
+    Metric("cache_capacity_bytes", "gauge", "Cache capacity.", ("cache_capacity",)),
+    Metric("cache_repairs_total", "counter", "Cached copies found damaged or missing (cache misses).",
+           ("cache_repairs",)),
+    Metric("next_ready", "gauge", "1 if the next mini-epoch is staged.", ("next_ready",)),
+    Metric("prefetch_files", "gauge", "Files of the mini-epoch being staged.", ("prefetch.files_total",)),
+    Metric("prefetch_done_files", "gauge", "Files of the mini-epoch being staged that are cached.",
+           ("prefetch.files_done",)),
+    Metric("prefetch_bytes", "gauge", "Bytes of the mini-epoch being staged.", ("prefetch.bytes_total",)),
+    Metric("prefetch_done_bytes", "gauge", "Bytes of the mini-epoch being staged that are cached.",
+           ("prefetch.bytes_done",)),
+    Metric("current_pending_files", "gauge", "Files of the current mini-epoch not cached yet.",
+           ("current_staging.files_total", "current_staging.files_done"), operator.sub),
+    Metric("current_pending_bytes", "gauge", "Bytes of the current mini-epoch not cached yet.",
+           ("current_staging.bytes_total", "current_staging.bytes_done"), operator.sub),
+    Metric("staged_bytes_total", "counter", "Bytes copied into the cache.", ("staging.bytes_staged",)),
+    Metric("staged_files_total", "counter", "Files copied into the cache.", ("staging.files_staged",)),
+    Metric("staging_streams", "gauge", "Copies allowed in flight now.", ("staging.streams",)),
+    Metric("staging_failed_files", "gauge", "Files waiting to retry staging.", ("staging.failed",)),
+    Metric("staging_skipped_total", "counter", "Times a file could not be staged and was skipped.",
+           ("staging.skipped",)),
+    Metric("staging_unstaged_files", "gauge", "Files whose last staging try failed.", ("staging.unstaged_files",)),
+    Metric("staging_stuck_copies", "gauge", "Copies abandoned on a backing call that has not come back.",
+           ("staging.stuck",)),
+    Metric("staging_yielded_seconds_total", "counter", "Seconds staging waited so that readers kept the CPU.",
+           ("staging.yielded_seconds",)),
+    Metric("reads_total", "counter", _READS, ("reads.hits",), constant=(("result", "hit"),)),
+    Metric("reads_total", "counter", _READS, ("reads.misses",), constant=(("result", "miss"),)),
+    Metric("reads_out_of_view_total", "counter", "Opens of files outside the current view.", ("reads.out_of_view",)),
+    Metric("loader_off_view", "gauge", "1 while the loader does not follow the view (status: loader.warning).",
+           ("loader.follows_view",), operator.not_),
+    Metric("loader_warnings_total", "counter", "Times a pass showed a loader not following the view.",
+           ("loader.warnings",)),
+    Metric("substituted_lookups_total", "counter", "Names resolved to another file of the view (substitute).",
+           ("substitution.substituted",)),
+    Metric("reads_direct_total", "counter", "Hits answered with the cached copy's path (user.tierfs.cache_path).",
+           ("reads.direct",)),
+    Metric("reads_plan_total", "counter", "Hits read from batch-plan copies (reported with consumed).",
+           ("reads.plan",)),
+    Metric("reads_unconfirmed_total", "counter",
+           "Hits served while a stalled backing could not confirm the fingerprint.", ("revalidate.unconfirmed",)),
+    Metric("backing_read_bytes_total", "counter", "Bytes read from the backing dir.", ("backing.bytes_read",)),
+    Metric("backing_stalled", "gauge", "1 while a backing request is outstanding for over a second.",
+           ("backing.state",), _is("stalled")),
+    Metric("backing_lost", "gauge", "1 while the backing filesystem is gone (e.g. a dead FUSE daemon).",
+           ("backing.state",), _is("lost")),
+    Metric("backing_refused_total", "counter",
+           "Backing calls failed at once: the backing lost, or a file whose calls are stuck.", ("backing.refused",)),
+    Metric("backing_recoveries_total", "counter", "Times a lost backing was re-opened.", ("backing.recoveries",)),
+    Metric("backing_waiting_requests", "gauge", "Backing requests outstanding now.", ("backing.waiting",)),
+    Metric("backing_requests_total", "counter", "Requests made to the backing dir.", ("backing.requests",)),
+    Metric("backing_timeouts_total", "counter", "Backing requests abandoned after backing_timeout.",
+           ("backing.timeouts",)),
+    Metric("revalidations_total", "counter", "Backing stats made to confirm fingerprints.", ("revalidate.checked",)),
+    Metric("revalidation_changes_total", "counter", "Files found changed by them.", ("revalidate.changed",)),
+    Metric("open_revalidations_total", "counter", "Opens that asked the backing first.",
+           ("revalidate.open_checks",)),
+    Metric("served_bytes_total", "counter",
+           "Bytes the daemon returned to readers (reads from the kernel page cache are not seen).", ("served_bytes",)),
+    Metric("pushed_bytes_total", "counter", "Staged bytes pushed into the kernel page cache ahead of readers.",
+           ("push.pushed_bytes",)),
+    Metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
+           ("opened_bytes",)),
+    Metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", ("stall_seconds",)),
+    Metric("slow_tier_behind", "gauge", "1 while staging is behind the readers (repeats beyond rf, or stalls); "
+           "status.slow_tier says why and what would fix it.", ("slow_tier.state",), lambda state: state != "ok"),
+    Metric("slow_tier_episodes_total", "counter", "Times staging fell behind the readers.", ("slow_tier.episodes",)),
+    Metric("repeats_beyond_rf_total", "counter", "Passes made beyond rf because the next mini-epoch was not "
+           "staged (advance=ready, up to rf_max).", ("slow_tier.repeats_beyond_rf",)),
+    Metric("stalled_switches_total", "counter", "Switches made before the next mini-epoch was staged "
+           "(advance=strict, or the rf_max ceiling): its readers wait on the slow tier.",
+           ("slow_tier.stalled_switches",)),
+    Metric("consumption_bytes_per_second", "gauge", "Readers' consumption rate measured over the last pass "
+           "(its counter: tierfs_opened_bytes_total).", ("consumption_bytes_per_s",)),
+    Metric("staging_bytes_per_second", "gauge", "Staging rate now (its counter: tierfs_staged_bytes_total).",
+           ("staging.bytes_per_s",)),
+    Metric("open_handles", "gauge", "Dataset files open now.", ("handles",)),
+    Metric("open_fds", "gauge", "File descriptors the daemon holds.", ("fds",)),
+    Metric("fd_limit", "gauge", "The daemon's descriptor limit.", ("fd_limit",)),
+    Metric("fd_refused_total", "counter",
+           "Opens refused with EMFILE because their user held its share of the descriptors.",
+           ("fd_budget.refused",)),
+    Metric("arf_score", "gauge", "Last ARF score reported through feedback.", ("arf.score",)),
+    Metric("consumers_live", "gauge", "Consumers (jobs) the mini-epoch waits for.", ("consumers.live",)),
+    Metric("consumer_drops_total", "counter", "Times a consumer was dropped from the wait (consumer_timeout).",
+           ("consumers.drops",)),
+    *(Metric(name, kind, help_, (path,), value, labels=(("consumer", "name"),), each="consumers.consumers")
+      for name, kind, help_, path, value in (
+          ("consumer_live", "gauge", "1 while the consumer takes part in the count of passes.", "state",
+           _is("live")),
+          ("consumer_passes", "gauge", "Passes the consumer made in the current mini-epoch.", "passes", None),
+          ("consumer_passes_total", "counter", "Passes the consumer made.", "passes_total", None),
+          ("consumer_position_files", "gauge", "View files the consumer opened in its current pass.", "position",
+           None),
+          ("consumer_opens_total", "counter", "Opens of dataset files by the consumer.", "opens", None),
+          ("consumer_samples_per_second", "gauge", "The consumer's opens per second over its last pass.",
+           "samples_per_s", float),
+          ("consumer_last_seen_timestamp_seconds", "gauge",
+           "When the consumer last opened or listed (Unix time).", "last_seen", float),
+          ("consumer_waiting", "gauge", "1 while the consumer waits for the others (it made its rf passes).",
+           "waiting_s", lambda waited: waited is not None),
+      )),
+    Metric("last_error", "gauge", "1 if a control write or staging error is on record.", ("last_error",),
+           lambda error: error is not None),
+)
+
+_TEXT = "text: status shows it, a metric carries numbers"
+_SETTING = "a setting: status shows it, the control file changes it"
+_DIAGNOSTIC = "a diagnostic figure: status shows it, no metric so far"
+_SINCE = "the wall-clock start of the state its gauge shows"
+_FD_SHARE = "a share of the descriptor limit (tierfs_fd_limit)"
+_AT_MOUNT = "found once per mount (the tree's load and rescan): status shows it"
+_MEASURED = ("as measured when staging fell behind, for status's why and fix (the live rates: "
+             "tierfs_staging_bytes_per_second, tierfs_consumption_bytes_per_second)")
+
+#: why the fields of :class:`Status` that no metric reads have none (a path covers the fields under it)
+NOT_METRICS: dict[str, str] = {
+    "rf_setting": "a setting, an integer or 'auto': tierfs_rf is the rf in force",
+    "advance": _SETTING, "policy": _SETTING, "composition": _SETTING, "view": _SETTING,
+    "prefetch.bytes_per_s": "the same rate as staging.bytes_per_s (tierfs_staging_bytes_per_second)",
+    "prefetch.eta_s": "bytes left / staging rate: a PromQL expression of the metrics",
+    "current_staging.bytes_per_s": "the same rate as staging.bytes_per_s (tierfs_staging_bytes_per_second)",
+    "current_staging.eta_s": "bytes left / staging rate: a PromQL expression of the metrics",
+    "staging.streams_limit": _SETTING,
+    "staging.inflight": _DIAGNOSTIC, "staging.queued": _DIAGNOSTIC,
+    "staging.files_per_s": "a rate: rate(tierfs_staged_files_total)",
+    "staging.unstaged": "the files and why, text (their count: tierfs_staging_unstaged_files)",
+    "staging.threads_left": "the staging threads less the stuck copies (tierfs_staging_stuck_copies)",
+    "staging.error": _TEXT,
+    "backing.stalled_since": _SINCE, "backing.lost_since": _SINCE, "backing.reason": _TEXT,
+    "backing.threads": "the backing's thread limit, fixed at mount",
+    "backing.probes": _DIAGNOSTIC,
+    "revalidate.setting": _SETTING,
+    "backing_bytes_read": "the same count as backing.bytes_read (tierfs_backing_read_bytes_total)",
+    "pushed_bytes": "the same count as push.pushed_bytes (tierfs_pushed_bytes_total)",
+    "push.window_bytes": _DIAGNOSTIC, "push.budget": _DIAGNOSTIC, "push.queued": _DIAGNOSTIC,
+    "push.waiting_for_inode": _DIAGNOSTIC,
+    "slow_tier.since": _SINCE, "slow_tier.staging_bytes_per_s": _MEASURED,
+    "slow_tier.consumption_bytes_per_s": _MEASURED, "slow_tier.rf_needed": _MEASURED,
+    "slow_tier.why": _TEXT, "slow_tier.fix": _TEXT,
+    "plans.issued": _DIAGNOSTIC, "plans.pinned_plans": _DIAGNOSTIC, "plans.pinned_copies": _DIAGNOSTIC,
+    "plans.reported": "the same count as reads.plan (tierfs_reads_plan_total)",
+    "fd_budget.reserve": _FD_SHARE, "fd_budget.others_limit": _FD_SHARE, "fd_budget.per_user_limit": _FD_SHARE,
+    "fd_budget.others_held": _DIAGNOSTIC,
+    "tree.source": _TEXT, "tree.seconds": _AT_MOUNT, "tree.rescan": _TEXT,
+    "tree.added": _AT_MOUNT, "tree.removed": _AT_MOUNT, "tree.changed": _AT_MOUNT,
+    "arf.mode": _SETTING, "arf.history": "a list of scored feedback lines",
+    "loader.warning": _TEXT,
+    "substitution.enabled": _SETTING, "substitution.rounds": _DIAGNOSTIC,
+    "consumers.timeout": _SETTING,
+    "consumers.consumers[].drops": "per consumer; the mount's count is tierfs_consumer_drops_total",
+    "consumers.consumers[].advance_vote": _DIAGNOSTIC,
+}
 
 
 def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int | None, rf_max: int,
@@ -323,16 +421,13 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                                  bytes_total=sch.current_bytes,
                                  bytes_per_s=stager.bytes_per_s,
                                  eta_s=_eta(sch.current_pending_bytes, stager.bytes_per_s)),
-        staging=asdict(stager), reads=data.reads, backing=asdict(backing), revalidate=asdict(revalidation),
+        staging=stager, reads=data.reads, backing=backing, revalidate=revalidation,
         backing_bytes_read=backing.bytes_read, served_bytes=data.served_bytes,
-        opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=asdict(pusher),
-        stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s,
-        slow_tier=asdict(pace),
-        handles=data.handles, plans=asdict(data.plans), fds=_open_fds(fd_limit), fd_limit=fd_limit,
-        fd_budget=asdict(data.fd_budget), tree=asdict(tree),
-        arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])), last_error=last_error,
-        mountpoint=mountpoint, loader=asdict(loader),
-        substitution=asdict(substitution), consumers=asdict(consumers),
+        opened_bytes=data.opened_bytes, pushed_bytes=pusher.pushed_bytes, push=pusher,
+        stall_seconds=data.stall_seconds, consumption_bytes_per_s=sch.consumption_bytes_per_s, slow_tier=pace,
+        handles=data.handles, plans=data.plans, fds=_open_fds(fd_limit), fd_limit=fd_limit,
+        fd_budget=data.fd_budget, tree=tree, arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])),
+        last_error=last_error, mountpoint=mountpoint, loader=loader, substitution=substitution, consumers=consumers,
     )
 
 

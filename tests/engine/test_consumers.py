@@ -123,7 +123,7 @@ def test_status_shows_each_consumer(open_engine, t):
         for who in ("lr0.1", "lr0.01"):
             await _read(e, int(e.schedule.view.order[0]), who)
         st = e.status()
-        assert [(c["name"], c["state"], c["opens"]) for c in st.consumers["consumers"]] == [
+        assert [(c.name, c.state, c.opens) for c in st.consumers.consumers] == [
             ("lr0.01", "live", 1), ("lr0.1", "live", 1)]
         text = format_status(st.as_dict())
         assert "consumers  2 live of 2" in text and "  lr0.1 " in text and "1/" in text

@@ -46,7 +46,7 @@ def test_a_loader_that_follows_the_view_is_never_warned_and_a_good_pass_clears_a
     async def main():
         for _ in range(4):
             await t.read_view(e)
-        assert _loader(e)["follows_view"] and e.status().loader["warnings"] == 0
+        assert _loader(e)["follows_view"] and e.status().loader.warnings == 0
         outside = [f for f in range(e.tree.n_files) if not e.schedule.view.mask[f]]
         for f in (outside * 4)[:max(MIN_OPENS, len(e.schedule.view)) + 1]:
             await t.read_file(e, f)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tierfs.stats import METRICS
+from tierfs.users import OWNER_UID
+
 prometheus = pytest.importorskip("prometheus_client.parser")
 
 
@@ -50,3 +53,19 @@ def test_metrics_parse_follow_the_naming_conventions_and_carry_every_status_figu
         assert samples[name] == pytest.approx(value), name
     hits = [s for s in families["tierfs_reads"].samples if s.labels == {"result": "hit"}]
     assert hits and hits[0].value == status.reads.hits == 3
+
+
+def test_every_metric_of_the_table_renders_and_parses_with_consumers(open_engine, t):
+    e = open_engine(rf=2)
+
+    async def read_as(who: str) -> None:
+        h = await e.data.open_file(int(e.schedule.view.order[0]), OWNER_UID, who)
+        await e.data.release(h)
+
+    for who in ("a", 'b"\\'):
+        t.run(lambda who=who: read_as(who))
+    status = e.status()
+    samples = [s for f in prometheus.text_string_to_metric_families(status.to_prometheus()) for s in f.samples]
+    assert {s.name for s in samples} == {f"tierfs_{m.name}" for m in METRICS}  # (a counter's samples keep _total)
+    per_consumer = [s for s in samples if s.name == "tierfs_consumer_opens_total"]
+    assert {s.labels["consumer"]: s.value for s in per_consumer} == {"a": 1, 'b"\\': 1}

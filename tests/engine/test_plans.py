@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from tierfs.control import format_indices, parse_indices
+from tierfs.plans import PlanStatistics
 from tierfs.tree import fingerprint
 
 
@@ -80,7 +81,7 @@ def test_plan_lists_the_pass_with_checked_copies_and_reports_count_exactly_as_op
         assert after[3] - before[3] == sum(f["size"] for f in plan["files"])
         assert after[4] == before[4]
         assert all(entry.opens == 0 for entry in e.cache.entries.values())
-        assert e.status().plans == {"issued": 1, "pinned_plans": 0, "pinned_copies": 0, "reported": len(copies)}
+        assert e.status().plans == PlanStatistics(issued=1, pinned_plans=0, pinned_copies=0, reported=len(copies))
         # a late report about that plan counts nothing twice
         e.batch.consumed(plan["plan"], copies)
         assert e.status().reads.plan == len(copies)
@@ -121,7 +122,7 @@ def test_plan_only_for_the_mounts_user_and_root(open_engine, t):
         with pytest.raises(PermissionError) as exc:
             await e.batch.plan_text(os.getuid() + 12345)
         assert exc.value.errno == errno.EACCES
-        assert e.status().plans["issued"] == 0
+        assert e.status().plans.issued == 0
 
     t.run(main)
 
@@ -242,7 +243,7 @@ def test_many_readers_plans_pin_each_copy_once_until_the_pass_ends(open_engine, 
         pinned = [e.cache.get(_fidx(e, f["path"])) for f in first["files"] if f["copy"]]
         # one pin per copy for the pass, however many readers ask (each plan's own number still takes reports)
         assert pinned and all(entry.opens == 1 for entry in pinned)
-        assert e.status().plans["pinned_copies"] == len(pinned) and e.status().plans["pinned_plans"] == len(plans)
+        assert e.status().plans.pinned_copies == len(pinned) and e.status().plans.pinned_plans == len(plans)
         e.batch.consumed(first["plan"], [0])  # the first plan still takes reports
         e.control_write(b"next-pass")
         assert all(entry.opens == 0 for entry in pinned)

@@ -136,14 +136,14 @@ def test_a_slow_tier_is_shown_with_its_cause_and_fix_once_per_episode(open_engin
                 await t.read_view(e)
             st = e.status()
             # (each pass end past rf that repeats counts the pass it begins)
-            assert st.slow_tier["state"] == "repeating" and st.slow_tier["repeats_beyond_rf"] == 2
+            assert st.slow_tier.state == "repeating" and st.slow_tier.repeats_beyond_rf == 2
             await t.read_view(e)  # the ceiling: switched before the next was staged
             st = e.status()
             tier = st.slow_tier
-            assert tier["state"] == "stalling" and tier["stalled_switches"] == 1 and tier["repeats_beyond_rf"] == 2
-            assert "staging reads the slow tier at" in tier["why"] and "the readers consume" in tier["why"]
-            assert "a larger bandwidth cap (now 1M/s)" in tier["fix"] and "accept the stalls" in tier["fix"]
-            assert "capacity >= " in tier["fix"] and "nm=1" in tier["fix"]
+            assert tier.state == "stalling" and tier.stalled_switches == 1 and tier.repeats_beyond_rf == 2
+            assert "staging reads the slow tier at" in tier.why and "the readers consume" in tier.why
+            assert "a larger bandwidth cap (now 1M/s)" in tier.fix and "accept the stalls" in tier.fix
+            assert "capacity >= " in tier.fix and "nm=1" in tier.fix
             metrics = st.to_prometheus()
             assert "tierfs_slow_tier_behind 1\n" in metrics and "tierfs_repeats_beyond_rf_total 2\n" in metrics
             assert "tierfs_stalled_switches_total 1\n" in metrics
@@ -162,12 +162,12 @@ def test_a_slow_tier_is_shown_with_its_cause_and_fix_once_per_episode(open_engin
                     await t.settle(e)
                     await t.read_view(e)  # rf passes, the next one staged
                 n.cancel_scope.cancel()
-            assert e.status().slow_tier["state"] == "ok"
+            assert e.status().slow_tier.state == "ok"
             assert e.status().to_prometheus().count("tierfs_slow_tier_behind 0\n") == 1
             assert "slow tier behind" not in format_status(json.loads(e.status().to_json()))
             for _ in range(2):
                 await t.read_view(e)  # behind again: a second episode, a second line
             assert sum("slow tier is behind" in r.getMessage() for r in caplog.records) == 2
-            assert e.status().slow_tier["episodes"] == 2
+            assert e.status().slow_tier.episodes == 2
 
     t.run(main)

@@ -221,7 +221,7 @@ def test_staging_yields_to_readers_and_still_finishes(open_engine, t, tmp_path):
             n.cancel_scope.cancel()
 
     t.run(main)
-    assert e.status().staging["yielded_seconds"] > 0
+    assert e.status().staging.yielded_seconds > 0
     assert e.next_ready()
     for f in e.schedule.next_files.tolist():
         entry = e.cache.get(f)

@@ -7,6 +7,7 @@ import os
 import pyfuse3
 
 from tierfs.fs import TierOperations
+from tierfs.substitute import SubstitutionStatistics
 
 CTX = pyfuse3.RequestContext()  # (root: steers the schedule)
 
@@ -57,7 +58,7 @@ def test_names_resolve_to_view_files_of_their_directory_once_each_per_pass(open_
         assert {d: sorted(v) for d, v in served.items()} == {d: sorted(v) for d, v in per_dir.items()}
         assert e.schedule.pos.passes_total == 1 and e.data.out_of_view == 0
         st = e.status()
-        assert st.substitution["substituted"] > 0 and "tierfs_substituted_lookups_total" in st.to_prometheus()
+        assert st.substitution.substituted > 0 and "tierfs_substituted_lookups_total" in st.to_prometheus()
         # a new pass (a new mini-epoch here): the names are drawn again, from the new view
         a = await _lookup(ops, names[0])
         f = e.names.file_index(a.st_ino)
@@ -76,6 +77,6 @@ def test_without_substitute_names_are_their_own_files(open_engine, dataset, t):
             a = await _lookup(ops, rel)
             assert os.fsdecode(e.tree.file_path(e.names.file_index(a.st_ino))) == rel
             assert a.entry_timeout > 0
-        assert e.status().substitution == {"enabled": False, "substituted": 0, "rounds": 0}
+        assert e.status().substitution == SubstitutionStatistics(enabled=False, substituted=0, rounds=0)
 
     t.run(main)
