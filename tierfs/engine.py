@@ -343,8 +343,10 @@ class Engine:
             self.end_pass()
 
     def _root_relisted(self, uid: int) -> None:
-        # (the same rule for listings: another user's ``ls`` of the root never ends everyone's pass)
-        if self.steering.steers(uid):
+        # (the same rule for listings: another user's ``ls`` of the root never ends everyone's pass).  Under
+        # listing=all a root listing is a dataset being built once -- each rank of a job builds its own, a late
+        # one after the others began the pass -- never the start of an epoch: it ends nothing.
+        if self.settings.listing != "all" and self.steering.steers(uid):
             self.end_pass()
 
     # ==================================================================== what files mean for the parts
