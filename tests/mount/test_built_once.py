@@ -196,40 +196,70 @@ def test_a_pass_left_unread_is_ended_by_rank_0_and_a_plain_directory_gives_every
         assert sorted(second) == sorted(first) and second != first  # the same mini-epoch, a new order
 
 
+def _classes64(backing: Path) -> dict[str, int]:
+    """The built-once tests' data set: 4 class folders of 16 files, every file's bytes distinct."""
+    from tierfs.testing import make_dataset
+
+    files = make_dataset(backing, dirs=4, files_per_dir=16, max_size=16 << 10, seed=7)
+    assert len({(backing / r).read_bytes() for r in files}) == len(files)
+    return files
+
+
 def test_substitute_gives_a_loader_built_once_mini_epochs_with_no_change(mount_dirs):
     """The dataset built once, no sampler, substitute on: every read is a whole view file of the name's class
-    folder (fstat agrees), the passes and mini-epochs advance with the reads, the slow tier is read about data/rf
+    folder (fstat agrees), each view file is served once per pass (a folder's view files all served before one
+    is served again), the passes and mini-epochs advance with the reads, the slow tier is read about data/rf
     per data-worth of reads."""
-    from tierfs.testing import make_dataset, mounted
+    from tierfs.testing import mounted
 
     mnt, cache = mount_dirs
     backing = Path(mnt).parent / "backing_s"
-    files = make_dataset(backing, dirs=4, files_per_dir=16, max_size=16 << 10, seed=7)
+    files = _classes64(backing)
     by_bytes = {(backing / r).read_bytes(): r for r in files}
-    assert len(by_bytes) == len(files)
     total, nm, rf, epochs = sum(files.values()), 4, 2, 4
     with mounted(backing, mnt, cache, total, nm=nm, rf=rf, listing="all", substitute=True,
                  composition="stratified") as m:
         names = _listing(m.mountpoint)  # built once: every file
         assert len(names) == len(files)
+        client = Client(m.mountpoint)
+        views: dict[int, set[str]] = {}  # each pass's view, read before its first read (one reader: no race)
 
-        def epoch(seed: int) -> list[tuple[str, str, int]]:
+        def epoch(seed: int) -> list[tuple[str, str, int, int]]:
+            """(name, file served, its fstat size, the pass it was read in) of every name, in a shuffled order (as
+            DataLoader(shuffle=True) reads), one at a time."""
             out = []
-            for p in random.Random(seed).sample(names, len(names)):  # (DataLoader(shuffle=True) order)
+            for p in random.Random(seed).sample(names, len(names)):
+                passes = client.status()["passes_total"]
+                if passes not in views:
+                    views[passes] = {x.decode() for x in client.order()}
                 with open(p, "rb") as f:
                     data = f.read()
-                    out.append((os.path.relpath(p, m.mountpoint), by_bytes[data], os.fstat(f.fileno()).st_size))
+                    size = os.fstat(f.fileno()).st_size
+                out.append((os.path.relpath(p, m.mountpoint), by_bytes[data], size, passes))
             return out
 
-        seen: set[str] = set()
-        positions = set()
+        positions, reads = set(), []
         with ThreadPoolExecutor(1) as pool:
             for e in range(epochs):
                 positions.add((m.status()["epoch"], m.status()["mini_epoch"]))
-                for name, got, size in pool.submit(epoch, e).result(timeout=_DEADLINE):
-                    assert got.split("/")[0] == name.split("/")[0]  # the name's class folder: its label holds
-                    assert size == files[got]  # whole, and stat agrees
-                    seen.add(got)
+                reads += pool.submit(epoch, e).result(timeout=_DEADLINE)
+        for name, got, size, _ in reads:
+            assert got.split("/")[0] == name.split("/")[0]  # the name's class folder: its label holds
+            assert size == files[got]  # whole, and stat agrees
+        ended = sorted(views)[:-1]  # every pass the reads ended (the last one is cut off by the end)
+        assert ended and ended == list(range(ended[0], ended[0] + len(ended)))
+        for n in ended:
+            in_pass: dict[str, str] = {}  # name -> served (a name read again in its pass gets the same file)
+            for name, got, _, passes in reads:
+                if passes == n:
+                    assert in_pass.setdefault(name, got) == got
+            # the pass ended once every view file was served, and nothing else was
+            assert set(in_pass.values()) == views[n]
+            # drawn without replacement: in each folder, every view file once before any again
+            for folder in {v.split("/")[0] for v in views[n]}:
+                k = sum(v.split("/")[0] == folder for v in views[n])
+                served = [g for g in in_pass.values() if g.split("/")[0] == folder]
+                assert all(len(set(served[i:i + k])) == len(served[i:i + k]) for i in range(0, len(served), k))
         st = m.status()
         assert st["reads"]["out_of_view"] == 0 and st["substitution"]["substituted"] > 0
         assert st["loader"]["follows_view"]
@@ -237,6 +267,27 @@ def test_substitute_gives_a_loader_built_once_mini_epochs_with_no_change(mount_d
         # takes a pass-worth of reads (the view's size) and more where one folder's reads came first (its files
         # are then served again: a name resolves within its folder only); at most twice that here
         assert st["passes_total"] >= epochs * len(files) // (2 * st["view_files"])
-        assert len(positions) >= 2 and len(seen) > len(files) // nm
+        assert len(positions) >= 2 and len({g for _, g, _, _ in reads}) > len(files) // nm
         biggest = max(st["view_bytes"], st["prefetch"]["bytes_total"])
         assert st["backing_bytes_read"] <= total * epochs / rf + 2 * biggest
+
+
+def test_without_substitute_a_dataset_built_once_is_told_within_one_pass(mount_dirs):
+    """The same dataset built once and read the same way on a mount without ``substitute``: its reads fall out of
+    view, and the mount says so (status, log) once a pass-worth of them was read."""
+    from tierfs.testing import mounted
+
+    mnt, cache = mount_dirs
+    backing = Path(mnt).parent / "backing_s"
+    files = _classes64(backing)
+    with mounted(backing, mnt, cache, sum(files.values()), nm=4, rf=2, listing="all",
+                 composition="stratified") as m:
+        names = _listing(m.mountpoint)
+        st0 = m.status()
+        assert st0["loader"]["follows_view"] and len(names) == len(files)
+        _read_all(random.Random(0).sample(names, st0["view_files"]))  # one pass-worth of a shuffled epoch
+        st = m.status()
+        assert st["passes_total"] == st0["passes_total"]  # (the pass did not end: most reads were out of view)
+        assert st["loader"]["follows_view"] is False and "MountSampler" in st["loader"]["warning"]
+        assert st["substitution"] == {"enabled": False, "substituted": 0, "rounds": 0}
+        assert m.stderr().count("does not follow the view") == 1
