@@ -79,6 +79,10 @@ class Config:
     composition: str = "random"
     arf: str = "off"
     knobs: dict = field(default_factory=dict)  # arf_wait, arf_window, arf_k
+    # how the trainer finds its files: "relist" (dslide's own: each pass lists the directories, so it follows
+    # the view), or built once over a listing=all mount (benchmarks/built_once_train.py): "sampler" (the
+    # MountSampler's indices each pass), "substitute" (every name every pass, the mount's substitute option)
+    loader: str = "relist"
 
 
 def grid(kind: str) -> list[Config]:
@@ -91,6 +95,12 @@ def grid(kind: str) -> list[Config]:
     for n in nms:
         for rf in rfs:
             out.append(Config(f"random nm={n} rf={rf}", n, rf))
+    # a dataset built once, beside the re-listing rows at (nm, 4): substitution serves a name from its own
+    # directory's view files, so the composition matters to it (stratified: every directory in proportion)
+    for loader in ("sampler", "substitute"):
+        out.append(Config(f"{loader} nm={nm} rf=4", nm, 4, loader=loader))
+    out.append(Config(f"stratified nm={nm} rf=4", nm, 4, "stratified"))
+    out.append(Config(f"substitute stratified nm={nm} rf=4", nm, 4, "stratified", loader="substitute"))
     for comp in ("stratified", "contiguous", "reservoir"):
         out.append(Config(f"{comp} nm={nm} rf={rmax}", nm, rmax, comp))
     out.append(Config(f"score nm={nm} rf<={rmax}", nm, rmax, arf="score"))
@@ -144,11 +154,14 @@ def _tree_bytes(path: Path) -> int:
 
 
 def train_command(a: argparse.Namespace, shape: Shape, train_dirs: list[str], test: Path, passes: int,
-                  eval_every: int, seed: int, control: str | None) -> list[str]:  # fmt: skip
-    py = [sys.executable, "-m", "dslide"]
+                  eval_every: int, seed: int, control: str | None, loader: str = "relist") -> list[str]:  # fmt: skip
+    py = [sys.executable, "-m", "dslide", "train"]
+    if loader != "relist":
+        mode = "sampler" if loader == "sampler" else "names"
+        py = [sys.executable, str(ROOT / "benchmarks" / "built_once_train.py"), mode, "--"]
     if a.ranks > 1:
         py = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(a.ranks), *py]
-    cmd = [*py, "train", "--train", *train_dirs, "--test", str(test), "--epochs", str(passes),
+    cmd = [*py, "--train", *train_dirs, "--test", str(test), "--epochs", str(passes),
            "--batch", str(a.batch), "--threads", str(a.threads), "--seed", str(seed),
            "--eval-points", str(shape.eval_points), "--eval-every", str(eval_every),
            "--val-fraction", str(shape.val_fraction)]  # fmt: skip
@@ -177,14 +190,22 @@ def run_one(a: argparse.Namespace, shape: Shape, cfg: Config, seed: int, train_d
             capacity = int(2.5 * data_bytes / cfg.nm) + 4 * largest
             opts = {"nm": cfg.nm, "rf": cfg.rf, "composition": cfg.composition, "arf": cfg.arf, "seed": seed,
                     **cfg.knobs}  # fmt: skip
+            if cfg.loader != "relist":
+                opts["listing"] = "all"  # the dataset built once sees every file
+            if cfg.loader == "substitute":
+                opts["substitute"] = True
+            # the same sample visits everywhere: a trainer's pass is one tierfs pass (a mini-epoch's view), but
+            # under substitute it opens every name, a data set's worth of reads (nm tierfs passes' worth)
+            passes, every = (shape.epochs, 1) if cfg.loader == "substitute" else (shape.epochs * cfg.nm, cfg.nm)
             with mounted(train_dir, mnt, cache, capacity, **opts) as m:
                 control = str(mnt / ".tierfs" / "control")
-                cmd = train_command(a, shape, [str(mnt / d) for d in dirs], test, shape.epochs * cfg.nm, cfg.nm,
-                                    seed, control)  # fmt: skip
+                cmd = train_command(a, shape, [str(mnt / d) for d in dirs], test, passes, every, seed, control,
+                                    cfg.loader)  # fmt: skip
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
                 status = m.status()
             result["capacity"] = capacity
-            for key in ("backing_bytes_read", "stall_seconds", "rf_effective", "reads", "epoch", "mini_epoch"):
+            for key in ("backing_bytes_read", "stall_seconds", "rf_effective", "reads", "epoch", "mini_epoch",
+                        "passes_total", "loader", "substitution"):
                 result[key] = status[key]
             result["arf_history"] = status["arf"]["history"]
             result["last_error"] = status["last_error"]
