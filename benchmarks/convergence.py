@@ -1,6 +1,6 @@
 """What tiering costs your model: dslide trained through a tierfs mount, MET's accuracy study reproduced (issue 13).
 
-    .venv/bin/python benchmarks/convergence.py [--out bench-out/convergence] [--grid reduced|full] [--seeds 3]
+    .venv/bin/python benchmarks/convergence.py [--out bench-out/convergence] [--grid reduced|full|loaders] [--seeds 3]
 
 One planted extreme-classification data set (``dslide.gen``'s plant, 50,000 labels) is written as shard files whose
 *storage order follows the labels*: the points are sorted by their most frequent label and cut into ``dirs``
@@ -16,7 +16,10 @@ trainer settings and evaluates P@1 / P@5 on the same test points once per epoch'
   data set from the slow tier: backing bytes = passes x data-set bytes);
 * MET, fixed ``(nm, rf)``: ``dslide train --control MNT/.tierfs/control`` from a tierfs mount of the same
   directory (``--capacity`` about 2.5 mini-epochs), ``epochs x nm`` passes (each over one mini-epoch's view);
-* the four compositions at one setting, and ARF ``score`` and ``bollinger`` with rf as the maximum.
+* the four compositions at one setting, and ARF ``score`` and ``bollinger`` with rf as the maximum;
+* ``--grid loaders``: the trainer's file list built once over a ``listing=all`` mount (``built_once_train.py``),
+  each pass the files ``tierfs.torch.MountSampler`` yields (``sampler``), or every name every pass on a
+  ``substitute`` mount, beside the re-listing loader.
 
 Every run holds out the same 5 % of the training points (``--val-fraction``): the trainer reports 1 - P@1 on them
 as ``val_err`` (and ``score``) in its ``feedback`` line after every pass, which is what ARF steers by; the test
@@ -86,21 +89,26 @@ class Config:
 
 
 def grid(kind: str) -> list[Config]:
-    """The reduced grid (default, under 30 minutes on 2 cores with 3 seeds) or the full one."""
+    """The reduced grid (default, under 30 minutes on 2 cores with 3 seeds), the full one, or ``loaders``: a
+    dataset built once (issue 23) beside the re-listing loader, at (nm 8, rf 4)."""
     nm = 8
     rmax = 8
     out = [Config("full")]
+    if kind == "loaders":
+        # substitution serves a name from its own directory's view files: the composition matters to it
+        # (stratified: every directory in the view in proportion), and so does rf (see docs/benchmarks.md)
+        for comp in ("random", "stratified"):
+            out.append(Config(f"{comp} nm={nm} rf=4", nm, 4, comp))
+        out.append(Config(f"sampler nm={nm} rf=4", nm, 4, loader="sampler"))
+        out.append(Config(f"substitute nm={nm} rf=4", nm, 4, loader="substitute"))
+        for rf in (4, 2):
+            out.append(Config(f"substitute stratified nm={nm} rf={rf}", nm, rf, "stratified", loader="substitute"))
+        return out
     rfs = (2, 4, 8) if kind == "reduced" else (1, 2, 4, 8)
     nms = (nm,) if kind == "reduced" else (4, 8, 16, 32)
     for n in nms:
         for rf in rfs:
             out.append(Config(f"random nm={n} rf={rf}", n, rf))
-    # a dataset built once, beside the re-listing rows at (nm, 4): substitution serves a name from its own
-    # directory's view files, so the composition matters to it (stratified: every directory in proportion)
-    for loader in ("sampler", "substitute"):
-        out.append(Config(f"{loader} nm={nm} rf=4", nm, 4, loader=loader))
-    out.append(Config(f"stratified nm={nm} rf=4", nm, 4, "stratified"))
-    out.append(Config(f"substitute stratified nm={nm} rf=4", nm, 4, "stratified", loader="substitute"))
     for comp in ("stratified", "contiguous", "reservoir"):
         out.append(Config(f"{comp} nm={nm} rf={rmax}", nm, rmax, comp))
     out.append(Config(f"score nm={nm} rf<={rmax}", nm, rmax, arf="score"))
@@ -349,7 +357,7 @@ def plot(configs: list[Config], runs: dict[str, list[dict]], out: Path, data_poi
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "bench-out" / "convergence")
-    p.add_argument("--grid", choices=("reduced", "full"), default="reduced")
+    p.add_argument("--grid", choices=("reduced", "full", "loaders"), default="reduced")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--only", help="comma-separated configuration names (default: the whole grid)")
     p.add_argument("--ranks", type=int, default=1, help="MPI ranks per run (1: a single process)")

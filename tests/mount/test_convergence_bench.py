@@ -38,7 +38,7 @@ def test_a_dataset_built_once_with_the_sampler_and_with_substitution(tmp_path):
     spec.loader.exec_module(bench)
     out = tmp_path / "out"
     assert bench.main(["--smoke", "--seeds", "1", "--out", str(out), "--tmp", str(tmp_path),
-                       "--only", "sampler nm=8 rf=4,substitute nm=8 rf=4"]) == 0  # fmt: skip
+                       "--grid", "loaders", "--only", "sampler nm=8 rf=4,substitute nm=8 rf=4"]) == 0  # fmt: skip
     res = json.loads((out / "results.json").read_text())
     sampler, subst = res["runs"]["sampler nm=8 rf=4"][0], res["runs"]["substitute nm=8 rf=4"][0]
     points = bench.SMOKE.points * bench.SMOKE.epochs
