@@ -213,8 +213,9 @@ def run_one(a: argparse.Namespace, shape: Shape, cfg: Config, seed: int, train_d
                 status = m.status()
             result["capacity"] = capacity
             for key in ("backing_bytes_read", "stall_seconds", "rf_effective", "reads", "epoch", "mini_epoch",
-                        "passes_total", "loader", "substitution"):
+                        "passes_total", "substitution"):
                 result[key] = status[key]
+            result["loader_watch"] = status["loader"]  # ("loader" is the configuration's)
             result["arf_history"] = status["arf"]["history"]
             result["last_error"] = status["last_error"]
     result["wall_s"] = round(time.monotonic() - t0, 1)

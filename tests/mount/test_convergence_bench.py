@@ -46,8 +46,8 @@ def test_a_dataset_built_once_with_the_sampler_and_with_substitution(tmp_path):
         assert 0.9 * points <= run["visits"] <= points and len(run["curve"]) == bench.SMOKE.epochs
         assert run["last_error"] is None and 0 < run["backing_bytes_read"] <= 2 * res["data_bytes"]
     # the sampler: one dslide pass per tierfs pass, every file in view
-    assert sampler["passes_total"] == 16 and sampler["reads"]["out_of_view"] == 0 and sampler["loader"]["follows_view"]
-    assert sampler["substitution"]["enabled"] is False
+    assert sampler["passes_total"] == 16 and sampler["reads"]["out_of_view"] == 0
+    assert sampler["loader_watch"]["follows_view"] and sampler["substitution"]["enabled"] is False
     # substitution: every name every pass, served as view files; the passes follow the reads
     assert subst["substitution"]["enabled"] and subst["substitution"]["substituted"] > 0
     assert subst["passes_total"] >= 2 and len(subst["rf_effective"]) >= 2
