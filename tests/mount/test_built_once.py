@@ -138,8 +138,8 @@ def test_a_dataset_built_once_with_the_sampler_reads_each_pass_once_across_two_r
         opens0 = st0["reads"]["hits"] + st0["reads"]["misses"]
         # (the last argument: how long a rank waits for the other's reads to end a pass -- rank 0 ends a pass
         # left unread after it -- long on a loaded test machine; the deadline is the whole run's)
-        args = [[m.mountpoint, str(r), "2", str(epochs), str(_DEADLINE)] for r in range(2)]
-        deadline = time.monotonic() + 3 * _DEADLINE
+        args = [[m.mountpoint, str(r), "2", str(epochs), str(2 * _DEADLINE)] for r in range(2)]
+        deadline = time.monotonic() + 4 * _DEADLINE
         with _rank_processes(m, tmp_path) as start:
             first = start(0, args[0])
             _wait_for_lines(first, tmp_path / "rank0.out", 2, deadline)  # its dataset and its share of pass 1
