@@ -1,6 +1,6 @@
 """What tiering costs your model: dslide trained through a tierfs mount, MET's accuracy study reproduced (issue 13).
 
-    .venv/bin/python benchmarks/convergence.py [--out bench-out/convergence] [--grid reduced|full] [--seeds 3]
+    .venv/bin/python benchmarks/convergence.py [--out bench-out/convergence] [--grid reduced|full|loaders] [--seeds 3]
 
 One planted extreme-classification data set (``dslide.gen``'s plant, 50,000 labels) is written as shard files whose
 *storage order follows the labels*: the points are sorted by their most frequent label and cut into ``dirs``
@@ -16,7 +16,10 @@ trainer settings and evaluates P@1 / P@5 on the same test points once per epoch'
   data set from the slow tier: backing bytes = passes x data-set bytes);
 * MET, fixed ``(nm, rf)``: ``dslide train --control MNT/.tierfs/control`` from a tierfs mount of the same
   directory (``--capacity`` about 2.5 mini-epochs), ``epochs x nm`` passes (each over one mini-epoch's view);
-* the four compositions at one setting, and ARF ``score`` and ``bollinger`` with rf as the maximum.
+* the four compositions at one setting, and ARF ``score`` and ``bollinger`` with rf as the maximum;
+* ``--grid loaders``: the trainer's file list built once over a ``listing=all`` mount (``built_once_train.py``),
+  each pass the files ``tierfs.torch.MountSampler`` yields (``sampler``), or every name every pass on a
+  ``substitute`` mount, beside the re-listing loader.
 
 Every run holds out the same 5 % of the training points (``--val-fraction``): the trainer reports 1 - P@1 on them
 as ``val_err`` (and ``score``) in its ``feedback`` line after every pass, which is what ARF steers by; the test
@@ -79,13 +82,28 @@ class Config:
     composition: str = "random"
     arf: str = "off"
     knobs: dict = field(default_factory=dict)  # arf_wait, arf_window, arf_k
+    # how the trainer finds its files: "relist" (dslide's own: each pass lists the directories, so it follows
+    # the view), or built once over a listing=all mount (benchmarks/built_once_train.py): "sampler" (the
+    # MountSampler's indices each pass), "substitute" (every name every pass, the mount's substitute option)
+    loader: str = "relist"
 
 
 def grid(kind: str) -> list[Config]:
-    """The reduced grid (default, under 30 minutes on 2 cores with 3 seeds) or the full one."""
+    """The reduced grid (default, under 30 minutes on 2 cores with 3 seeds), the full one, or ``loaders``: a
+    dataset built once (issue 23) beside the re-listing loader, at (nm 8, rf 4)."""
     nm = 8
     rmax = 8
     out = [Config("full")]
+    if kind == "loaders":
+        # substitution serves a name from its own directory's view files: the composition matters to it
+        # (stratified: every directory in the view in proportion), and so does rf (see docs/benchmarks.md)
+        for comp in ("random", "stratified"):
+            out.append(Config(f"{comp} nm={nm} rf=4", nm, 4, comp))
+        out.append(Config(f"sampler nm={nm} rf=4", nm, 4, loader="sampler"))
+        out.append(Config(f"substitute nm={nm} rf=4", nm, 4, loader="substitute"))
+        for rf in (4, 2):
+            out.append(Config(f"substitute stratified nm={nm} rf={rf}", nm, rf, "stratified", loader="substitute"))
+        return out
     rfs = (2, 4, 8) if kind == "reduced" else (1, 2, 4, 8)
     nms = (nm,) if kind == "reduced" else (4, 8, 16, 32)
     for n in nms:
@@ -144,11 +162,14 @@ def _tree_bytes(path: Path) -> int:
 
 
 def train_command(a: argparse.Namespace, shape: Shape, train_dirs: list[str], test: Path, passes: int,
-                  eval_every: int, seed: int, control: str | None) -> list[str]:  # fmt: skip
-    py = [sys.executable, "-m", "dslide"]
+                  eval_every: int, seed: int, control: str | None, loader: str = "relist") -> list[str]:  # fmt: skip
+    py = [sys.executable, "-m", "dslide", "train"]
+    if loader != "relist":
+        mode = "sampler" if loader == "sampler" else "names"
+        py = [sys.executable, str(ROOT / "benchmarks" / "built_once_train.py"), mode, "--"]
     if a.ranks > 1:
         py = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(a.ranks), *py]
-    cmd = [*py, "train", "--train", *train_dirs, "--test", str(test), "--epochs", str(passes),
+    cmd = [*py, "--train", *train_dirs, "--test", str(test), "--epochs", str(passes),
            "--batch", str(a.batch), "--threads", str(a.threads), "--seed", str(seed),
            "--eval-points", str(shape.eval_points), "--eval-every", str(eval_every),
            "--val-fraction", str(shape.val_fraction)]  # fmt: skip
@@ -177,15 +198,24 @@ def run_one(a: argparse.Namespace, shape: Shape, cfg: Config, seed: int, train_d
             capacity = int(2.5 * data_bytes / cfg.nm) + 4 * largest
             opts = {"nm": cfg.nm, "rf": cfg.rf, "composition": cfg.composition, "arf": cfg.arf, "seed": seed,
                     **cfg.knobs}  # fmt: skip
+            if cfg.loader != "relist":
+                opts["listing"] = "all"  # the dataset built once sees every file
+            if cfg.loader == "substitute":
+                opts["substitute"] = True
+            # the same sample visits everywhere: a trainer's pass is one tierfs pass (a mini-epoch's view), but
+            # under substitute it opens every name, a data set's worth of reads (nm tierfs passes' worth)
+            passes, every = (shape.epochs, 1) if cfg.loader == "substitute" else (shape.epochs * cfg.nm, cfg.nm)
             with mounted(train_dir, mnt, cache, capacity, **opts) as m:
                 control = str(mnt / ".tierfs" / "control")
-                cmd = train_command(a, shape, [str(mnt / d) for d in dirs], test, shape.epochs * cfg.nm, cfg.nm,
-                                    seed, control)  # fmt: skip
+                cmd = train_command(a, shape, [str(mnt / d) for d in dirs], test, passes, every, seed, control,
+                                    cfg.loader)  # fmt: skip
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
                 status = m.status()
             result["capacity"] = capacity
-            for key in ("backing_bytes_read", "stall_seconds", "rf_effective", "reads", "epoch", "mini_epoch"):
+            for key in ("backing_bytes_read", "stall_seconds", "rf_effective", "reads", "epoch", "mini_epoch",
+                        "passes_total", "substitution"):
                 result[key] = status[key]
+            result["loader_watch"] = status["loader"]  # ("loader" is the configuration's)
             result["arf_history"] = status["arf"]["history"]
             result["last_error"] = status["last_error"]
     result["wall_s"] = round(time.monotonic() - t0, 1)
@@ -328,7 +358,7 @@ def plot(configs: list[Config], runs: dict[str, list[dict]], out: Path, data_poi
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "bench-out" / "convergence")
-    p.add_argument("--grid", choices=("reduced", "full"), default="reduced")
+    p.add_argument("--grid", choices=("reduced", "full", "loaders"), default="reduced")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--only", help="comma-separated configuration names (default: the whole grid)")
     p.add_argument("--ranks", type=int, default=1, help="MPI ranks per run (1: a single process)")

@@ -360,10 +360,15 @@ class Engine:
     def _root_relisted(self, uid: int, who: str = ANONYMOUS) -> None:
         """The root was listed: that ends the lister's pass if it opened a file in it.  (The same rule for listings
         as for opens: another user's ``ls`` of the root never ends anyone's pass.)"""
-        if self.steering.steers(uid):
+        if self._relisting_ends_passes(uid):
             c = self.consumers.get(who)
             if c.reads_in_pass:
                 self._consumer_pass_over(c)
+
+    def _relisting_ends_passes(self, uid: int) -> bool:
+        # Under listing=all a root listing is a dataset being built once -- each rank of a job builds its own, a
+        # late one after the others began the pass -- never the start of an epoch: it ends nothing.
+        return self.settings.listing != "all" and self.steering.steers(uid)
 
     def _consumer_pass_over(self, c: Consumer) -> None:
         """Consumer ``c``'s pass ended: the mount's ends with the last live consumer's (see consumers.py)."""
@@ -399,7 +404,7 @@ class Engine:
             return
         c = self.consumers.get(who)
         self.consumers.rejoin(c)
-        if relisted and c.reads_in_pass:
+        if relisted and c.reads_in_pass and self._relisting_ends_passes(uid):
             self._consumer_pass_over(c)
         if not self._ahead(c):
             return

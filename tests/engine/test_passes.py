@@ -47,6 +47,19 @@ def test_pass_ends_on_next_pass_and_on_root_relist_after_a_read(open_engine, t):
     t.run(main)
 
 
+def test_under_listing_all_a_root_listing_ends_no_pass(open_engine, t):
+    """A listing=all mount serves datasets built once: a rank that lists the root to build its dataset after the
+    others began reading must not end their pass."""
+    e = open_engine(rf=10, listing="all")
+
+    async def main():
+        await t.read_file(e, e.schedule.view.order.tolist()[0])
+        e.names.list_dir(1)
+        assert e.schedule.pos.pass_index == 0
+
+    t.run(main)
+
+
 def test_ready_repeats_until_next_is_cached_then_switches(open_engine, t):
     e = open_engine(rf=2)
 
