@@ -350,8 +350,11 @@ class Engine:
         sch = self.schedule
         in_view = sch.view is not None and bool(sch.view.mask[fidx])
         readers = max(1, len(self.consumers.live()))
-        if sch.view is not None:  # (a pass-worth of opens: every consumer's pass)
-            self.loader_watch.opened(in_view, sch.pos.passes_total, len(sch.view) * readers)
+        if sch.view is not None:
+            # A pass-worth of opens: every consumer's pass.  Under substitute a loader reads every name, and a
+            # pass ends once each view file was served in its folder: a pass-worth is the names, not the view.
+            worth = self.tree.n_files if self.names.substitutions is not None else len(sch.view)
+            self.loader_watch.opened(in_view, sch.pos.passes_total, worth * readers)
         sch.record_open(fidx, size / readers)  # (consumption: one consumer's pass per pass of the mount)
         c = self.consumers.get(who)
         if self.consumers.opened(c, fidx, in_view):

@@ -32,7 +32,8 @@ MIN_OPENS = 16
 STUCK_FACTOR = 3
 
 _FIX = ("fix: mount with listing=all and give the DataLoader sampler=tierfs.torch.MountSampler(dataset), or "
-        "re-create the dataset each pass (README.md)")
+        "re-create the dataset each pass, or (labels from class folders or inside the files only) mount with "
+        "--substitute (README.md)")
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,9 @@ class LoaderWatch:
         self.warning: str | None = None
         self.warnings = 0
 
-    def opened(self, in_view: bool, passes_total: int, view_files: int) -> None:
-        """A steering open, before it is counted: ``in_view`` of the view of pass ``passes_total``."""
+    def opened(self, in_view: bool, passes_total: int, pass_worth: int) -> None:
+        """A steering open, before it is counted: ``in_view`` of the view of pass ``passes_total``, which a loader
+        that follows the view reads in about ``pass_worth`` opens."""
         if not self.enabled:
             return
         if passes_total != self._pass:
@@ -66,17 +68,17 @@ class LoaderWatch:
             self._pass = passes_total
         self._opens += 1
         self._outside += not in_view
-        if self._raised or self._opens < max(MIN_OPENS, view_files):
+        if self._raised or self._opens < max(MIN_OPENS, pass_worth):
             return
         if 2 * self._outside > self._opens:
             self._raise("off-view", f"the loader does not follow the view: {self._outside:,} of {self._opens:,} "
                         "opens this pass were outside the current mini-epoch and the "
                         "pass never ends: a file list built once? " + _FIX)
-        elif self._opens >= STUCK_FACTOR * max(MIN_OPENS, view_files):
-            self._raise("stuck", f"the pass does not end: {self._opens:,} opens, {STUCK_FACTOR}x the view's "
-                        f"{view_files:,} files, some still unread (the loader drops or repeats files); fix: read "
-                        "every file of .tierfs/order each pass, or use tierfs.torch.MountSampler (it ends a pass "
-                        "left unread) (README.md)")
+        elif self._opens >= STUCK_FACTOR * max(MIN_OPENS, pass_worth):
+            self._raise("stuck", f"the pass does not end: {self._opens:,} opens, {STUCK_FACTOR}x a pass-worth "
+                        f"({pass_worth:,}), some of the view still unread (the loader drops or repeats files); fix: "
+                        "read every file of .tierfs/order each pass, or use tierfs.torch.MountSampler (it ends a "
+                        "pass left unread) (README.md)")
 
     def _pass_over(self) -> None:
         """The counted pass ended: a pass read mostly in view clears a standing warning."""
