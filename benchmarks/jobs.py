@@ -20,7 +20,8 @@ Per layout: the bytes the server sent over the link (its qdisc's counter, less 6
 and the daemons' ``backing_bytes_read``, each as a multiple of one job's; each job's samples/s (files read over
 its wall time), the seconds it waited in its root listings for the others (the consumers' bounded wait), the
 daemons' ``stall_seconds`` (readers waiting on the slow tier: ``advance=strict`` switches to a mini-epoch before
-it is staged when the link is behind), the files each job read and saw, out-of-view reads and consumer drops.
+it is staged when the link is behind), the files each job read and saw, out-of-view reads and consumer drops; the
+JSON keeps each daemon's last ``status`` too.
 
 Needs root, sshd and sshfs (``--setup``: ``apt-get install -y openssh-server sshfs``).  ``python
 benchmarks/jobs.py --setup`` is the docs' run (a few minutes on a 2-core box); ``--quick`` a one-minute check.
@@ -31,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,35 +53,37 @@ _READY_TIMEOUT = 120.0  # seconds for every job to read its first file
 # ============================================================================================ one job
 
 
-def job_main(mnt: Path, passes: int, threads: int, compute: float, out: Path) -> None:
+def _read(path: str, compute: float) -> int:
+    with open(path, "rb") as f:
+        n = len(f.read())
+    time.sleep(compute)
+    return n
+
+
+def job_main(mnt: Path, passes: int, workers: int, processes: bool, compute: float, out: Path) -> None:
     """One job (its own process, ``TIERFS_CONSUMER`` in its environment): ``passes`` passes, each listing the root
-    and every class folder and reading every file listed, ``compute`` seconds of (slept) work after each; writes
-    its figures to ``out`` (JSON).  After its first file it writes ``out.ready`` and waits for ``out.go``."""
+    and every class folder and reading every file listed with ``workers`` threads (``processes``: worker
+    processes, as a DataLoader's), ``compute`` seconds of (slept) work after each; writes its figures to ``out``
+    (JSON).  After its first file it writes ``out.ready`` and waits for ``out.go``."""
     first = True
     files = nbytes = 0
     seen: set[str] = set()
     wait = 0.0
     t0 = time.monotonic()
 
-    def read(rel: str) -> int:
-        with open(mnt / rel, "rb") as f:
-            n = len(f.read())
-        time.sleep(compute)
-        return n
-
-    with ThreadPoolExecutor(threads) as pool:
+    with (ProcessPoolExecutor if processes else ThreadPoolExecutor)(workers) as pool:
         for _ in range(passes):
             t = time.monotonic()
             folders = os.listdir(mnt)  # (a job ahead of the others waits here: issue 28's bounded wait)
             wait += time.monotonic() - t
             listed = [f"{d}/{n}" for d in folders for n in os.listdir(mnt / d)]
             if first:
-                read(listed[0])
+                _read(str(mnt / listed[0]), 0.0)
                 Path(f"{out}.ready").touch()
                 while not Path(f"{out}.go").exists():
                     time.sleep(0.005)
                 first, wait, t0 = False, 0.0, time.monotonic()  # (the clock starts with everyone)
-            nbytes += sum(pool.map(read, listed))
+            nbytes += sum(pool.map(_read, [str(mnt / rel) for rel in listed], itertools.repeat(compute)))
             files += len(listed)
             seen.update(listed)
     secs = time.monotonic() - t0
@@ -105,8 +109,9 @@ def run_jobs(mounts: list[Path], compute: list[float], args: argparse.Namespace,
             passes = args.epochs * _status(mnt)["nm"] * args.rf
             env = {**os.environ, "TIERFS_CONSUMER": f"job{k}", "PYTHONPATH": str(ROOT)}
             procs.append(subprocess.Popen(
-                [sys.executable, __file__, "job", str(mnt), str(passes), str(args.threads), str(compute[k]),
-                 str(out)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                [sys.executable, __file__, "job", str(mnt), str(passes), str(args.threads), args.workers,
+                 str(compute[k]), str(out)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE))
         deadline = time.monotonic() + _READY_TIMEOUT
         while not all(Path(f"{o}.ready").exists() for o in outs):
             if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
@@ -160,7 +165,7 @@ def run_layout(layout: str, n_jobs: int, nb, work: Path, cap: int, args: argpars
         "out_of_view": sum(s["reads"]["out_of_view"] for s in sts),
         "drops": sum(s["consumers"]["drops"] for s in sts),
         "rf_effective": [s["rf_effective"] for s in sts],
-        "per_job": jobs, "load_before": load0, "load_after": os.getloadavg()[0],
+        "per_job": jobs, "status": sts, "load_before": load0, "load_after": os.getloadavg()[0],
     }
 
 
@@ -231,15 +236,17 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["job"]:
-        mnt, passes, threads, compute, out = argv[1:]
-        job_main(Path(mnt), int(passes), int(threads), float(compute), Path(out))
+        mnt, passes, workers, kind, compute, out = argv[1:]
+        job_main(Path(mnt), int(passes), int(workers), kind == "processes", float(compute), Path(out))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=600)
     ap.add_argument("--epochs", type=int, default=2, help="epochs of whole passes per job")
     ap.add_argument("--jobs", default="1,2,4", help="job counts to run")
     ap.add_argument("--layouts", default="shared,per-job")
-    ap.add_argument("--threads", type=int, default=2, help="reader threads per job")
+    ap.add_argument("--threads", type=int, default=2, help="readers per job")
+    ap.add_argument("--workers", choices=("threads", "processes"), default="threads",
+                    help="the readers: threads, or worker processes as a DataLoader's (each a process of the job)")
     ap.add_argument("--compute-ms", type=lambda v: [float(x) for x in v.split(",")], default=[0.0],
                     help="each job's (slept) work per file, job k the k-th value (cycled): 0,0,0,8 makes the 4th "
                     "of 4 jobs slower")
