@@ -12,7 +12,12 @@ latency must come from a real network filesystem over a real network path:
   ``netem``, and a relay is also a process we can ``SIGSTOP`` to stall the link, as a server that stops
   answering does (the TCP connection stays up, requests just wait: an NFS ``hard`` mount's behaviour);
 * ``sshfs -o cache=no`` with the kernel's attribute, entry and negative caches off, so every ``stat``, ``open``,
-  ``readdir`` and read of the mount is a round trip (set ``kernel_cache=True`` to leave the kernel's defaults).
+  ``readdir`` and read of the mount is a round trip (set ``kernel_cache=True`` to leave the kernel's defaults),
+  and ``noforget``: sshfs numbers inodes itself and, without it, gives a path a new number whenever the kernel
+  forgets its inode (memory pressure; another process's ``drop_caches``) -- tierfs's fingerprint has the inode,
+  so every file copied after that would be found changed and copied twice (measured: a single ``echo 2 >
+  /proc/sys/vm/drop_caches`` mid-run took a 2-epoch run from 63 to 86-93 MiB read); an NFS server's file
+  handles keep their inode numbers.
 
 ``net_backing(source, delay=0.25e-3)`` is a context manager yielding a :class:`NetBacking`: ``root`` (the sshfs
 mount), ``rtt()`` (median of timed ``os.stat`` calls on it), ``stall()``/``resume()`` (SIGSTOP/SIGCONT of the
@@ -279,7 +284,7 @@ def net_backing(source: str | os.PathLike[str], delay: float = 0.25e-3, *, kerne
             if r.read(2) != b"ok":
                 raise RuntimeError("the relay did not start")
         # sshfs through the relay
-        opts = ["cache=no", "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", f"IdentityFile="
+        opts = ["cache=no", "noforget", "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", f"IdentityFile="
                 f"{tmp / 'client_key'}", f"Port={port}", "Ciphers=aes128-gcm@openssh.com", "Compression=no",
                 "LogLevel=ERROR", "BatchMode=yes"]
         if not kernel_cache:

@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from netbacking import net_backing  # noqa: E402
+from netbacking import NetBacking, net_backing  # noqa: E402
 from tierfs.testing import force_unmount, is_mounted, mounted  # noqa: E402
 
 HEADERS = 66  # Ethernet 14 + IPv4 20 + TCP 32 (timestamps): bytes per packet that are not the stream's
@@ -81,6 +81,27 @@ def disk_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(d, n)).st_blocks * 512
     return total
+
+
+@contextlib.contextmanager
+def slow_tier(files: int, rate: str, delay_ms: float, cap_fraction: float,
+              prefix: str) -> Iterator[tuple[Path, NetBacking, int, int]]:
+    """``files`` files (:func:`make_data`) in a temp dir, served as the throttled network slow tier (``rate``, each
+    direction delayed ``delay_ms``); yields (the temp dir, the backing, the data's bytes, the cache cap:
+    ``cap_fraction`` of the data's blocks on the cache disk -- what a cap counts -- and 1 % over, so an ``nm`` of
+    1/``cap_fraction`` fits).  At exit every mount left at ``mnt-*`` in the temp dir goes, then the dir."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        data = work / "data"
+        total = make_data(data, files)
+        cap = int(disk_bytes(data) * cap_fraction * 1.01)
+        with net_backing(data, delay_ms / 1e3, rate=rate, workdir=work) as nb:
+            yield work, nb, total, cap
+    finally:
+        for mnt in work.glob("mnt-*"):
+            if is_mounted(str(mnt)):
+                force_unmount(str(mnt))
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def loader(root: Path, reads: int, threads: int) -> tuple[float, set[str]]:
@@ -243,31 +264,19 @@ def main(argv: list[str] | None = None) -> None:
     if "rclone" in configs and shutil.which("rclone") is None:
         ap.error("rclone not found: run with --setup (apt-get install rclone)")
     reads = args.reads or 8 * args.files
-    work = Path(tempfile.mkdtemp(prefix="sidebyside-"))
-    try:
-        data = work / "data"
-        total = make_data(data, args.files)
-        # (of the data's blocks on the cache disk, what the cap counts, and 1 % over: --nm 6 then fits a third)
-        cap = int(disk_bytes(data) * args.cap_fraction * 1.01)
+    with slow_tier(args.files, args.rate, args.delay_ms, args.cap_fraction, "sidebyside-") as (work, nb, total, cap):
+        print(f"{args.files} files, {total / 2**20:.0f} MiB, cap {cap / 2**20:.0f} MiB, {reads} reads, "
+              f"{args.threads} threads, link {args.rate}, RTT {nb.rtt() * 1e3:.2f} ms", flush=True)
         rows = []
-        with net_backing(data, args.delay_ms / 1e3, rate=args.rate, workdir=work) as nb:
-            print(f"{args.files} files, {total / 2**20:.0f} MiB, cap {cap / 2**20:.0f} MiB, {reads} reads, "
-                  f"{args.threads} threads, link {args.rate}, RTT {nb.rtt() * 1e3:.2f} ms", flush=True)
-            for name in configs:
-                row = run_one(name, nb, work, cap, reads, args.threads, args.files)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-        print(table(rows))
-        args.out.write_text(json.dumps({"files": args.files, "bytes": total, "cap": cap, "reads": reads,
-                                        "threads": args.threads, "rate": args.rate, "delay_ms": args.delay_ms,
-                                        "rows": rows}, indent=1) + "\n")
-        plot(rows, args.plot)
-    finally:
-        for mnt in work.glob("mnt-*"):
-            if is_mounted(str(mnt)):
-                force_unmount(str(mnt))
-        shutil.rmtree(work, ignore_errors=True)
-
+        for name in configs:
+            row = run_one(name, nb, work, cap, reads, args.threads, args.files)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(table(rows))
+    args.out.write_text(json.dumps({"files": args.files, "bytes": total, "cap": cap, "reads": reads,
+                                    "threads": args.threads, "rate": args.rate, "delay_ms": args.delay_ms,
+                                    "rows": rows}, indent=1) + "\n")
+    plot(rows, args.plot)
 
 if __name__ == "__main__":
     main()
