@@ -21,6 +21,7 @@ from sampler.arf import parse_weights
 __all__ = [
     "GENERIC_MOUNT_OPTIONS",
     "OPTIONS",
+    "LiveSettings",
     "MountConfig",
     "Option",
     "Settings",
@@ -327,6 +328,12 @@ class Settings:
             # The LRU baseline has no mini-epochs to show; it always serves the whole tree.
             object.__setattr__(self, "view", "full")
 
+    @property
+    def backing_timeout_s(self) -> float | None:
+        """``backing_timeout`` in seconds; None for ``hard`` (a backing call waits as long as the kernel does)."""
+        t = self.backing_timeout
+        return None if t == "hard" else float(t)
+
     def as_lines(self) -> str:
         """``KEY=VALUE`` lines, the format written to and read from the control file."""
         out = []
@@ -340,6 +347,15 @@ class Settings:
                 v = "none"
             out.append(f"{f.name}={v}")
         return "\n".join(out) + "\n"
+
+
+class LiveSettings:
+    """The settings in force on a mount: the one place they live.  The engine makes it from the mount's
+    :class:`Settings` and puts each validated control write's in (``current``); every part that reads a setting
+    holds this object and reads ``current`` when it needs a value, so a change is seen everywhere at once."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.current = settings
 
 
 _BLANKS_BEFORE_EQUALS = re.compile(r"\s+=")
