@@ -20,7 +20,7 @@ from typing import Protocol
 
 import trio
 
-from tierfs.options import MountConfig
+from tierfs.options import MountConfig, check_layout
 from tierfs.tree import ScanCount, Tree
 
 __all__ = ["OLD_TREE_NAMES", "TREE_NAME", "RescanEvents", "TreeKeeper", "TreeStatistics", "check_dirs", "once",
@@ -33,17 +33,13 @@ OLD_TREE_NAMES = ("tree.npz",)  # what earlier releases saved it as: removed at 
 
 
 def check_dirs(config: MountConfig) -> str:
-    """The backing dir's real path; ``ValueError`` if it is missing or the three dirs nest the wrong way."""
+    """The backing dir's real path; ``ValueError`` if it is missing or the three dirs nest the wrong way
+    (:func:`~tierfs.options.check_layout`)."""
     backing = os.path.realpath(config.backing)
-    cache = os.path.realpath(config.cache)
-    mountpoint = os.path.realpath(config.mountpoint) if config.mountpoint else ""
     if not os.path.isdir(backing):
         raise ValueError(f"backing dir {config.backing} does not exist or is not a directory")
-    for name, path in (("cache dir", cache), ("mountpoint", mountpoint)):
-        if path and (path == backing or path.startswith(backing + os.sep)):
-            raise ValueError(f"the {name} ({path}) must not be inside the backing dir ({backing})")
-    if mountpoint and (cache == mountpoint or cache.startswith(mountpoint + os.sep)):
-        raise ValueError(f"the cache dir ({cache}) must not be inside the mountpoint ({mountpoint})")
+    check_layout(backing, os.path.realpath(config.cache),
+                 os.path.realpath(config.mountpoint) if config.mountpoint else "")
     return backing
 
 

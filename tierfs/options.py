@@ -26,6 +26,7 @@ __all__ = [
     "Option",
     "Settings",
     "apply_assignments",
+    "check_layout",
     "format_size",
     "format_size_at_least",
     "parse_assignments",
@@ -347,6 +348,22 @@ class Settings:
                 v = "none"
             out.append(f"{f.name}={v}")
         return "\n".join(out) + "\n"
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_layout(backing: str, cache: str, mountpoint: str) -> None:
+    """``ValueError`` unless the three dirs (real paths; ``mountpoint`` may be empty: an engine without a mount)
+    can work together: none inside another that would loop or write into the backing tree.  The one layout check
+    (``tierfs mount`` and the engine both ask it)."""
+    if mountpoint and (_inside(mountpoint, backing) or _inside(backing, mountpoint)):
+        raise ValueError(f"mountpoint {mountpoint} and backing dir {backing} must not contain each other")
+    if _inside(cache, backing):
+        raise ValueError(f"cache dir {cache} must not be inside the backing dir {backing} (it is never written)")
+    if mountpoint and (_inside(cache, mountpoint) or _inside(mountpoint, cache)):
+        raise ValueError(f"cache dir {cache} and mountpoint {mountpoint} must not contain each other")
 
 
 class LiveSettings:
