@@ -297,8 +297,9 @@ class DataPath:
         if ok:
             entry.verified = True
             return entry
-        self.stager.error = f"cached copy of {os.fsdecode(self.tree.file_path(entry.fidx))} failed xxhash check"
-        await self.repair(entry, self.stager.error)
+        why = f"cached copy of {os.fsdecode(self.tree.file_path(entry.fidx))} failed xxhash check"
+        self.stager.copy_found_bad(why)
+        await self.repair(entry, why)
         return None
 
     async def lend(self, fidx: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> bytes | None:

@@ -11,6 +11,15 @@ asks the :class:`~tierfs.datapath.DataPath` (``data``) for file data and the :cl
 mini-epoch takes over, what a landed, changed or gone file means for each part, the control interface
 (:class:`~tierfs.control.ControlTarget`) and the status snapshot.
 
+**Wiring.**  :meth:`Engine.open` gives each part the parts it works with, as objects, and this engine as its
+typed events interface -- the Protocol in the part's own module that the engine implements
+(:class:`~tierfs.staging.StagerEvents`, :class:`~tierfs.datapath.DataPathEvents`,
+:class:`~tierfs.revalidate.RevalidatorEvents`, :class:`~tierfs.pusher.PusherEvents`,
+:class:`~tierfs.namespace.NamespaceEvents`, :class:`~tierfs.planner.PlannerEvents`,
+:class:`~tierfs.opening.RescanEvents`): no part is handed a callable, so every call from one part to another
+is a method of a typed collaborator, and no part imports this module.  The settings in force live in one
+:class:`~tierfs.options.LiveSettings` (``live``) that the parts read and a control write replaces.
+
 Everything here runs on the one trio thread; worker threads only touch the disks and hand results back, so
 state needs no locks and a status snapshot taken between two awaits is consistent.  Nothing on the trio thread
 waits on the backing dir or the kernel (see datapath.py, pusher.py, backing.py).

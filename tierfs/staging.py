@@ -547,6 +547,11 @@ class Stager:
         self.error = self._persistent_error()
         self.events.gave_up(fidx)
 
+    def copy_found_bad(self, why: str) -> None:
+        """A staged copy failed a reader's check (``verify=xxhash``): the staging error until the next copy lands
+        or fails (the copy is repaired, and staged again, by the data path)."""
+        self.error = why
+
     def _persistent_error(self) -> str | None:
         """The staging error to show: the newest failure of a file still not staged."""
         for fidx, why in reversed(self.unstaged.items()):
