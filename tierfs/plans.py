@@ -177,7 +177,7 @@ class BatchPlans:
             if self.schedule.view is not view:  # the pass ended meanwhile: plan the new one
                 continue
             # (after the await: still the indexed copy, and still of the backing file the tree knows)
-            holds = self.tree.holds_many(fidx, [e.fp for _, e in cands])
+            holds = self.tree.holds_many(fidx, [e.fp for _, e in cands]).tolist()
             by_fidx = {f: e for (f, e), ok, same in zip(cands, fresh, holds, strict=True)
                        if get(f) is e and (ok or f in confirmed) and same}
             copies = [by_fidx.get(f) for f in order]

@@ -436,9 +436,10 @@ class Tree:
         the file the mount serves (a backing answer's is judged by ``Revalidator.verdict``, which asks this)."""
         return self.fingerprint_of(fidx) == fp
 
-    def holds_many(self, files: np.ndarray, fps: Sequence[Fingerprint]) -> list[bool]:
-        """:meth:`holds` for many files at once (a batch plan asks it for a whole pass)."""
-        return [tuple(known) == fp for known, fp in zip(self.fingerprints(files).tolist(), fps, strict=True)]
+    def holds_many(self, files: np.ndarray, fps: Sequence[Fingerprint] | np.ndarray) -> np.ndarray:
+        """:meth:`holds` for many files at once, as a mask (a batch plan asks it for a whole pass, a mount for
+        every copy of the cache index)."""
+        return np.all(self.fingerprints(files) == np.asarray(fps, np.int64).reshape(-1, 4), axis=1)
 
     def update_stat(self, fidx: int, st: os.stat_result) -> None:
         i = fidx + 1

@@ -141,3 +141,26 @@ def _imported_classes(tree: ast.Module) -> set[str]:
     """The capitalised names a module imports from ``tierfs`` (the parts it may make)."""
     return {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
         "tierfs") for a in n.names if a.name[:1].isupper()}
+
+
+def _about_fingerprints(node: ast.expr) -> bool:
+    if isinstance(node, ast.Call):
+        return getattr(node.func, "id", getattr(node.func, "attr", "")) in ("fingerprint", "fingerprint_of",
+                                                                             "fingerprints")
+    return isinstance(node, ast.Attribute) and node.attr == "fp"
+
+
+def test_fingerprints_are_compared_in_one_place():
+    # (issue 25) "is this still our backing file" is decided once: a copy's fingerprint against the tree's by
+    # Tree.holds (holds_many: a plan's copies, the cache index's at mount), a backing answer by
+    # Revalidator.verdict (which asks Tree.holds); the copier's own check that
+    # the file did not change while it read it (in its worker thread, against what it was asked to copy) is the
+    # one other comparison
+    found = []
+    for path in sorted((ROOT / "tierfs").glob("*.py")):
+        if path.stem in _NOT_DAEMON | {"tree", "copier"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(map(_about_fingerprints, (node.left, *node.comparators))):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, found
