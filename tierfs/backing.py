@@ -50,6 +50,7 @@ import numpy as np
 import trio
 
 from tierfs.beneath import open_regular
+from tierfs.options import LiveSettings
 from tierfs.tree import Tree
 
 __all__ = ["PER_FILE", "PROBE_MAX", "STALL_AFTER", "Backing", "BackingError", "BackingLost", "BackingStatistics",
@@ -136,16 +137,16 @@ class Backing:
 
     ``root_fd`` (a descriptor of ``path``, the backing dir's real path) stays owned by the caller, who closes it;
     a recovery puts the re-opened root behind the same number.  ``dev`` is the backing root's device (opens
-    never cross into another filesystem).  ``tree`` is what a re-opened root must still hold."""
+    never cross into another filesystem).  ``tree`` is what a re-opened root must still hold; ``settings`` the
+    mount's, whose ``bandwidth`` caps every backing read."""
 
-    def __init__(self, root_fd: int, path: str, tree: Tree, *, threads: int = 32,
-                 bandwidth: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, root_fd: int, path: str, tree: Tree, settings: LiveSettings, *, threads: int = 32) -> None:
         self.root_fd = root_fd
         self.path = path
         self.tree = tree
         self.dev = tree.dev
         self._statvfs: os.statvfs_result | None = None  # the last good answer (statfs never waits on a stall)
-        self._bandwidth = bandwidth  # the ``bandwidth`` cap in force (bytes/s, 0: none)
+        self.settings = settings  # (its ``bandwidth``: the cap in force, bytes/s, 0: none)
         self._bw_next = 0.0
         self.limiter = trio.CapacityLimiter(threads)
         self._outstanding: dict[int, float] = {}  # request id -> monotonic start (or last progress)
@@ -358,7 +359,7 @@ class Backing:
     async def throttle(self, nbytes: int) -> None:
         """Wait until ``nbytes`` more backing reads fit under the ``bandwidth`` cap (one token bucket for
         readers and staging alike)."""
-        bw = self._bandwidth()
+        bw = self.settings.current.bandwidth
         if bw <= 0:
             return
         now = trio.current_time()
@@ -369,7 +370,7 @@ class Backing:
 
     def throttle_from_thread(self, nbytes: int) -> None:
         """:meth:`throttle` from a staging thread."""
-        if self._bandwidth() > 0:
+        if self.settings.current.bandwidth > 0:
             trio.from_thread.run(self.throttle, nbytes)
 
     # ----------------------------------------------------------------------------------- lost and back

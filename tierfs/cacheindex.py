@@ -97,7 +97,7 @@ def indexed_copies(cache_dir: str, tree: Tree, listed: list[str], *, need_digest
     present = set(listed)
     fidx = tree.files_of_path_hashes(index.path_hashes)
     ok = np.fromiter((n in present for n in index.names), bool, len(index.names)) & (fidx >= 0)
-    ok[ok] = np.all(tree.fingerprints(fidx[ok]) == index.fps[ok], axis=1)
+    ok[ok] = tree.holds_many(fidx[ok], index.fps[ok])
     if need_digest:
         ok &= index.has_digest
     out = []

@@ -1,21 +1,13 @@
-"""The data path: every open, read, release and lend of a dataset file, and what the kernel caches of them.
+"""The data path: every open, read, release and lend of a dataset file.
 
-It owns the open handles and everything tied to them: the handles that read through the kernel's page cache
-(per file), the files whose kernel attributes and pages are another version's, the copies lent to direct
-readers (leases), the read counters, and the descriptors the handles hold per user (a
-:class:`~tierfs.users.FdBudget`: one user's opens cannot exhaust the daemon's descriptors).  The engine gives
-it the parts it reads from (tree, cache, backing, revalidator, stager, pusher, schedule) and four things to
-tell: a file was opened, and by whom (pass accounting), a file changed, a file needs staging again, the cache's
-``data/`` is gone.
-
-**Versions.**  A file changed in the backing dir has attributes and pages in the kernel that belong to the old
-version, which handles opened before the change may still be reading through the page cache: they are
-invalidated once no such handle is open (``_stale`` until then, see :meth:`DataPath.mark_stale`), and every
-later handle of a changed file bypasses the page cache (``direct_io``): the kernel keeps one size and one
-page cache per inode, not per open, so this is what makes each reader get exactly its own version, whole.
-Until then the kernel is also *told* the old version's attributes (:meth:`DataPath.kernel_stat`): it asks
-again whenever it likes (an ``fstat`` after any read), and a new size in the answer would cut or pad the old
-version's page-cache reads at that size.
+It owns the open handles and what is counted of them: the read counters and the descriptors the handles hold
+per user (a :class:`~tierfs.users.FdBudget`: one user's opens cannot exhaust the daemon's descriptors), and the
+batch plans (plans.py).  The engine gives it the parts it works with -- tree, cache, backing, revalidator (the
+fingerprint verdict), stager, pusher and its :class:`~tierfs.pusher.KernelVersions` (which version of a file
+the kernel holds: an open asks it whether to bypass the page cache), schedule, policy, the
+:class:`~tierfs.pins.PinKeeper` (lent copies stay pinned there), the settings -- and :class:`DataPathEvents`, what
+it tells the engine: a file was opened, and by whom (pass accounting), a file changed, a file needs staging
+again, the cache's ``data/`` is gone.
 
 **Never waits on the slow tier for the fast one.**  An open of a cached file whose fingerprint is fresh (see
 revalidate.py) makes no backing call; the copy is opened and checked (size, inode, ctime, mtime) with one
@@ -29,35 +21,31 @@ import contextlib
 import errno
 import logging
 import os
-import stat
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
-from tierfs.backing import Backing, BackingError, answered_gone
+from tierfs.backing import Backing, BackingError
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.consumers import ANONYMOUS
 from tierfs.copies import CopyDamaged, hash_copy, open_copy
-from tierfs.options import Settings
+from tierfs.options import LiveSettings
+from tierfs.pins import LEND_SECONDS, PinKeeper
 from tierfs.plans import BatchPlans
 from tierfs.policy import ADVISE_WHOLE, CachePolicy
 from tierfs.pusher import Pusher
-from tierfs.revalidate import Revalidator
+from tierfs.revalidate import Revalidator, Verdict
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.stats import DataPathStatistics, Reads
-from tierfs.tree import Node, Tree, fingerprint
+from tierfs.tree import Node, Tree
 from tierfs.users import OWNER_UID, FdBudget
-from tierfs.wakeup import Wakeup
 
-__all__ = ["LEND_SECONDS", "DataPath", "FileHandle"]
+__all__ = ["LEND_SECONDS", "DataPath", "DataPathEvents", "FileHandle"]
 
 log = logging.getLogger("tierfs")
-
-LEND_SECONDS = 2.0  # a lent copy stays pinned this long: the reader opens it right after asking
 
 
 @dataclass(eq=False)
@@ -84,14 +72,28 @@ def _pread_rest(fd: int, buf: bytearray, done: int, offset: int) -> int:
     return done
 
 
+class DataPathEvents(Protocol):
+    """What the data path tells the engine (the engine implements it)."""
+
+    def file_opened(self, fidx: int, size: int, uid: int, who: str = ANONYMOUS) -> None:
+        """User ``uid``, consumer ``who``, opened ``fidx`` (``size`` bytes): pass accounting."""
+
+    def changed(self, fidx: int, st: os.stat_result) -> None:
+        """The backing file now has stat ``st``: the tree takes it, the old copy and pages go, it is staged again."""
+
+    def restage(self, fidx: int) -> None:
+        """``fidx`` has no valid copy any more: stage it again if it is wanted ahead."""
+
+    async def data_dir_lost(self) -> str | None:
+        """The cache's ``data/`` is gone: make it again; why it could not be (None once it is)."""
+
+
 class DataPath:
     """See the module docstring."""
 
     def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
                  reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule, policy: CachePolicy,
-                 settings: Callable[[], Settings], opened: Callable[[int, int, int, str], None],
-                 changed: Callable[[int, os.stat_result], None], restage: Callable[[int], None],
-                 data_dir_lost: Callable[[], Awaitable[str | None]]) -> None:
+                 pins: PinKeeper, settings: LiveSettings, events: DataPathEvents) -> None:
         self.tree = tree
         self.cache = cache
         self.cache_limiter = cache_limiter
@@ -99,22 +101,13 @@ class DataPath:
         self.reval = reval
         self.stager = stager
         self.pusher = pusher
+        self.versions = pusher.versions
         self.schedule = schedule
         self.policy = policy
-        self.kernel = pusher.kernel
-        self._settings = settings
-        self._opened_cb = opened
-        self._on_changed = changed
-        self._on_restage = restage
-        self._on_data_dir_lost = data_dir_lost
-        self.nursery: trio.Nursery | None = None  # set while the mount runs: background invalidations
-        self.changed_files: set[int] = set()  # files whose backing fingerprint changed during this mount
-        self._stale: set[int] = set()
-        self._page_handles: dict[int, int] = {}  # fidx -> open handles that read through the page cache
-        self._page_stat: dict[int, os.stat_result] = {}  # fidx -> the version those handles read (kernel_stat)
-        self._invalidating: dict[int, trio.Event] = {}  # invalidations on their way to the kernel
-        self._leases: deque[tuple[float, CacheEntry]] = deque()  # (deadline, copy) pinned by lend, in time order
-        self._lease_wake = Wakeup()
+        self.pins = pins
+        self.settings = settings
+        self.events = events
+        self.nursery: trio.Nursery | None = None  # set while the mount runs: copies made beside their reader
         self._lent_recently: dict[int, tuple[float, CacheEntry]] = {}  # fidx -> (until, copy) just lent
         self._repair_logged: set[str] = set()
         self.hits = self.misses = self.out_of_view = self.lent = 0
@@ -124,13 +117,8 @@ class DataPath:
         self.handles = 0  # dataset files open now
         self.fd_budget = FdBudget()  # the descriptors those handles hold, per user
         #: batch plans for direct readers (plans.py), their copies pinned until their pass ends
-        self.batch = BatchPlans(tree=tree, cache=cache, backing=backing, reval=reval, schedule=schedule,
-                                settings=settings, timeout=self._timeout, return_leases=self._return_leases,
-                                served=self.served_from_copies, freed=stager.notify)
-
-    @property
-    def settings(self) -> Settings:
-        return self._settings()
+        self.batch = BatchPlans(tree=tree, cache=cache, reval=reval, schedule=schedule, settings=settings, pins=pins,
+                                reads=self)
 
     def _opened(self, fidx: int, size: int, uid: int, who: str = ANONYMOUS) -> None:
         self.stager.serving()  # staging yields to readers
@@ -138,7 +126,7 @@ class DataPath:
         view = self.schedule.view
         if view is None or not view.mask[fidx]:
             self.out_of_view += 1
-        self._opened_cb(fidx, size, uid, who)
+        self.events.file_opened(fidx, size, uid, who)
 
     def statistics(self) -> DataPathStatistics:
         plans = self.batch.statistics()
@@ -146,51 +134,14 @@ class DataPath:
                                   self.served_bytes, self.opened_bytes, self.stall_seconds,
                                   self.handles, plans, self.fd_budget.statistics())
 
-    def kernel_stat(self, fidx: int) -> os.stat_result:
-        """The attributes the kernel is given for ``fidx``: those of the version its page-cache handles read while
-        any is open, else the tree's.  (A file found changed keeps its old size for the kernel until its last
-        page-cache reader closes: the kernel cuts page-cache reads at the size it was last told.)"""
-        st = self._page_stat.get(fidx)
-        return self.tree.file_node(fidx).st if st is None else st
-
-    @property
-    def versions_held(self) -> bool:
-        """Whether some file's kernel attributes are held at an older version (see :meth:`kernel_stat`)."""
-        return bool(self._page_stat)
-
-    def kernel_attributes(self, fidx: int, attrs: tuple[int, ...]) -> tuple[int, ...]:
-        """``attrs`` (mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns, as the tree has them) as the
-        kernel must be told them: size, blocks and times of :meth:`kernel_stat`'s version."""
-        st = self._page_stat.get(fidx)
-        if st is None:
-            return attrs
-        return (*attrs[:5], st.st_size, st.st_blocks, st.st_mtime_ns, st.st_ctime_ns)
-
-    def mark_stale(self, fidx: int) -> None:
-        """The kernel's attributes and pages of ``fidx`` are another version's: drop them as soon as no handle
-        reading through the page cache is open (now, from the kernel's thread, or on that handle's release)."""
-        self._stale.add(fidx)
-        if not self._page_handles.get(fidx) and self.nursery is not None and self.kernel.live \
-                and fidx not in self._invalidating:
-            self._stale.discard(fidx)
-            self._invalidating[fidx] = trio.Event()
-            self.nursery.start_soon(self._invalidate, fidx)
-
-    async def _invalidate(self, fidx: int) -> None:
-        try:
-            await self.pusher.wait_landed(fidx)  # a push of the old bytes in flight lands first, then goes
-            await self.kernel.invalidate(self.tree.inode_of(fidx))
-        finally:
-            self._invalidating.pop(fidx).set()
-
     async def repair(self, entry: CacheEntry, reason: str) -> None:
         """A copy was found damaged or missing: a cache miss, counted and logged; stage it again."""
         if self.cache.repair(entry):
             self.log_repair(entry.name, f"cache repair: {reason}")
             self.pusher.forget(entry.fidx)
-            self._on_restage(entry.fidx)
+            self.events.restage(entry.fidx)
         if await trio.to_thread.run_sync(self.cache.data_dir_lost, limiter=self.cache_limiter):
-            await self._on_data_dir_lost()
+            await self.events.data_dir_lost()
 
     def log_repair(self, key: str, message: str) -> None:
         if key not in self._repair_logged:  # once per event
@@ -198,8 +149,7 @@ class DataPath:
             log.warning("tierfs: %s", message)
 
     def _timeout(self) -> float | None:
-        t = self.settings.backing_timeout
-        return None if t == "hard" else float(t)
+        return self.settings.current.backing_timeout_s
 
     async def open_copy(self, entry: CacheEntry) -> int | None:
         """Open (and pin) a cached copy and check it against its entry; None if it is damaged or gone (repaired
@@ -227,29 +177,26 @@ class DataPath:
 
         Returns the new stat if the file changed (the tree is updated, the old copy dropped); None if it did
         not, or if the backing could not say (stalled, lost, an error other than "gone") while a copy is there to
-        serve: a copy is dropped only on the backing's answer that the file changed or is gone."""
-        node = self.tree.file_node(fidx)
-        self.reval.open_checks += 1  # (the revalidator's counters; only the engine knows when an open asks)
-        try:
-            st = await self.backing.stat(node.path, timeout=self._timeout())
-        except OSError as exc:
-            err = await self.backing.error_for(exc, node.path, timeout=self._timeout())
-            if answered_gone(exc):  # (the file, or its directory or the whole dataset, is not there)
+        serve: a copy is dropped only on the backing's answer that the file changed or is gone (the
+        revalidator's verdict)."""
+        verdict, answer = await self.reval.ask(fidx, timeout=self._timeout())
+        if isinstance(answer, OSError):
+            err = await self.backing.error_for(answer, self.tree.file_path(fidx), timeout=self._timeout())
+            if verdict is Verdict.GONE:  # (the file, or its directory or the whole dataset, is not there)
                 self.cache.evict(fidx)
                 raise err from None
             if self.cache.get(fidx) is not None:
-                self.reval.unconfirmed += 1  # the copy is whole, and the last word we had
+                self.reval.served_unconfirmed()  # the copy is whole, and the last word we had
                 return None
             raise err from None
-        if not stat.S_ISREG(st.st_mode):
+        if verdict is Verdict.GONE:
             self.cache.evict(fidx)
             raise BackingError(errno.ENOENT, "no longer a regular file in the backing dir")
-        self.reval.confirm(fidx)
-        if fingerprint(st) == fingerprint(node.st):
+        if verdict is Verdict.SAME:
             return None
         await self.pusher.wait_landed(fidx)  # its old bytes must land before the invalidation, never after
-        self._on_changed(fidx, st)
-        return st
+        self.events.changed(fidx, answer)
+        return answer
 
     async def open_file(self, fidx: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> FileHandle:
         """Open dataset file ``fidx`` for reading by user ``uid``, consumer ``who`` (consumers.py): from the cache
@@ -275,7 +222,7 @@ class DataPath:
         elif entry is None and self.policy.fetches_on_open(fidx):
             entry = await self._fetch(fidx)
         fd = None
-        if entry is not None and self.settings.verify == "xxhash" and not entry.verified:
+        if entry is not None and self.settings.current.verify == "xxhash" and not entry.verified:
             entry = await self._verify(entry)
         if entry is not None:
             fd = await self.open_copy(entry)
@@ -291,19 +238,7 @@ class DataPath:
             entry = None
             fd, size = await self._open_backing(fidx, node)
             self.misses += 1
-        direct = fidx in self.changed_files
-        pending = self._invalidating.get(fidx)
-        if pending is not None:
-            await pending.wait()  # the old version's attributes and pages go before this reply does
-        if fidx in self._stale and not self._page_handles.get(fidx):
-            # nobody reads the old version through the page cache any more: drop it before this reply goes out
-            self._stale.discard(fidx)
-            await self.kernel.invalidate(self.tree.inode_of(fidx))
-        if not direct:
-            if fidx not in self._page_handles:
-                # (never found changed, so the tree's stat is this handle's version, and every other one's)
-                self._page_stat[fidx] = self.tree.file_node(fidx).st
-            self._page_handles[fidx] = self._page_handles.get(fidx, 0) + 1
+        direct = await self.versions.opened(fidx)
         # (a changed file can change again between this open and its reads, and the kernel keeps one size and
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
         handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct, uid=uid)
@@ -325,8 +260,8 @@ class DataPath:
             raise await self.backing.error_for(exc, node.path, timeout=self._timeout()) from None
         finally:
             self.stall_seconds += time.monotonic() - t0
-        if fingerprint(st) != fingerprint(node.st):
-            self._on_changed(fidx, st)
+        if self.reval.verdict(fidx, st) is Verdict.CHANGED:
+            self.events.changed(fidx, st)
             self.reval.confirm(fidx)
         return fd, st.st_size
 
@@ -336,7 +271,7 @@ class DataPath:
             entry = await self.stager.fetch_now(fidx)
         finally:
             self.stall_seconds += time.monotonic() - t0
-        if entry is not None and entry.fp != fingerprint(self.tree.file_node(fidx).st):
+        if entry is not None and not self.tree.holds(fidx, entry.fp):
             return None
         return entry
 
@@ -362,8 +297,9 @@ class DataPath:
         if ok:
             entry.verified = True
             return entry
-        self.stager.error = f"cached copy of {os.fsdecode(self.tree.file_path(entry.fidx))} failed xxhash check"
-        await self.repair(entry, self.stager.error)
+        why = f"cached copy of {os.fsdecode(self.tree.file_path(entry.fidx))} failed xxhash check"
+        self.stager.copy_found_bad(why)
+        await self.repair(entry, why)
         return None
 
     async def lend(self, fidx: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> bytes | None:
@@ -376,7 +312,7 @@ class DataPath:
         None (read through the mount) when the file is not cached, changed, or awaits its xxhash check.
         Counted as an open by ``uid`` served from the cache, like :meth:`open_file`.
         """
-        self._return_leases()
+        self.pins.return_leases()
         entry = self.cache.get(fidx)
         if entry is None:
             return None
@@ -387,7 +323,7 @@ class DataPath:
             except OSError:
                 return None
         entry = self.cache.get(fidx)
-        if entry is None or (self.settings.verify == "xxhash" and not entry.verified):
+        if entry is None or (self.settings.current.verify == "xxhash" and not entry.verified):
             return None
         fd = await self.open_copy(entry)  # the copy is what was committed (and pinned from here on)
         if fd is None:
@@ -395,9 +331,7 @@ class DataPath:
         os.close(fd)
         self.cache.touch(entry)
         now = time.monotonic()
-        self._leases.append((now + LEND_SECONDS, entry))
-        if len(self._leases) == 1:
-            self._lease_wake.notify()
+        self.pins.lease(entry, now)  # (the pin open_copy made)
         recent = self._lent_recently.get(fidx)
         if recent is None or recent[1] is not entry or recent[0] <= now:
             # (the same question again at once is the kernel retrying with a bigger buffer, not another open)
@@ -417,23 +351,6 @@ class DataPath:
         for fidx, entry in reads:
             touch(entry)
             opened(fidx, entry.size, OWNER_UID)
-
-    def _return_leases(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        freed = False
-        while self._leases and self._leases[0][0] <= now:
-            freed |= self.cache.unpin(self._leases.popleft()[1])
-        if freed:
-            self.stager.notify()
-
-    async def lease_keeper(self) -> None:
-        """Unpin lent copies when their time is up, also when no further ``lend`` comes to do it."""
-        while True:
-            if not self._leases:
-                await self._lease_wake.wait()
-                continue
-            await trio.sleep(max(0.0, self._leases[0][0] - time.monotonic()))
-            self._return_leases()
 
     async def read(self, handle: FileHandle, offset: int, size: int) -> bytes | bytearray:
         entry = handle.entry
@@ -472,7 +389,7 @@ class DataPath:
         entry = handle.entry
         assert entry is not None
         fd, _ = await self._open_backing(handle.fidx, self.tree.file_node(handle.fidx))
-        if fingerprint(self.tree.file_node(handle.fidx).st) != entry.fp:
+        if not self.tree.holds(handle.fidx, entry.fp):
             os.close(fd)
             raise BackingError(errno.EIO, "the file changed in the backing dir and its cached copy was damaged")
         self.release_copy(entry, handle.fd)
@@ -480,15 +397,7 @@ class DataPath:
 
     async def release(self, handle: FileHandle) -> None:
         self.handles -= 1
-        if not handle.direct_io:
-            left = self._page_handles[handle.fidx] - 1
-            if left:
-                self._page_handles[handle.fidx] = left
-            else:
-                del self._page_handles[handle.fidx]
-                del self._page_stat[handle.fidx]
-                if handle.fidx in self._stale:
-                    self.mark_stale(handle.fidx)
+        self.versions.released(handle.fidx, handle.direct_io)
         try:
             if handle.entry is not None:
                 self.release_copy(handle.entry, handle.fd)

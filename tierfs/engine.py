@@ -11,6 +11,15 @@ asks the :class:`~tierfs.datapath.DataPath` (``data``) for file data and the :cl
 mini-epoch takes over, what a landed, changed or gone file means for each part, the control interface
 (:class:`~tierfs.control.ControlTarget`) and the status snapshot.
 
+**Wiring.**  :meth:`Engine.open` gives each part the parts it works with, as objects, and this engine as its
+typed events interface -- the Protocol in the part's own module that the engine implements
+(:class:`~tierfs.staging.StagerEvents`, :class:`~tierfs.datapath.DataPathEvents`,
+:class:`~tierfs.revalidate.RevalidatorEvents`, :class:`~tierfs.pusher.PusherEvents`,
+:class:`~tierfs.namespace.NamespaceEvents`, :class:`~tierfs.planner.PlannerEvents`,
+:class:`~tierfs.opening.RescanEvents`): no part is handed a callable, so every call from one part to another
+is a method of a typed collaborator, and no part imports this module.  The settings in force live in one
+:class:`~tierfs.options.LiveSettings` (``live``) that the parts read and a control write replaces.
+
 Everything here runs on the one trio thread; worker threads only touch the disks and hand results back, so
 state needs no locks and a status snapshot taken between two awaits is consistent.  Nothing on the trio thread
 waits on the backing dir or the kernel (see datapath.py, pusher.py, backing.py).
@@ -36,7 +45,6 @@ import os
 import time
 from collections.abc import Callable
 
-import numpy as np
 import trio
 
 from sampler.iomodel import stall_free_rf
@@ -49,8 +57,9 @@ from tierfs.following import LoaderWatch
 from tierfs.journal import JournalWriter, Position, load_position
 from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
-from tierfs.options import MountConfig, Settings, format_size
+from tierfs.options import LiveSettings, MountConfig, Settings, format_size
 from tierfs.pace import PaceWatch, Rates
+from tierfs.pins import PinKeeper
 from tierfs.planner import Planner
 from tierfs.policy import POLICIES
 from tierfs.pusher import KernelCache, Pusher, push_budget
@@ -73,7 +82,7 @@ class Engine:
 
     def __init__(self, config: MountConfig) -> None:
         self.config = config
-        self.settings: Settings = config.settings
+        self.live = LiveSettings(config.settings)  # the one holder of the settings in force: the parts read it
         self.cache = CacheStore(config.cache, config.capacity)
         self.cache_limiter = trio.CapacityLimiter(16)  # threads for cache-disk work (opens, hashes)
         self.root_fd = -1
@@ -87,9 +96,13 @@ class Engine:
         self._nursery: trio.Nursery | None = None
         self._opened = self._closed = False
 
+    @property
+    def settings(self) -> Settings:
+        return self.live.current
+
     # ========================================================================================= lifecycle
 
-    def open(self, scan_progress: Callable[[ScanCount], None] = lambda count: None) -> None:
+    def open(self, scan_progress: Callable[[ScanCount], None] | None = None) -> None:
         """Load or scan the backing tree, refuse configurations that cannot work, open the cache, wire the
         parts, resume the journalled position."""
         cfg, s = self.config, self.settings
@@ -103,12 +116,12 @@ class Engine:
         self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         journalled = load_position(cfg.cache)
         pos = journalled or Position()
-        self.trees = TreeKeeper(self.root_fd, backing, cfg.cache, scan_progress)
+        self.trees = TreeKeeper(self.root_fd, backing, cfg.cache)
         try:
-            self.tree = tree = self.trees.load(resumed=journalled is not None)
+            self.tree = tree = self.trees.load(resumed=journalled is not None, progress=scan_progress)
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)
             policy = POLICIES[s.policy]
-            self.schedule = Schedule(tree, s, cfg.capacity, pos, disk, walks_plans=policy.walks_plans)
+            self.schedule = Schedule(tree, self.live, cfg.capacity, pos, disk, walks_plans=policy.walks_plans)
             self.policy = policy(self.schedule, self.cache)
             self.policy.check_fits()
             self.cache.open(tree, need_digest=s.verify == "xxhash")
@@ -117,38 +130,30 @@ class Engine:
             self.root_fd = -1
             self.cache.close()
             raise
-        self.backing = Backing(self.root_fd, backing, tree, bandwidth=lambda: self.settings.bandwidth)
+        # The parts get the parts they work with, and this engine as their typed events (StagerEvents, ...).
+        self.backing = Backing(self.root_fd, backing, tree, self.live)
         self.arf = Arf(Arf.controller_for(s), pos.arf_history)
-        self.stager = Stager(tree, self.cache, self.backing, streams=s.staging_streams,
-                             hash_content=s.verify == "xxhash", backing_timeout=s.backing_timeout,
-                             throttle=self.backing.throttle_from_thread,
-                             disk_size=lambda f: int(self.schedule.disk_sizes[f]),
-                             ahead=lambda: self.schedule.staging_ahead(self.rf_now()), wanted=self.policy.keeps,
-                             make_room=self.policy.make_room, landed=self._landed, changed=self._changed,
-                             blocked=self._advance_if_ready,
-                             data_dir_lost=self._data_dir_lost, gave_up=self._stage_gave_up)
+        self.stager = Stager(tree, self.cache, self.backing, schedule=self.schedule, policy=self.policy,
+                             settings=self.live, events=self)
         # (the kernel's caches are reached once the mount is up: attach_kernel)
-        self.pusher = Pusher(tree, self.cache, KernelCache(), budget=push_budget(), verify=s.verify == "xxhash",
-                             wanted=lambda f: bool(self.schedule.wanted[f]) and f not in self.data.changed_files,
-                             inode=tree.inode_of, freed=lambda: self.stager.notify(),
-                             repair=lambda e, why: self.data.repair(e, why))
-        self.reval = Revalidator(tree, self.backing, setting=s.revalidate,
-                                 candidates=self.policy.revalidation_candidates, changed=self._changed,
-                                 gone=self._gone)
+        self.pusher = Pusher(tree, self.cache, KernelCache(), schedule=self.schedule, stager=self.stager,
+                             budget=push_budget(), verify=s.verify == "xxhash", events=self)
+        self.versions = self.pusher.versions  # which version of each file the kernel holds
+        self.reval = Revalidator(tree, self.backing, policy=self.policy, settings=self.live, events=self)
+        self.pins = PinKeeper(self.cache, self.stager)  # lent copies and the batch plans' pass pins
         self.data = DataPath(tree=tree, cache=self.cache, cache_limiter=self.cache_limiter, backing=self.backing,
                              reval=self.reval, stager=self.stager, pusher=self.pusher, schedule=self.schedule,
-                             policy=self.policy, settings=lambda: self.settings, opened=self._opened_file,
-                             changed=self._changed, restage=self._restage, data_dir_lost=self._data_dir_lost)
+                             policy=self.policy, pins=self.pins, settings=self.live, events=self)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
         self.consumers = Consumers(self.schedule)
-        self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, root_relisted=self._root_relisted,
-                               pass_begins=self.begin_pass, substitute=s.substitute and policy.walks_plans)
-        self.planner = Planner(self.schedule, self._cached, landed=self._planned)
+        self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, events=self,
+                               substitute=s.substitute and policy.walks_plans)
+        self.planner = Planner(self.schedule, self.cache, events=self)
         self.loader_watch = LoaderWatch(enabled=policy.walks_plans)
         if self.trees.scanned:
             self.reval.confirm_all()  # the scan just read every fingerprint
         # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
-        self.schedule.start(self._cached)
+        self.schedule.start(self.cache)
         self._entered()
         self._opened = True
         self.save_journal()
@@ -158,19 +163,17 @@ class Engine:
     def attach_kernel(self, kernel: KernelCache) -> None:
         """The mount is up (fs.init): pushes and invalidations now reach the kernel."""
         self.pusher.kernel = kernel
-        self.data.kernel = kernel
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stage, push, revalidate, rescan, watch for a lost backing and for stuck copies, and return leases in the
         background until cancelled."""
-        rescan = functools.partial(self.trees.run, self.tree, limiter=self.cache_limiter,
-                                   confirm_all=self.reval.confirm_all, changed=self._changed, gone=self._gone)
+        rescan = functools.partial(self.trees.run, self.tree, limiter=self.cache_limiter, events=self)
         self.schedule.plans_ahead = True  # from now on a missing plan is the planner's, never a request's
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = self.data.nursery = nursery
+                self._nursery = self.data.nursery = self.versions.nursery = nursery
                 nursery.start_soon(once, "tree rescan", rescan)
-                nursery.start_soon(supervised, "lease keeper", self.data.lease_keeper)
+                nursery.start_soon(supervised, "pin keeper", self.pins.run)
                 nursery.start_soon(supervised, "journal writer", functools.partial(self.journal.run,
                                                                                    self.cache_limiter))
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
@@ -182,7 +185,7 @@ class Engine:
                     nursery.start_soon(supervised, "stager", self.stager.run)
                 task_status.started()
         finally:
-            self._nursery = self.data.nursery = None
+            self._nursery = self.data.nursery = self.versions.nursery = None
             self.schedule.plans_ahead = False
             self.journal.flush()  # what the writer had not written yet
 
@@ -190,12 +193,12 @@ class Engine:
         """The mount is stopping: no more pushes or invalidations, and up to ``timeout`` seconds for the one in
         flight to return while the main loop still serves (see pusher.py).  False if one is still in the
         kernel: only aborting the connection frees it then."""
-        return await self.data.kernel.close(timeout)
+        return await self.pusher.kernel.close(timeout)
 
     @property
     def kernel_call_stuck(self) -> bool:
         """A push or an invalidation is still inside the kernel (after :meth:`stop_kernel_calls` gave up)."""
-        return self.data.kernel.in_kernel
+        return self.pusher.kernel.in_kernel
 
     def close(self) -> None:
         """Persist the journal and release the cache; idempotent."""
@@ -220,9 +223,6 @@ class Engine:
     @property
     def current_mini_epoch(self) -> tuple[int, int]:
         return self.schedule.pos.epoch, self.schedule.pos.mini_epoch
-
-    def _cached(self) -> np.ndarray:
-        return self.cache.held(self.tree.n_files)
 
     def _entered(self) -> None:
         """A mini-epoch became current (mount, switch, replan): evict, re-queue staging and pushes."""
@@ -269,6 +269,11 @@ class Engine:
         if self.schedule.advance_requested and self.next_ready():
             self._switch()
 
+    def stage_blocked(self) -> None:
+        """(StagerEvents) Nothing more fits until a switch frees space: the next mini-epoch may be as ready as it
+        gets."""
+        self._advance_if_ready()
+
     def end_pass(self) -> None:
         """The current pass is over (all read, ``next-pass``, the root listed again): count it, move on.
 
@@ -307,9 +312,10 @@ class Engine:
         self._switch()
         return True
 
-    def _planned(self) -> None:
-        """The plan the next mini-epoch waited for landed: make the switch that was due if no file of the pass
-        shown meanwhile was opened yet (never under a reader's feet: else at that pass's end), or stage it."""
+    def plan_landed(self) -> None:
+        """(PlannerEvents) The plan the next mini-epoch waited for landed: make the switch that was due if no file
+        of the pass shown meanwhile was opened yet (never under a reader's feet: else at that pass's end), or
+        stage it."""
         sch = self.schedule
         if sch.pos.switch_due and not sch.reads_in_pass:
             self._switch()
@@ -319,7 +325,7 @@ class Engine:
 
     def _switch(self) -> None:
         """The next mini-epoch takes over; the previous one is evicted (open files on release)."""
-        self.schedule.switch(self._cached)
+        self.schedule.switch(self.cache)
         self.consumers.mini_epoch_over()
         self._wake_waiters()
         self._entered()
@@ -343,7 +349,8 @@ class Engine:
         if self._nursery is None:
             self.journal.flush()
 
-    def _opened_file(self, fidx: int, size: int, uid: int, who: str = ANONYMOUS) -> None:
+    def file_opened(self, fidx: int, size: int, uid: int, who: str = ANONYMOUS) -> None:
+        """(DataPathEvents) User ``uid``, consumer ``who``, opened ``fidx``: pass accounting."""
         # Only those who may write ``control`` move the schedule: another user's reads are served, not counted.
         if not self.steering.steers(uid):
             return
@@ -360,9 +367,9 @@ class Engine:
         if self.consumers.opened(c, fidx, in_view):
             self._consumer_pass_over(c)
 
-    def _root_relisted(self, uid: int, who: str = ANONYMOUS) -> None:
-        """The root was listed: that ends the lister's pass if it opened a file in it.  (The same rule for listings
-        as for opens: another user's ``ls`` of the root never ends anyone's pass.)"""
+    def root_relisted(self, uid: int, who: str = ANONYMOUS) -> None:
+        """(NamespaceEvents) The root was listed: that ends the lister's pass if it opened a file in it.  (The same
+        rule for listings as for opens: another user's ``ls`` of the root never ends anyone's pass.)"""
         if self._relisting_ends_passes(uid):
             c = self.consumers.get(who)
             if c.reads_in_pass:
@@ -400,9 +407,10 @@ class Engine:
                 and c.passes > self.schedule.pos.pass_index)
 
     async def begin_pass(self, uid: int, who: str, *, relisted: bool) -> None:
-        """Consumer ``who`` starts reading a view: it listed the root (``relisted``: that ends its pass if it
-        opened a file in it) or opened ``order``.  Ahead of the others, it waits here for the mount to move on, at
-        most ``consumer_timeout`` seconds: then the live consumers that hold the mount back are dropped."""
+        """(NamespaceEvents) Consumer ``who`` starts reading a view: it listed the root (``relisted``: that ends its
+        pass if it opened a file in it) or opened ``order``.  Ahead of the others, it waits here for the mount to
+        move on, at most ``consumer_timeout`` seconds: then the live consumers that hold the mount back are
+        dropped."""
         if not self.steering.steers(uid):
             return
         c = self.consumers.get(who)
@@ -459,8 +467,9 @@ class Engine:
             self.request_advance()
 
     # ==================================================================== what files mean for the parts
+    # (the parts' events: StagerEvents, RevalidatorEvents, DataPathEvents, PusherEvents, RescanEvents)
 
-    def _landed(self, fidx: int, entry: CacheEntry) -> None:
+    def landed(self, fidx: int, entry: CacheEntry) -> None:
         """A copy was committed: its fingerprint was confirmed by the copy itself."""
         self.reval.confirm(fidx)
         self.schedule.staged(fidx)
@@ -471,36 +480,43 @@ class Engine:
             self.pusher.want(fidx)
         self._advance_if_ready()
 
-    def _stage_gave_up(self, fidx: int) -> None:
+    def gave_up(self, fidx: int) -> None:
         """A file of the next mini-epoch could not be staged (gone, unreadable, no room on the cache disk, its copy
         stuck on the backing): the mini-epoch counts as staged without it, so ``advance=ready`` never waits for it
         (it is retried, and read from the backing meanwhile)."""
         self.schedule.staged(fidx)
         self._advance_if_ready()
 
-    def _restage(self, fidx: int) -> None:
+    def restage(self, fidx: int) -> None:
         """``fidx`` has no valid copy any more: stage it again if it is wanted ahead."""
         if self.policy.walks_plans and self.policy.keeps(fidx):
             self.schedule.unstaged(fidx)
             self.stager.push_front(fidx)
 
-    def _changed(self, fidx: int, st: os.stat_result) -> None:
+    def changed(self, fidx: int, st: os.stat_result) -> None:
         """The backing file now has stat ``st``: forget the old copy and pushed pages, stage it again."""
         self.tree.update_stat(fidx, st)
-        self.data.changed_files.add(fidx)
         self.schedule.set_disk_size(fidx, self.cache.estimate(st.st_size, st.st_blocks))
         self.cache.evict(fidx)
         self.pusher.forget(fidx)
-        self._restage(fidx)
-        self.data.mark_stale(fidx)
+        self.restage(fidx)
+        self.versions.changed(fidx)  # (later handles bypass the page cache; the old version's pages go)
         self.planner.notify()  # (a plan that failed on its size may fit now)
 
-    def _gone(self, fidx: int) -> None:
+    def gone(self, fidx: int) -> None:
         """The backing file is gone (or no longer a regular file): the next open finds that out (ENOENT)."""
         self.cache.evict(fidx)
-        self.data.mark_stale(fidx)
+        self.versions.mark_stale(fidx)
 
-    async def _data_dir_lost(self) -> str | None:
+    def all_confirmed(self) -> None:
+        """The rescan read every fingerprint."""
+        self.reval.confirm_all()
+
+    async def copy_damaged(self, entry: CacheEntry, reason: str) -> None:
+        """The pusher found a copy damaged: a cache miss, repaired by the data path."""
+        await self.data.repair(entry, reason)
+
+    async def data_dir_lost(self) -> str | None:
         """``data/`` went: make it again and stage everything again; why not if it cannot be (None: done)."""
         try:
             fd = await trio.to_thread.run_sync(self.cache.make_data_dir, limiter=self.cache_limiter)
@@ -541,16 +557,14 @@ class Engine:
 
     def apply_settings(self, new: Settings, *, replan: bool) -> None:
         """Settings from a validated control write; ``replan``: nm/mini_epoch_size/composition changed."""
-        old, self.settings = self.settings, new
-        self.schedule.settings = new
+        old, self.live.current = self.live.current, new  # (every part reads the new ones from here on)
         if new.revalidate != old.revalidate:
-            self.reval.set(new.revalidate)
-        self.stager.backing_timeout = new.backing_timeout
+            self.reval.notify()
         if new.staging_streams != old.staging_streams:
             self.stager.tuner.set(new.staging_streams)
             self.stager.notify()
         if replan:
-            self.schedule.replan(new, self._cached)
+            self.schedule.replan(self.cache)
             self._entered()
         self._wake_waiters()  # (a new rf: a waiting consumer looks again)
 

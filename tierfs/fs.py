@@ -132,7 +132,7 @@ class TierOperations(pyfuse3.Operations):
     def init(self) -> None:
         # Only now is there a kernel to notify (engine tests without a mount keep a KernelCache of no-ops).
         # Both calls can wait on the kernel's page locks: KernelCache makes them from a thread of its own.
-        self.engine.attach_kernel(KernelCache(pyfuse3.notify_store, pyfuse3.invalidate_inode))
+        self.engine.attach_kernel(KernelCache(pyfuse3))
         # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
         with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)
             trio.lowlevel.spawn_system_task(self._widen_read_ahead)
@@ -166,9 +166,9 @@ class TierOperations(pyfuse3.Operations):
         attrs = self.engine.names.attributes(inode)
         if attrs is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        if self.engine.data.versions_held:  # (a changed file whose old version is still read through the page cache)
+        if self.engine.versions.versions_held:  # (a changed file's old version still read through the page cache)
             with contextlib.suppress(OSError):  # (not a dataset file)
-                attrs = self.engine.data.kernel_attributes(self.engine.names.file_index(inode), attrs)
+                attrs = self.engine.versions.kernel_attributes(self.engine.names.file_index(inode), attrs)
         # the backing entry's own type, modes and device number: writes are refused with EROFS, as ro mounts do
         a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev, a.st_size, a.st_blocks, mtime, a.st_ctime_ns = attrs
         a.st_blksize = 1 << 17

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from tierfs.mounts import mount_at
-from tierfs.options import MountConfig, format_size
+from tierfs.options import MountConfig, check_layout, format_size
 from tierfs.textfile import mountpoint_file_name
 
 if TYPE_CHECKING:
@@ -70,10 +70,6 @@ class MountError(Exception):
     """A failure to mount with a one-line reason for the user (exit status 1)."""
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def check_paths(config: MountConfig, *, nonempty: bool = False) -> MountConfig:
     """Resolve the three paths and refuse layouts that cannot work, before anything is created.
 
@@ -92,12 +88,10 @@ def check_paths(config: MountConfig, *, nonempty: bool = False) -> MountConfig:
                          f"fusermount3 -uz if it says 'Transport endpoint is not connected')")
     if not os.path.isdir(mountpoint):
         raise MountError(f"mountpoint {config.mountpoint} does not exist or is not a directory")
-    if _inside(mountpoint, backing) or _inside(backing, mountpoint):
-        raise MountError(f"mountpoint {mountpoint} and backing dir {backing} must not contain each other")
-    if _inside(cache, backing):
-        raise MountError(f"cache dir {cache} must not be inside the backing dir {backing} (it is never written)")
-    if _inside(cache, mountpoint) or _inside(mountpoint, cache):
-        raise MountError(f"cache dir {cache} and mountpoint {mountpoint} must not contain each other")
+    try:
+        check_layout(backing, cache, mountpoint)
+    except ValueError as exc:
+        raise MountError(str(exc)) from None
     if not nonempty:
         try:
             entries = len(os.listdir(mountpoint))

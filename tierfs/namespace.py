@@ -4,14 +4,15 @@ It owns no state of its own but, under ``substitute``, the :class:`~tierfs.subst
 view file each name is served as this pass): the tree (fixed for the mount's life) says what exists, the
 schedule's view what the root lists in this pass.  Every name of the tree can be looked up and opened, in view
 or not; only the view is listed (every file with ``listing=all``).  Two things here are news for other parts: a
-lookup or a listing tells the pusher the kernel now has an inode (pushes wait for one), and listing the root
-again after reads may end the pass (``root_relisted``: the engine decides, by who listed).
+lookup or a listing tells the pusher the kernel now has an inode (pushes wait for one), and a listing of the root
+(or an ``order`` file) starts a consumer's pass -- listing it again after reads may end the pass -- which is the
+engine's to decide, by who listed (:class:`NamespaceEvents`).
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from tierfs.backing import BackingError
 from tierfs.consumers import ANONYMOUS, Consumers
@@ -21,9 +22,20 @@ from tierfs.substitute import Substitutions, SubstitutionStatistics
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
 from tierfs.users import OWNER_UID
 
-__all__ = ["Namespace"]
+__all__ = ["Namespace", "NamespaceEvents"]
 
 _CTL_DIR = CONTROL_INODES[b".tierfs"]
+
+
+class NamespaceEvents(Protocol):
+    """What listings and ``order`` files mean for the passes (the engine implements it)."""
+
+    async def begin_pass(self, uid: int, who: str, *, relisted: bool) -> None:
+        """Consumer ``who`` (user ``uid``) starts reading a view: it listed the root (``relisted``) or opened
+        ``order``; ahead of the others, it waits here."""
+
+    def root_relisted(self, uid: int, who: str) -> None:
+        """The root was listed: that ends the lister's pass if it opened a file in it."""
 
 
 class Namespace:
@@ -33,18 +45,15 @@ class Namespace:
     answers from the tree's arrays: a lookup, an attribute or a listing makes no Python object per file."""
 
     def __init__(self, tree: Tree, schedule: Schedule, pusher: Pusher, consumers: Consumers, *,
-                 root_relisted: Callable[[int, str], None],
-                 pass_begins: Callable[..., Awaitable[None]], substitute: bool = False) -> None:
+                 events: NamespaceEvents, substitute: bool = False) -> None:
         self.tree = tree
         self.schedule = schedule
         self.pusher = pusher
         self.consumers = consumers  # who asks, and each one's order of the view
-        self._root_relisted = root_relisted
-        self._pass_begins = pass_begins
+        self.events = events
         #: ``substitute``: file names resolve per pass to view files (substitute.py); the kernel must not keep
         #: a file's entry (fs.py gives it an entry timeout of 0)
-        self.substitutions = (Substitutions(lambda: schedule.view, schedule.opened_in_pass) if substitute
-                              else None)
+        self.substitutions = Substitutions(schedule) if substitute else None
 
     def substitution_statistics(self) -> SubstitutionStatistics:
         subs = self.substitutions
@@ -102,10 +111,10 @@ class Namespace:
 
     async def open_dir(self, inode: int, uid: int, pid: int) -> list[tuple[bytes, int]]:
         """The listing for one ``opendir`` by process ``pid`` of user ``uid``: a listing of the root starts a
-        pass of its consumer, which may first wait for the other consumers (the engine's ``pass_begins``)."""
+        pass of its consumer, which may first wait for the other consumers (the engine's ``begin_pass``)."""
         who = await self.consumers.name_of(pid)
         if inode == 1:
-            await self._pass_begins(uid, who, relisted=True)
+            await self.events.begin_pass(uid, who, relisted=True)
         return self.list_dir(inode, uid, who)
 
     def list_dir(self, inode: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> list[tuple[bytes, int]]:
@@ -117,7 +126,7 @@ class Namespace:
         if not 0 < inode <= self.tree.n_nodes or self.tree.kinds[inode - 1] != KIND_DIR:
             raise BackingError(errno.ENOTDIR, "not a directory")
         if inode == 1:
-            self._root_relisted(uid, who)
+            self.events.root_relisted(uid, who)
         view = self.consumers.view_of(who)
         assert view is not None
         kinds = self.tree.kinds
@@ -152,7 +161,7 @@ class Namespace:
         """``order`` (``order0`` if ``nul``) opened by process ``pid`` of user ``uid``: its consumer starts a
         pass (it may wait for the others first, like a listing of the root) and gets its own order."""
         who = await self.consumers.name_of(pid)
-        await self._pass_begins(uid, who, relisted=False)
+        await self.events.begin_pass(uid, who, relisted=False)
         return self.order0_text(who) if nul else self.order_text(who)
 
     def order_text(self, who: str = ANONYMOUS) -> bytes:

@@ -3,7 +3,7 @@
 * :func:`check_dirs` refuses a backing dir, cache dir and mountpoint that cannot work together;
 * :class:`TreeKeeper` owns the backing tree's provenance: loaded from the saved tree (``tree.bin`` in the cache
   dir, when a position was journalled) or scanned, and -- after a load -- rescanned in the background, whose
-  news it hands to the engine; it reports what ``status`` shows as ``tree``;
+  news it hands to the engine (:class:`RescanEvents`); it reports what ``status`` shows as ``tree``;
 * :func:`supervised` and :func:`once` run the mount's background jobs so that a failure is logged, never a
   dead mount.
 """
@@ -16,13 +16,15 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import trio
 
-from tierfs.options import MountConfig
+from tierfs.options import MountConfig, check_layout
 from tierfs.tree import ScanCount, Tree
 
-__all__ = ["OLD_TREE_NAMES", "TREE_NAME", "TreeKeeper", "TreeStatistics", "check_dirs", "once", "supervised"]
+__all__ = ["OLD_TREE_NAMES", "TREE_NAME", "RescanEvents", "TreeKeeper", "TreeStatistics", "check_dirs", "once",
+           "supervised"]
 
 log = logging.getLogger("tierfs")
 
@@ -31,17 +33,13 @@ OLD_TREE_NAMES = ("tree.npz",)  # what earlier releases saved it as: removed at 
 
 
 def check_dirs(config: MountConfig) -> str:
-    """The backing dir's real path; ``ValueError`` if it is missing or the three dirs nest the wrong way."""
+    """The backing dir's real path; ``ValueError`` if it is missing or the three dirs nest the wrong way
+    (:func:`~tierfs.options.check_layout`)."""
     backing = os.path.realpath(config.backing)
-    cache = os.path.realpath(config.cache)
-    mountpoint = os.path.realpath(config.mountpoint) if config.mountpoint else ""
     if not os.path.isdir(backing):
         raise ValueError(f"backing dir {config.backing} does not exist or is not a directory")
-    for name, path in (("cache dir", cache), ("mountpoint", mountpoint)):
-        if path and (path == backing or path.startswith(backing + os.sep)):
-            raise ValueError(f"the {name} ({path}) must not be inside the backing dir ({backing})")
-    if mountpoint and (cache == mountpoint or cache.startswith(mountpoint + os.sep)):
-        raise ValueError(f"the cache dir ({cache}) must not be inside the mountpoint ({mountpoint})")
+    check_layout(backing, os.path.realpath(config.cache),
+                 os.path.realpath(config.mountpoint) if config.mountpoint else "")
     return backing
 
 
@@ -55,25 +53,37 @@ class TreeStatistics:
     changed: int  # files the rescan found changed
 
 
+class RescanEvents(Protocol):
+    """The news of a rescan after a load (the engine implements it)."""
+
+    def all_confirmed(self) -> None:
+        """The rescan read every fingerprint of the backing."""
+
+    def changed(self, fidx: int, st: os.stat_result) -> None:
+        """The backing file now has stat ``st``."""
+
+    def gone(self, fidx: int) -> None:
+        """The backing file is gone (or no longer a regular file)."""
+
+
 class TreeKeeper:
     """See the module docstring.  ``root_fd`` is the backing dir's, ``backing`` its real path."""
 
-    def __init__(self, root_fd: int, backing: str, cache_dir: str,
-                 progress: Callable[[ScanCount], None] = lambda count: None) -> None:
+    def __init__(self, root_fd: int, backing: str, cache_dir: str) -> None:
         self.root_fd = root_fd
         self.backing = backing
-        self.progress = progress  # of the scan before the mount (the rescan after a load only logs)
         self.path = os.path.join(cache_dir, TREE_NAME)
         self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0)
 
-    def load(self, *, resumed: bool) -> Tree:
-        """The saved tree if the mount resumes a journalled position and it is still valid, else a scan."""
+    def load(self, *, resumed: bool, progress: Callable[[ScanCount], None] | None = None) -> Tree:
+        """The saved tree if the mount resumes a journalled position and it is still valid, else a scan
+        (``progress`` hears how far it is: the rescan after a load only logs)."""
         t0 = time.monotonic()
         for old in OLD_TREE_NAMES:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(os.path.dirname(self.path), old))
         saved = Tree.load(self.path, os.fstat(self.root_fd)) if resumed else None
-        tree = saved or Tree.scan(self.root_fd, self.backing, self.progress)
+        tree = saved or Tree.scan(self.root_fd, self.backing, progress)
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),
                                     "pending" if saved else "done", 0, 0, 0)
         return tree
@@ -83,21 +93,20 @@ class TreeKeeper:
         """The tree was scanned at this mount: every fingerprint in it was just read from the backing."""
         return self.stats.source == "scan"
 
-    async def run(self, tree: Tree, *, limiter: trio.CapacityLimiter, confirm_all: Callable[[], None],
-                  changed: Callable[[int, os.stat_result], None], gone: Callable[[int], None]) -> None:
-        """After a load: scan the backing and hand over its news -- ``changed`` files, files ``gone``; files
-        added show at the next mount (the tree's numbering is fixed for the life of a mount), from the saved
+    async def run(self, tree: Tree, *, limiter: trio.CapacityLimiter, events: RescanEvents) -> None:
+        """After a load: scan the backing and hand over its news to ``events`` -- files changed, files gone;
+        files added show at the next mount (the tree's numbering is fixed for the life of a mount), from the saved
         tree written here.  After a scan: save it."""
         if self.stats.rescan == "pending":
             self.stats = replace(self.stats, rescan="running")
             # (abandoned on unmount: it works on its own dup of the root descriptor)
             new = await trio.to_thread.run_sync(Tree.scan, self.root_fd, self.backing, abandon_on_cancel=True)
             news, lost, added = tree.compare(new)
-            confirm_all()  # the rescan read every fingerprint
+            events.all_confirmed()
             for fidx, st in news:
-                changed(fidx, st)
+                events.changed(fidx, st)
             for fidx in lost:
-                gone(fidx)
+                events.gone(fidx)
             self.stats = replace(self.stats, rescan="done", changed=len(news), removed=len(lost), added=added)
             if added or lost:
                 log.warning("tierfs: the backing tree changed since the last mount: %d files added, %d removed "

@@ -21,10 +21,12 @@ from sampler.arf import parse_weights
 __all__ = [
     "GENERIC_MOUNT_OPTIONS",
     "OPTIONS",
+    "LiveSettings",
     "MountConfig",
     "Option",
     "Settings",
     "apply_assignments",
+    "check_layout",
     "format_size",
     "format_size_at_least",
     "parse_assignments",
@@ -327,6 +329,12 @@ class Settings:
             # The LRU baseline has no mini-epochs to show; it always serves the whole tree.
             object.__setattr__(self, "view", "full")
 
+    @property
+    def backing_timeout_s(self) -> float | None:
+        """``backing_timeout`` in seconds; None for ``hard`` (a backing call waits as long as the kernel does)."""
+        t = self.backing_timeout
+        return None if t == "hard" else float(t)
+
     def as_lines(self) -> str:
         """``KEY=VALUE`` lines, the format written to and read from the control file."""
         out = []
@@ -340,6 +348,31 @@ class Settings:
                 v = "none"
             out.append(f"{f.name}={v}")
         return "\n".join(out) + "\n"
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_layout(backing: str, cache: str, mountpoint: str) -> None:
+    """``ValueError`` unless the three dirs (real paths; ``mountpoint`` may be empty: an engine without a mount)
+    can work together: none inside another that would loop or write into the backing tree.  The one layout check
+    (``tierfs mount`` and the engine both ask it)."""
+    if mountpoint and (_inside(mountpoint, backing) or _inside(backing, mountpoint)):
+        raise ValueError(f"mountpoint {mountpoint} and backing dir {backing} must not contain each other")
+    if _inside(cache, backing):
+        raise ValueError(f"cache dir {cache} must not be inside the backing dir {backing} (it is never written)")
+    if mountpoint and (_inside(cache, mountpoint) or _inside(mountpoint, cache)):
+        raise ValueError(f"cache dir {cache} and mountpoint {mountpoint} must not contain each other")
+
+
+class LiveSettings:
+    """The settings in force on a mount: the one place they live.  The engine makes it from the mount's
+    :class:`Settings` and puts each validated control write's in (``current``); every part that reads a setting
+    holds this object and reads ``current`` when it needs a value, so a change is seen everywhere at once."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.current = settings
 
 
 _BLANKS_BEFORE_EQUALS = re.compile(r"\s+=")

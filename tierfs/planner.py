@@ -10,24 +10,31 @@ settings changed meanwhile -- then the next job plans with the new ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
-from tierfs.schedule import Cached, Schedule
+from tierfs.schedule import HeldCopies, Schedule
 from tierfs.wakeup import Wakeup
 
-__all__ = ["Planner"]
+__all__ = ["Planner", "PlannerEvents"]
+
+
+class PlannerEvents(Protocol):
+    """What the planner tells the engine (the engine implements it)."""
+
+    def plan_landed(self) -> None:
+        """A plan made the next mini-epoch known: stage it, or make the switch that waited for it."""
 
 
 class Planner:
-    """See the module docstring.  ``landed()`` is told when a plan made the next mini-epoch known (the engine
-    stages it, or makes the switch that waited for it); ``notify()`` says the schedule may lack a plan now."""
+    """See the module docstring.  The ``cache`` says which files are cached when a plan is adopted; ``events``
+    hears when a plan made the next mini-epoch known; ``notify()`` says the schedule may lack a plan now."""
 
-    def __init__(self, schedule: Schedule, cached: Cached, landed: Callable[[], None]) -> None:
+    def __init__(self, schedule: Schedule, cache: HeldCopies, events: PlannerEvents) -> None:
         self.schedule = schedule
-        self._cached = cached
-        self._landed = landed
+        self.cache = cache
+        self.events = events
         self._wake = Wakeup()
         self.made = 0  # plans made in a worker thread (the trio thread makes none while this runs)
 
@@ -51,5 +58,5 @@ class Planner:
                 await self._wake.wait()  # (a replan, a changed file, a new mini-epoch: try again)
                 continue
             self.made += 1
-            if sch.adopt(job, plan, note, self._cached):
-                self._landed()
+            if sch.adopt(job, plan, note, self.cache):
+                self.events.plan_landed()

@@ -25,31 +25,31 @@ Three promises keep that as safe as ``open()``:
   most once, so a report sent twice (a loader's worker and its main process) changes nothing the second time.
   Files read through the mount are counted by their ``open`` and must not be reported.
 
-A :class:`PlanBook` owns the plans issued and the pass's pins; :class:`BatchPlans` (the data path's) builds plans and
-counts reports.
+A :class:`PlanBook` owns the plans issued; the :class:`~tierfs.pins.PinKeeper` the pass's pins; :class:`BatchPlans`
+(the data path's) builds plans and counts reports.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import Protocol
 
 import numpy as np
 
-from tierfs.backing import Backing
 from tierfs.cache import COPY_MTIME_NS, CacheEntry, CacheStore
-from tierfs.options import Settings
+from tierfs.options import LiveSettings
+from tierfs.pins import PinKeeper
 from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
-from tierfs.tree import Tree, fingerprint
+from tierfs.tree import Tree
 from tierfs.users import privileged
 
-__all__ = ["KEEP_PLANS", "BatchPlans", "Plan", "PlanBook", "PlanRenderer", "PlanStatistics"]
+__all__ = ["KEEP_PLANS", "BatchPlans", "Plan", "PlanBook", "PlanReads", "PlanRenderer", "PlanStatistics"]
 
 #: Plans kept for late reports once their pass is over (a report about an older one fails with EINVAL); the
 #: plans of the pass that runs are all kept.
@@ -68,7 +68,7 @@ class Plan:
     files: np.ndarray  # fidx, serving order
     copies: list[CacheEntry | None]  # per position: the pinned copy, or None (read through the mount)
     reported: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    pinned: bool = True  # its pass still runs (its copies are pinned for that pass)
+    pinned: bool = True  # its pass still runs (its copies are pinned for that pass: the pin keeper's)
 
 
 @dataclass(frozen=True)
@@ -80,20 +80,17 @@ class PlanStatistics:
 
 
 class PlanBook:
-    """The plans issued (the last :data:`KEEP_PLANS`), what was reported of each, and the pins of the pass that
-    runs: a copy named by any plan of the pass is pinned once, until the pass ends."""
+    """The plans issued (the last :data:`KEEP_PLANS`) and what was reported of each."""
 
-    def __init__(self, cache: CacheStore) -> None:
-        self.cache = cache
+    def __init__(self) -> None:
         self._plans: OrderedDict[int, Plan] = OrderedDict()
-        self._pins: dict[int, CacheEntry] = {}  # id(entry) -> entry: pinned for the pass that runs
         self._serial = 0
         self.issued = 0
         self.reported = 0
 
     def issue(self, *, epoch: int, mini_epoch: int, pass_index: int, passes_total: int, files: np.ndarray,
               copies: list[CacheEntry | None]) -> Plan:
-        """Record a plan of the pass that runs (its copies pinned with :meth:`pin_for_pass`)."""
+        """Record a plan of the pass that runs (its copies pinned by the pin keeper)."""
         self._serial += 1
         self.issued += 1
         plan = Plan(self._serial, epoch, mini_epoch, pass_index, passes_total, files, copies,
@@ -113,56 +110,44 @@ class PlanBook:
                              "over)")
         return plan
 
-    def pin_for_pass(self, entries: Iterable[CacheEntry]) -> None:
-        """Pin each copy until the pass that runs ends (a copy already pinned for it is not pinned again)."""
-        pins, pin = self._pins, self.cache.pin
-        for e in entries:
-            if id(e) not in pins:
-                pins[id(e)] = e
-                pin(e)
-
-    def pass_over(self) -> bool:
-        """The pass the plans were issued in is over: unpin their copies; True if that freed space."""
+    def pass_over(self) -> None:
+        """The pass the plans were issued in is over."""
         for plan in self._plans.values():
             plan.pinned = False
-        pins, self._pins = self._pins, {}
-        return any([self.cache.unpin(e) for e in pins.values()])
 
-    def statistics(self) -> PlanStatistics:
-        return PlanStatistics(self.issued, sum(p.pinned for p in self._plans.values()), len(self._pins),
-                              self.reported)
+    @property
+    def pinned_plans(self) -> int:
+        return sum(p.pinned for p in self._plans.values())
+
+
+class PlanReads(Protocol):
+    """Where reported reads are counted (the data path implements it)."""
+
+    def served_from_copies(self, reads: list[tuple[int, CacheEntry]]) -> None:
+        """Count direct reads of copies ((fidx, copy) pairs, in order) as opens served from the cache."""
 
 
 class BatchPlans:
     """Renders the ``plan`` file of the current pass and counts the reports about it; owns the :class:`PlanBook`.
 
-    The parts it reads (tree, cache, revalidator, backing, schedule) are the data path's; ``served(reads)``
-    counts reported reads ((fidx, copy) pairs) as opens served from the cache, ``freed()`` says an unpin freed space,
-    ``return_leases()`` unpins expired leases first."""
+    The parts it reads (tree, cache, revalidator, schedule, settings) are the data path's; the copies it names
+    are pinned by the ``pins`` keeper; reported reads are counted by ``reads``."""
 
-    def __init__(self, *, tree: Tree, cache: CacheStore, backing: Backing, reval: Revalidator, schedule: Schedule,
-                 settings: Callable[[], Settings], timeout: Callable[[], float | None],
-                 return_leases: Callable[[], None], served: Callable[[list[tuple[int, CacheEntry]]], None],
-                 freed: Callable[[], None]) -> None:
+    def __init__(self, *, tree: Tree, cache: CacheStore, reval: Revalidator, schedule: Schedule,
+                 settings: LiveSettings, pins: PinKeeper, reads: PlanReads) -> None:
         self.tree = tree
         self.cache = cache
-        self.backing = backing
         self.reval = reval
         self.schedule = schedule
-        self._settings = settings
-        self._timeout = timeout
-        self._return_leases = return_leases
-        self._served = served
-        self._freed = freed
-        self.book = PlanBook(cache)
+        self.settings = settings
+        self.pins = pins
+        self.reads = reads
+        self.book = PlanBook()
         self.renderer = PlanRenderer(cache.data_path)
 
-    @property
-    def settings(self) -> Settings:
-        return self._settings()
-
     def statistics(self) -> PlanStatistics:
-        return self.book.statistics()
+        book = self.book
+        return PlanStatistics(book.issued, book.pinned_plans, self.pins.statistics().pass_pins, book.reported)
 
     async def plan_text(self, uid: int) -> bytes:
         """The ``plan`` file for a reader with ``uid``: a batch plan of the current pass, every copy it names
@@ -175,8 +160,8 @@ class BatchPlans:
         does), as an open checks a copy with ``fstat`` -- no ``lstat`` per copy here, on every plan."""
         if not privileged(uid):
             raise PermissionError(errno.EACCES, "the batch plan is for the mount's user and root")
-        self._return_leases()
-        verify = self.settings.verify == "xxhash"
+        self.pins.return_leases()
+        verify = self.settings.current.verify == "xxhash"
         while True:
             view = self.schedule.view
             assert view is not None
@@ -186,40 +171,21 @@ class BatchPlans:
                      if e is not None and (e.verified or not verify)]
             fidx = np.fromiter((f for f, _ in cands), np.int64, len(cands))
             fresh = self.reval.fresh_mask(fidx).tolist()
-            confirmed = await self._confirm_many([f for (f, _), ok in zip(cands, fresh, strict=True) if not ok])
+            # (a file changed, gone or unanswered is left out: its open through the mount handles it)
+            confirmed = await self.reval.confirm_many([f for (f, _), ok in zip(cands, fresh, strict=True) if not ok],
+                                                      timeout=self.settings.current.backing_timeout_s)
             if self.schedule.view is not view:  # the pass ended meanwhile: plan the new one
                 continue
-            # (after the await: still the indexed copy, and still the backing file's fingerprint)
-            fps = self.tree.fingerprints(fidx).tolist()
-            by_fidx = {f: e for (f, e), ok, fp in zip(cands, fresh, fps, strict=True)
-                       if get(f) is e and (ok or f in confirmed) and e.fp == tuple(fp)}
+            # (after the await: still the indexed copy, and still of the backing file the tree knows)
+            holds = self.tree.holds_many(fidx, [e.fp for _, e in cands]).tolist()
+            by_fidx = {f: e for (f, e), ok, same in zip(cands, fresh, holds, strict=True)
+                       if get(f) is e and (ok or f in confirmed) and same}
             copies = [by_fidx.get(f) for f in order]
-            self.book.pin_for_pass(by_fidx.values())
+            self.pins.pin_for_pass(by_fidx.values())
             pos = self.schedule.pos
             plan = self.book.issue(epoch=view.epoch, mini_epoch=view.mini_epoch, pass_index=pos.pass_index,
                                    passes_total=pos.passes_total, files=view.order, copies=copies)
             return self.renderer.render(plan, self.tree.file_path, self.tree.sizes[view.order].tolist())
-
-    async def _confirm_many(self, stale: list[int]) -> set[int]:
-        """Of ``stale``, the files whose backing fingerprint is still the tree's (asked in batches now).
-
-        A file that changed, vanished or did not answer within ``backing_timeout`` is left out: the reader opens
-        it through the mount, whose open handles the change (or the stall) as it always does."""
-        ok: set[int] = set()
-        for start in range(0, len(stale), 256):
-            batch = stale[start:start + 256]
-            self.reval.open_checks += len(batch)
-            try:
-                answers = await self.backing.stat_many([self.tree.file_path(f) for f in batch],
-                                                       timeout=self._timeout())
-            except OSError:
-                return ok
-            for f, st in zip(batch, answers, strict=True):
-                if isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode) \
-                        and fingerprint(st) == self.tree.fingerprint_of(f):
-                    self.reval.confirm(f)
-                    ok.add(f)
-        return ok
 
     def check_consumed(self, plan_id: int, indices: list[int]) -> None:
         """``ValueError`` unless every index names a copy of plan ``plan_id`` (a report is all or nothing)."""
@@ -238,12 +204,12 @@ class BatchPlans:
         new = [i for i in dict.fromkeys(indices) if copies[i] is not None and not reported[i]]
         reported[new] = True
         self.book.reported += len(new)
-        self._served([(files[i], copies[i]) for i in new])  # type: ignore[misc]
+        self.reads.served_from_copies([(files[i], copies[i]) for i in new])  # type: ignore[misc]
 
     def pass_over(self) -> None:
         """The pass ended: the copies its plans named are no longer pinned for them."""
-        if self.book.pass_over():
-            self._freed()
+        self.book.pass_over()
+        self.pins.pass_over()
 
 
 class PlanRenderer:

@@ -1,4 +1,5 @@
-"""The kernel's caches of the mount: page-cache pushes of staged copies, and invalidations, off the trio thread.
+"""The kernel's caches of the mount: page-cache pushes of staged copies, invalidations off the trio thread, and
+which version of each file the kernel holds.
 
 **Never from the trio thread.**  ``notify_store`` and ``invalidate_inode`` lock the kernel's pages of an inode;
 a page may be locked by a READ of that file that waits for this daemon, and only the trio thread can answer
@@ -17,6 +18,15 @@ READ requests): current mini-epoch first (what a switch left unpushed), then the
 most ``budget`` bytes of the two.  The kernel must know the inode (from a lookup or a listing); a file it does
 not know waits for its next lookup (:meth:`Pusher.looked_up`) or its directory's next listing
 (:meth:`Pusher.listed`).
+
+**Versions** (:class:`KernelVersions`, the pusher's).  A file changed in the backing dir has attributes and
+pages in the kernel that belong to the old version, which handles opened before the change may still be
+reading through the page cache: they are invalidated once no such handle is open (``_stale`` until then, see
+:meth:`KernelVersions.mark_stale`), and every later handle of a changed file bypasses the page cache
+(``direct_io``; nor is it pushed again): the kernel keeps one size and one page cache per inode, not per open,
+so this is what makes each reader get exactly its own version, whole.  Until then the kernel is also *told* the
+old version's attributes (:meth:`KernelVersions.kernel_stat`): it asks again whenever it likes (an ``fstat``
+after any read), and a new size in the answer would cut or pad the old version's page-cache reads at that size.
 """
 
 from __future__ import annotations
@@ -27,8 +37,9 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import trio
@@ -36,10 +47,13 @@ import trio
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copies import CopyDamaged, open_copy
 from tierfs.filequeue import FileQueue
-from tierfs.tree import Tree, fingerprint
+from tierfs.schedule import Schedule
+from tierfs.staging import Stager
+from tierfs.tree import Tree
 from tierfs.wakeup import Wakeup
 
-__all__ = ["KernelCache", "Pusher", "PusherStatistics", "push_budget"]
+__all__ = ["KernelCache", "KernelCalls", "KernelVersions", "Pusher", "PusherEvents", "PusherStatistics",
+           "push_budget"]
 
 log = logging.getLogger("tierfs")
 
@@ -63,16 +77,26 @@ def push_budget() -> int:
     return min(_PUSH_BUDGET_MAX, ram // 10)
 
 
+class KernelCalls(Protocol):
+    """The two calls into the kernel's caches: the ``pyfuse3`` module itself has them."""
+
+    def notify_store(self, inode: int, offset: int, data: bytes) -> None:
+        """Put ``data`` into the page cache of ``inode`` at ``offset``."""
+
+    def invalidate_inode(self, inode: int, attr_only: bool = False) -> None:
+        """Make the kernel forget the inode's attributes (and pages, unless ``attr_only``)."""
+
+
 class KernelCache:
     """The kernel side of the mount, reached from one worker thread only (see the module docstring).
 
-    ``store(inode, offset, data)`` and ``invalidate(inode, attr_only)`` are pyfuse3's ``notify_store`` and
-    ``invalidate_inode``; None (engine tests without a mount): nothing to notify."""
+    ``calls``: pyfuse3 (``notify_store``, ``invalidate_inode``); None (engine tests without a mount): nothing
+    to notify."""
 
-    def __init__(self, store: Callable[[int, int, bytes], None] | None = None,
-                 invalidate: Callable[[int, bool], None] | None = None) -> None:
-        self.store = store
-        self._invalidate = invalidate
+    def __init__(self, calls: KernelCalls | None = None) -> None:
+        #: pushes go to this (None once the kernel said it cannot: ENOSYS)
+        self.store: Callable[[int, int, bytes], None] | None = calls.notify_store if calls is not None else None
+        self._invalidate = calls.invalidate_inode if calls is not None else None
         self.limiter = trio.CapacityLimiter(1)
         self.invalidations = 0
         self.closed = False  # read by the worker thread too: a bool, atomic under the GIL
@@ -178,23 +202,30 @@ class PusherStatistics:
     waiting_for_inode: int  # staged copies the kernel has no inode for yet (pushed on lookup or listing)
 
 
-class Pusher:
-    """See the module docstring.  ``wanted(fidx)``: still in the current or next mini-epoch; ``inode(fidx)``;
-    ``freed()``: an unpin freed space; ``repair(entry, reason)``: a copy was found damaged.  Copies are pinned
-    here (on the trio thread) while the kernel thread opens, checks, pushes and closes them."""
+class PusherEvents(Protocol):
+    """What the pusher tells the engine (the engine implements it)."""
 
-    def __init__(self, tree: Tree, cache: CacheStore, kernel: KernelCache, *, budget: int, verify: bool,
-                 wanted: Callable[[int], bool], inode: Callable[[int], int], freed: Callable[[], None],
-                 repair: Callable[[CacheEntry, str], Awaitable[None]]) -> None:
+    async def copy_damaged(self, entry: CacheEntry, reason: str) -> None:
+        """A copy the kernel thread opened failed its check: repair it (a cache miss; staged again)."""
+
+
+class Pusher:
+    """See the module docstring.  A file is pushed while the ``schedule`` wants it (current or next mini-epoch)
+    and it never changed in this mount (:class:`KernelVersions`, owned here: ``versions``); an unpin that frees
+    space wakes the ``stager``; a damaged copy goes to ``events``.  Copies are pinned here (on the trio thread)
+    while the kernel thread opens, checks, pushes and closes them."""
+
+    def __init__(self, tree: Tree, cache: CacheStore, kernel: KernelCache, *, schedule: Schedule, stager: Stager,
+                 budget: int, verify: bool, events: PusherEvents) -> None:
         self.tree = tree
         self.cache = cache
         self.kernel = kernel
+        self.schedule = schedule
+        self.stager = stager
         self.budget = budget
         self.verify = verify
-        self._wanted = wanted
-        self._inode = inode
-        self._freed = freed
-        self._repair = repair
+        self.events = events
+        self.versions = KernelVersions(tree, self)
         self.pushed_bytes = 0
         self.pushed: set[int] = set()  # files of the current/next mini-epoch whose bytes were pushed
         self.window = 0  # their bytes, held under budget
@@ -209,6 +240,9 @@ class Pusher:
     @property
     def enabled(self) -> bool:
         return self.kernel.store is not None
+
+    def _wanted(self, fidx: int) -> bool:
+        return bool(self.schedule.wanted[fidx]) and fidx not in self.versions.changed_files
 
     def reset(self, files: np.ndarray, wanted_now: np.ndarray | None) -> None:
         """A new current mini-epoch: push what ``files`` (current, then next) still lack; what was pushed stays
@@ -305,16 +339,16 @@ class Pusher:
                 self.inflight[fidx] = trio.Event()
                 self.cache.pin(entry)  # on disk until its bytes were pushed
             try:
-                jobs = [(entry.name, entry.size, entry.copy_id, self._inode(fidx)) for fidx, entry in batch]
+                jobs = [(entry.name, entry.size, entry.copy_id, self.tree.inode_of(fidx)) for fidx, entry in batch]
                 results = await self.kernel.store_files(self.cache.data_fd, jobs)
             finally:
                 for fidx, entry in batch:
                     self.inflight.pop(fidx).set()
                     if self.cache.unpin(entry):
-                        self._freed()
+                        self.stager.notify()
             for (fidx, entry), n in zip(batch, results, strict=True):
                 if isinstance(n, str):
-                    await self._repair(entry, n)
+                    await self.events.copy_damaged(entry, n)
                 else:
                     self._landed(fidx, entry, n)
 
@@ -322,7 +356,7 @@ class Pusher:
         known_meanwhile = fidx in self._known_meanwhile
         self._known_meanwhile.discard(fidx)
         tries = self._tries.pop(fidx, 0)
-        if self.cache.get(fidx) is not entry or entry.fp != fingerprint(self.tree.file_node(fidx).st):
+        if self.cache.get(fidx) is not entry or not self.tree.holds(fidx, entry.fp):
             return  # the backing changed (or the copy went) while its bytes travelled: the engine invalidated
         if n == -errno.ENOENT:
             if known_meanwhile and tries < _LEARN_TRIES:  # the kernel was told of the inode: soon it has it
@@ -345,3 +379,93 @@ class Pusher:
     def statistics(self) -> PusherStatistics:
         return PusherStatistics(self.pushed_bytes, self.window, self.budget, len(self.queue),
                                 sum(len(v) for v in self.unknown.values()))
+
+
+class KernelVersions:
+    """Which version of each file the kernel holds attributes and pages of (see "Versions" in the module
+    docstring): the files changed in this mount, those whose old version's pages are still to be invalidated,
+    and the handles reading through the page cache with the version they read.  The pusher's (``versions``):
+    an invalidation waits for a push of the old bytes in flight, which must land first."""
+
+    def __init__(self, tree: Tree, pusher: Pusher) -> None:
+        self.tree = tree
+        self.pusher = pusher  # (its ``kernel`` is the mount's once it is up)
+        self.nursery: trio.Nursery | None = None  # set while the mount runs: background invalidations
+        self.changed_files: set[int] = set()  # files whose backing fingerprint changed during this mount
+        self._stale: set[int] = set()
+        self._page_handles: dict[int, int] = {}  # fidx -> open handles that read through the page cache
+        self._page_stat: dict[int, os.stat_result] = {}  # fidx -> the version those handles read (kernel_stat)
+        self._invalidating: dict[int, trio.Event] = {}  # invalidations on their way to the kernel
+
+    def kernel_stat(self, fidx: int) -> os.stat_result:
+        """The attributes the kernel is given for ``fidx``: those of the version its page-cache handles read while
+        any is open, else the tree's.  (A file found changed keeps its old size for the kernel until its last
+        page-cache reader closes: the kernel cuts page-cache reads at the size it was last told.)"""
+        st = self._page_stat.get(fidx)
+        return self.tree.file_node(fidx).st if st is None else st
+
+    @property
+    def versions_held(self) -> bool:
+        """Whether some file's kernel attributes are held at an older version (see :meth:`kernel_stat`)."""
+        return bool(self._page_stat)
+
+    def kernel_attributes(self, fidx: int, attrs: tuple[int, ...]) -> tuple[int, ...]:
+        """``attrs`` (mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns, as the tree has them) as the
+        kernel must be told them: size, blocks and times of :meth:`kernel_stat`'s version."""
+        st = self._page_stat.get(fidx)
+        if st is None:
+            return attrs
+        return (*attrs[:5], st.st_size, st.st_blocks, st.st_mtime_ns, st.st_ctime_ns)
+
+    def changed(self, fidx: int) -> None:
+        """The backing file changed: its later handles bypass the page cache, and the old version goes."""
+        self.changed_files.add(fidx)
+        self.mark_stale(fidx)
+
+    def mark_stale(self, fidx: int) -> None:
+        """The kernel's attributes and pages of ``fidx`` are another version's: drop them as soon as no handle
+        reading through the page cache is open (now, from the kernel's thread, or on that handle's release)."""
+        self._stale.add(fidx)
+        if not self._page_handles.get(fidx) and self.nursery is not None and self.pusher.kernel.live \
+                and fidx not in self._invalidating:
+            self._stale.discard(fidx)
+            self._invalidating[fidx] = trio.Event()
+            self.nursery.start_soon(self._invalidate, fidx)
+
+    async def _invalidate(self, fidx: int) -> None:
+        try:
+            await self.pusher.wait_landed(fidx)  # a push of the old bytes in flight lands first, then goes
+            await self.pusher.kernel.invalidate(self.tree.inode_of(fidx))
+        finally:
+            self._invalidating.pop(fidx).set()
+
+    async def opened(self, fidx: int) -> bool:
+        """A handle of ``fidx`` is about to be answered: the old version's attributes and pages go first (if no
+        page-cache reader holds them); True if it must bypass the page cache (``direct_io``: changed)."""
+        direct = fidx in self.changed_files
+        pending = self._invalidating.get(fidx)
+        if pending is not None:
+            await pending.wait()  # the old version's attributes and pages go before this reply does
+        if fidx in self._stale and not self._page_handles.get(fidx):
+            # nobody reads the old version through the page cache any more: drop it before this reply goes out
+            self._stale.discard(fidx)
+            await self.pusher.kernel.invalidate(self.tree.inode_of(fidx))
+        if not direct:
+            if fidx not in self._page_handles:
+                # (never found changed, so the tree's stat is this handle's version, and every other one's)
+                self._page_stat[fidx] = self.tree.file_node(fidx).st
+            self._page_handles[fidx] = self._page_handles.get(fidx, 0) + 1
+        return direct
+
+    def released(self, fidx: int, direct: bool) -> None:
+        """A handle of ``fidx`` was released (``direct``: it bypassed the page cache)."""
+        if direct:
+            return
+        left = self._page_handles[fidx] - 1
+        if left:
+            self._page_handles[fidx] = left
+        else:
+            del self._page_handles[fidx]
+            del self._page_stat[fidx]
+            if fidx in self._stale:
+                self.mark_stale(fidx)

@@ -17,26 +17,36 @@ checked moments ago and makes no backing call at all, and a change in the backin
 
 While the backing is lost (see backing.py) nothing is asked -- an open serves its copy, unconfirmed -- and once
 it is back every fingerprint counts as unconfirmed: it may have changed while nobody could see it.
+
+**One verdict.**  Whether a backing answer (a stat, or the error asking for one) still describes the file the
+tree knows is decided in one place, :meth:`Revalidator.verdict`, for the background re-stats, an open's own check
+(:meth:`Revalidator.ask`), a batch plan's (:meth:`Revalidator.confirm_many`) and an open of the backing file;
+whether a *copy* is still of that file is :meth:`~tierfs.tree.Tree.holds` (the copy's fingerprint against the
+tree's).  What a changed or vanished file means for the other parts is the engine's
+(:class:`RevalidatorEvents`).
 """
 
 from __future__ import annotations
 
-import errno
+import enum
 import math
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import trio
 
-from tierfs.backing import Backing
+from tierfs.backing import Backing, answered_gone
+from tierfs.options import LiveSettings
+from tierfs.policy import CachePolicy
 from tierfs.tree import Tree, fingerprint
 from tierfs.wakeup import Wakeup
 
-__all__ = ["BATCH", "Revalidator", "RevalidatorStatistics"]
+__all__ = ["BATCH", "Revalidator", "RevalidatorEvents", "RevalidatorStatistics", "Verdict"]
 
 BATCH = 256  # paths per thread hop
 PARALLEL = 8  # batches in flight at once
@@ -54,25 +64,43 @@ class RevalidatorStatistics:
     unconfirmed: int  # of those, opens served from the copy because a stalled backing did not answer in time
 
 
+class Verdict(enum.Enum):
+    """What a backing answer says of a file the tree knows (:meth:`Revalidator.verdict`)."""
+
+    SAME = "same"  # still the file the tree knows
+    CHANGED = "changed"  # a regular file with another fingerprint
+    GONE = "gone"  # not there, or no longer a regular file
+    UNKNOWN = "unknown"  # the backing could not say (an error other than "not there"): nothing confirmed
+
+
+class RevalidatorEvents(Protocol):
+    """What the background re-stats find, for the engine (it implements this)."""
+
+    def changed(self, fidx: int, st: os.stat_result) -> None:
+        """The backing file now has stat ``st`` (the tree takes it, the old copy goes, it is staged again)."""
+
+    def gone(self, fidx: int) -> None:
+        """The backing file is gone or no longer a regular file (the next open finds that out: ENOENT)."""
+
+
 class Revalidator:
     """Per-file confirmation times and the background task that renews them (see the module docstring).
 
-    ``candidates()`` gives the files worth renewing, most urgent first (the cache policy's).  Every answer is
-    compared with the tree on the trio thread: a file gone or no longer regular goes to ``gone(fidx)``, one
-    whose fingerprint differs to ``changed(fidx, stat)`` (the engine re-stages it and the tree takes the new
-    stat); an error other than "gone" confirms nothing."""
+    The cache ``policy`` gives the files worth renewing, most urgent first (``revalidation_candidates``); the
+    ``revalidate`` setting is read from the mount's ``settings`` (:meth:`notify` when it changed).  Every answer
+    is judged on the trio thread (:meth:`verdict`): a file gone or changed goes to ``events``; an error other
+    than "gone" confirms nothing."""
 
-    def __init__(self, tree: Tree, backing: Backing, *, setting: float | str, candidates: Callable[[], np.ndarray],
-                 changed: Callable[[int, os.stat_result], None], gone: Callable[[int], None]) -> None:
+    def __init__(self, tree: Tree, backing: Backing, *, policy: CachePolicy, settings: LiveSettings,
+                 events: RevalidatorEvents) -> None:
         #: time of the last agreeing backing answer per file: seconds after ``_base`` (see :meth:`_now`)
         self.confirmed = np.full(tree.n_files, -math.inf, np.float32)
         self._base = time.monotonic()
         self.tree = tree
         self.backing = backing
-        self.setting: float | str = setting
-        self._candidates = candidates
-        self._changed = changed
-        self._gone = gone
+        self.policy = policy
+        self.settings = settings
+        self.events = events
         self._wake = Wakeup()
         self.checked = 0
         self.changed = 0
@@ -80,8 +108,13 @@ class Revalidator:
         self.unconfirmed = 0
         self._recoveries = backing.recoveries  # the backing's recoveries seen so far
 
-    def set(self, setting: float | str) -> None:
-        self.setting = setting
+    @property
+    def setting(self) -> float | str:
+        """``revalidate`` now: seconds, ``open`` or ``never``."""
+        return self.settings.current.revalidate
+
+    def notify(self) -> None:
+        """``revalidate`` changed: the background task looks again."""
         self._wake.notify()
 
     def _now(self, now: float | None = None) -> float:
@@ -151,7 +184,7 @@ class Revalidator:
     def _due(self, now: float, horizon: float) -> np.ndarray:
         """The candidates confirmed longer than ``horizon`` ago (the candidates themselves -- a whole view of
         file indices -- are not kept while those are checked)."""
-        cand = self._candidates()
+        cand = self.policy.revalidation_candidates()
         return cand[now - self.confirmed[cand] > horizon] if cand.size else cand
 
     async def _check(self, batch: list[int], slots: trio.Semaphore) -> None:
@@ -166,28 +199,63 @@ class Revalidator:
         now = self._now()
         for fidx, answer in zip(batch, answers, strict=True):
             self.checked += 1
-            verdict = self._verdict(fidx, answer)
-            if verdict == "unknown":
+            verdict = self.verdict(fidx, answer)
+            if verdict is Verdict.UNKNOWN:
                 self.forget(fidx)
-            else:
-                self.confirmed[fidx] = now
-                self.changed += verdict == "changed"
+                continue
+            if verdict is Verdict.GONE:
+                self.events.gone(fidx)
+            elif verdict is Verdict.CHANGED:
+                assert isinstance(answer, os.stat_result)
+                self.events.changed(fidx, answer)
+            self.confirmed[fidx] = now
+            self.changed += verdict is not Verdict.SAME
 
-    def _verdict(self, fidx: int, answer: object) -> str:
-        """``"same"``, ``"changed"`` (handed on) or ``"unknown"`` (the backing could not say: not confirmed)."""
+    def verdict(self, fidx: int, answer: os.stat_result | OSError) -> Verdict:
+        """Whether the backing's ``answer`` about ``fidx`` -- its stat, or the error asking for it -- says it is
+        still the file the tree knows: the one decision "is this still our backing file" (see the module
+        docstring).  Judges only; what follows is the caller's."""
         if isinstance(answer, OSError):
-            if answer.errno in (errno.ENOENT, errno.ENOTDIR):
-                self._gone(fidx)  # the next open finds that out from the backing (ENOENT)
-                return "changed"
-            return "unknown"
-        assert isinstance(answer, os.stat_result)
+            return Verdict.GONE if answered_gone(answer) else Verdict.UNKNOWN
         if not stat.S_ISREG(answer.st_mode):
-            self._gone(fidx)
-            return "changed"
-        if fingerprint(answer) != fingerprint(self.tree.file_node(fidx).st):
-            self._changed(fidx, answer)
-            return "changed"
-        return "same"
+            return Verdict.GONE
+        return Verdict.SAME if self.tree.holds(fidx, fingerprint(answer)) else Verdict.CHANGED
+
+    async def ask(self, fidx: int, *, timeout: float | None) -> tuple[Verdict, os.stat_result | OSError]:
+        """An open's own check, before it uses a fingerprint older than ``revalidate``: the backing's answer and
+        its verdict (a regular file's fingerprint, changed or not, is confirmed)."""
+        self.open_checks += 1
+        answer: os.stat_result | OSError
+        try:
+            answer = await self.backing.stat(self.tree.file_path(fidx), timeout=timeout)
+        except OSError as exc:
+            answer = exc
+        verdict = self.verdict(fidx, answer)
+        if verdict in (Verdict.SAME, Verdict.CHANGED):
+            self.confirm(fidx)
+        return verdict, answer
+
+    def served_unconfirmed(self) -> None:
+        """An open served a copy although its check got no answer (a stalled backing): counted."""
+        self.unconfirmed += 1
+
+    async def confirm_many(self, files: Sequence[int], *, timeout: float | None) -> set[int]:
+        """Of ``files``, those the backing still holds as the tree knows them (asked now, in batches, each
+        counted as an open's check, and confirmed); a file changed, gone or unanswered is left out, and its
+        open through the mount finds out (a batch plan asks this for the copies it names)."""
+        ok: set[int] = set()
+        for start in range(0, len(files), BATCH):
+            batch = files[start:start + BATCH]
+            self.open_checks += len(batch)
+            try:
+                answers = await self.backing.stat_many([self.tree.file_path(f) for f in batch], timeout=timeout)
+            except OSError:
+                return ok
+            for f, answer in zip(batch, answers, strict=True):
+                if self.verdict(f, answer) is Verdict.SAME:
+                    self.confirm(f)
+                    ok.add(f)
+        return ok
 
     def statistics(self) -> RevalidatorStatistics:
         return RevalidatorStatistics(self.setting, self.checked, self.changed, self.open_checks, self.unconfirmed)

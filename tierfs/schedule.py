@@ -22,21 +22,24 @@ at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from sampler.plan import plan_epoch
 from tierfs.journal import Position
-from tierfs.options import Settings, format_size, format_size_at_least
+from tierfs.options import LiveSettings, Settings, format_size, format_size_at_least
 from tierfs.tree import Tree, index_dtype
 from tierfs.view import View
 
-__all__ = ["Cached", "Pending", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
+__all__ = ["HeldCopies", "Pending", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
 
-#: which files of the tree have a copy in the cache, as a mask over the tree's files (``CacheStore.held``)
-Cached = Callable[[], np.ndarray]
+class HeldCopies(Protocol):
+    """Which files have a copy in the cache (the :class:`~tierfs.cache.CacheStore` answers)."""
+
+    def held(self, n_files: int) -> np.ndarray:
+        """A mask over the tree's ``n_files`` files: True where a copy is cached."""
 
 
 class Pending:
@@ -184,16 +187,17 @@ class PlanJob:
 
 
 class Schedule:
-    """See the module docstring.  ``pos`` is the journalled position (owned here from now on)."""
+    """See the module docstring.  ``pos`` is the journalled position (owned here from now on); ``live`` the
+    mount's settings (read as they are now: :attr:`settings`)."""
 
-    def __init__(self, tree: Tree, settings: Settings, capacity: int, pos: Position, disk_sizes: np.ndarray, *,
+    def __init__(self, tree: Tree, live: LiveSettings, capacity: int, pos: Position, disk_sizes: np.ndarray, *,
                  walks_plans: bool) -> None:
         self.tree = tree
         #: the cache policy's (see policy.py): mini-epochs of plans, or (lru) the whole tree and no plan
         self.walks_plans = walks_plans
         #: what each file's copy will occupy on the cache disk: plans cut by this (the cap is kept on disk)
         self.disk_sizes = disk_sizes
-        self.settings = settings
+        self.live = live
         self.capacity = capacity
         self.pos = pos
         self.plans: dict[int, list[np.ndarray]] = {}
@@ -226,6 +230,10 @@ class Schedule:
         self._prev_pass: tuple[float, float] | None = None  # (first open, bytes opened) of the pass just ended
         self._consumption_measured = False
         self.consumption_bps = 0.0
+
+    @property
+    def settings(self) -> Settings:
+        return self.live.current
 
     # ============================================================================================= plans
 
@@ -273,7 +281,7 @@ class Schedule:
                                self._generation)
         return None
 
-    def adopt(self, job: PlanJob, plan: list[np.ndarray], note: str | None, cached: Cached) -> bool:
+    def adopt(self, job: PlanJob, plan: list[np.ndarray], note: str | None, cached: HeldCopies) -> bool:
         """Keep a plan made from ``job``, unless the settings changed meanwhile (the planner is then asked for a
         new one); True if it made the next mini-epoch known (its files are now wanted and pending)."""
         if job.sizes is self.disk_sizes:
@@ -320,7 +328,7 @@ class Schedule:
 
     # ========================================================================================= position
 
-    def start(self, cached: Cached) -> None:
+    def start(self, cached: HeldCopies) -> None:
         """Enter the journalled position (or the next valid one, if the plan changed under the journal)."""
         if not self.walks_plans:
             n = self.tree.n_files
@@ -338,7 +346,7 @@ class Schedule:
         if self.pos.switch_due:
             self.switch(cached)  # due when the mount stopped, waiting for the next epoch's plan
 
-    def enter(self, epoch: int, me: int, cached: Cached, *, keep_view: bool = False) -> None:
+    def enter(self, epoch: int, me: int, cached: HeldCopies, *, keep_view: bool = False) -> None:
         """Make (epoch, me) current and recompute next, wanted and pending; a new view unless ``keep_view``
         (a plan change keeps the view and pass it is in).  The one way into a mini-epoch."""
         if not keep_view:
@@ -356,13 +364,13 @@ class Schedule:
         self.next_mask[self.next_files] = True
         self.wanted = self.current_mask | self.next_mask
         # (masks, not the files: a switch makes these from millions of files while every reader waits)
-        held, sizes = cached(), self.tree.sizes
+        held, sizes = cached.held(self.tree.n_files), self.tree.sizes
         self.pending_next = Pending(sizes, self.next_mask & ~held)
         self.pending_current = Pending(sizes, self.current_mask & ~held if self.walks_plans else None)
         if not keep_view:
             self.new_view()
 
-    def switch(self, cached: Cached) -> None:
+    def switch(self, cached: HeldCopies) -> None:
         """The next mini-epoch takes over (it must be known: ``next_coords``)."""
         assert self.next_coords is not None
         epoch, me = self.next_coords
@@ -372,9 +380,9 @@ class Schedule:
         self.advance_requested = False
         self.enter(epoch, me, cached)
 
-    def replan(self, settings: Settings, cached: Cached) -> None:
-        """New nm/mini_epoch_size/composition: the current epoch keeps its plan, later epochs use the new one."""
-        self.settings = settings
+    def replan(self, cached: HeldCopies) -> None:
+        """New nm/mini_epoch_size/composition (in the settings now): the current epoch keeps its plan, later epochs
+        use the new one."""
         self.plans = {e: p for e, p in self.plans.items() if e <= self.pos.epoch}
         self._generation += 1  # a plan under way with the old settings is not kept
         self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)

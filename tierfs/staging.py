@@ -1,16 +1,17 @@
 """The :class:`Stager`: which copies run, how many at once, and what becomes of each (the copy itself is
 :mod:`tierfs.copier`).
 
-*What* to stage is the schedule's decision (the engine hands the stager files, in order, and answers
-``wanted``); the stager owns everything about *doing* it: its queue, the copies in flight, the files that
-failed and when to retry them, the staging rate, and how many copies run at once.  It reserves each copy's
-disk bytes before it starts (evicting what the engine says is unwanted if it must: one "reserve, else make
-room" path, also for a reader fetching a file on demand), and never goes faster than the ``bandwidth`` cap.
+*What* to stage is the schedule's decision (the engine hands the stager files, in order, and the cache policy
+says which are still wanted); the stager owns everything about *doing* it: its queue, the copies in flight, the
+files that failed and when to retry them, the staging rate, and how many copies run at once.  It reserves each
+copy's disk bytes before it starts (evicting what the policy gives up if it must: one "reserve, else make room"
+path, also for a reader fetching a file on demand), and never goes faster than the ``bandwidth`` cap.  What
+becomes of each file it tells the engine through :class:`StagerEvents`.
 
 **Readers first.**  While readers are active (an open within the last :data:`READERS_ACTIVE_S`) and staging is
-ahead of them (``ahead()``: the next mini-epoch is staged further than the current one is read), the copies
-get at most :data:`SHARE_WHILE_SERVING` of one core's time (the CPU their threads and the trio thread's
-bookkeeping used, measured per batch):
+ahead of them (``Schedule.staging_ahead``: the next mini-epoch is staged further than the current one is read),
+the copies get at most :data:`SHARE_WHILE_SERVING` of one core's time (the CPU their threads and the trio
+thread's bookkeeping used, measured per batch):
 a fast tier copied at full speed takes the cores and the interpreter lock that serving needs (a pass of small
 files ran at 0.2-0.6x while the next mini-epoch staged from a local disk).  Over a network tier the copies
 spend their time waiting on the tier, not on the CPU, so this never slows them; and staging that falls behind
@@ -50,8 +51,8 @@ import itertools
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import trio
@@ -60,10 +61,13 @@ from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copier import BackingChanged, Copied, CopyBatch, copy_into_cache
 from tierfs.filequeue import FileQueue
+from tierfs.options import LiveSettings
+from tierfs.policy import CachePolicy
+from tierfs.schedule import Schedule
 from tierfs.tree import Tree, fingerprint
 from tierfs.wakeup import Wakeup
 
-__all__ = ["Stager", "StagerStatistics", "StreamTuner", "Unstaged"]
+__all__ = ["Stager", "StagerEvents", "StagerStatistics", "StreamTuner", "Unstaged"]
 
 MAX_STREAMS = 64
 AUTO_START = 16  # a latency-bound tier is served well from the start; a disk that wants fewer steps down
@@ -167,42 +171,51 @@ class StagerStatistics:
     error: str | None  # the last staging error, kept while a file it names is not staged (or a copy succeeds)
 
 
+class StagerEvents(Protocol):
+    """What the stager tells the engine (the engine implements it), and the one figure it asks for."""
+
+    def landed(self, fidx: int, entry: CacheEntry) -> None:
+        """A copy of ``fidx`` was committed (its fingerprint confirmed by the copy itself)."""
+
+    def changed(self, fidx: int, st: os.stat_result) -> None:
+        """The copy found the backing file changed: it now has stat ``st``."""
+
+    def stage_blocked(self) -> None:
+        """Nothing more fits in the cache until a switch frees space."""
+
+    async def data_dir_lost(self) -> str | None:
+        """The cache's ``data/`` is gone: make it again; why it could not be (None once it is)."""
+
+    def gave_up(self, fidx: int) -> None:
+        """``fidx`` could not be staged now: it is served from the backing meanwhile, and a mini-epoch never
+        waits for it."""
+
+    def rf_now(self) -> int:
+        """The rf in force (whether staging is ahead of the readers depends on it)."""
+
+
 class Stager:
     """The background task that copies what the schedule wants (see the module docstring).
 
-    ``wanted(fidx)`` says whether a file is still worth copying; ``make_room(n)`` evicts what the schedule no
-    longer wants (and, under ``lru``, the least recently used) and says whether ``n`` disk bytes fit now;
-    ``landed(fidx, entry)`` hears of a committed copy, ``changed(fidx, st)`` of a backing file found changed,
-    ``blocked()`` that nothing fits until a switch frees space, ``data_dir_lost()`` that the cache's ``data/``
-    is gone (it answers why it could not be made again, None once it is), ``gave_up(fidx)`` that a file could
-    not be staged now (it is served from the backing meanwhile, and a mini-epoch never waits for it).
-    ``backing_timeout`` is the setting (seconds or ``hard``): how long a copy may wait on one backing call before
-    it is abandoned."""
+    The cache ``policy`` says whether a file is still worth copying (``keeps``) and evicts what it gives up
+    first to make room (``make_room``); the ``schedule`` says what each copy occupies on the cache disk and
+    whether staging is ahead of the readers; what becomes of each file goes to ``events``.  The ``settings``
+    are the mount's: ``backing_timeout`` (how long a copy may wait on one backing call before it is abandoned)
+    is read from them."""
 
-    def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, streams: int | str, hash_content: bool,
-                 backing_timeout: float | str,
-                 throttle: Callable[[int], None] | None, disk_size: Callable[[int], int],
-                 ahead: Callable[[], bool], wanted: Callable[[int], bool],
-                 make_room: Callable[[int], bool], landed: Callable[[int, CacheEntry], None],
-                 changed: Callable[[int, os.stat_result], None], blocked: Callable[[], None],
-                 data_dir_lost: Callable[[], Awaitable[str | None]], gave_up: Callable[[int], None]) -> None:
+    def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, schedule: Schedule, policy: CachePolicy,
+                 settings: LiveSettings, events: StagerEvents) -> None:
         self.tree = tree
         self.cache = cache
         self.backing = backing
-        self.hash_content = hash_content
-        self.backing_timeout = backing_timeout
-        self.tuner = StreamTuner(streams)
+        self.schedule = schedule
+        self.policy = policy
+        self.settings = settings
+        self.events = events
+        s = settings.current
+        self.hash_content = s.verify == "xxhash"  # (verify is fixed at mount)
+        self.tuner = StreamTuner(s.staging_streams)
         self.limiter = trio.CapacityLimiter(MAX_STREAMS)
-        self._throttle = throttle
-        self._disk_size = disk_size
-        self._ahead = ahead
-        self._wanted = wanted
-        self._make_room = make_room
-        self._landed = landed
-        self._changed = changed
-        self._blocked_cb = blocked
-        self._data_dir_lost = data_dir_lost
-        self._gave_up = gave_up
         self.queue = FileQueue()
         self.inflight: dict[int, trio.Event] = {}
         self.failed: dict[int, float] = {}  # fidx -> monotonic time it may be tried again
@@ -229,7 +242,7 @@ class Stager:
         """Stage these files, in this order, instead of whatever was queued (copies in flight go on)."""
         self.queue = FileQueue(files[~self.cache.cached(files)])
         self.failed.clear()
-        self.unstaged = {f: why for f, why in self.unstaged.items() if self._wanted(f)}  # (what status names)
+        self.unstaged = {f: why for f, why in self.unstaged.items() if self.policy.keeps(f)}  # (what status names)
         self.blocked = False
         self.notify()
 
@@ -248,7 +261,7 @@ class Stager:
         while self.queue:
             fidx = self.queue.first()
             if self.cache.get(fidx) is not None or fidx in self.inflight or fidx in self.failed \
-                    or fidx in self.stuck or not self._wanted(fidx):
+                    or fidx in self.stuck or not self.policy.keeps(fidx):
                 self.queue.popleft()  # (a failed or stuck file comes back through _retry_timer)
                 continue
             return fidx
@@ -283,7 +296,7 @@ class Stager:
                 reserved = self._reserve(fidx)
                 if reserved is None:
                     self.blocked = True
-                    self._blocked_cb()
+                    self.events.stage_blocked()
                     await self._wake.wait()  # space frees on an eviction, a release or a switch
                     continue
                 self._begin(fidx)
@@ -312,7 +325,7 @@ class Stager:
             due = [f for f, t in self.failed.items() if t <= now]
             for fidx in due:
                 del self.failed[fidx]
-                if self._wanted(fidx) and self.cache.get(fidx) is None:
+                if self.policy.keeps(fidx) and self.cache.get(fidx) is None:
                     self.queue.append(fidx)
             if due:
                 self.notify()
@@ -321,8 +334,8 @@ class Stager:
 
     def stuck_after(self) -> float | None:
         """Seconds a copy may wait on one backing call before it is abandoned; None: never (``hard``)."""
-        t = self.backing_timeout
-        return None if t == "hard" else max(float(t), STUCK_AFTER_MIN)
+        t = self.settings.current.backing_timeout_s
+        return None if t is None else max(t, STUCK_AFTER_MIN)
 
     async def watch(self) -> None:
         """Abandon the copies stuck on one backing call for longer than :meth:`stuck_after` while the backing
@@ -373,7 +386,7 @@ class Stager:
         now = time.monotonic()
         self._cpu_debt = max(0.0, self._cpu_debt - (now - self._paid_at) * SHARE_WHILE_SERVING)
         self._paid_at = now
-        if now - self._readers_at > READERS_ACTIVE_S or not self._ahead():
+        if now - self._readers_at > READERS_ACTIVE_S or not self.schedule.staging_ahead(self.events.rf_now()):
             self._cpu_debt = 0.0
             return 0.0
         return min(0.05, self._cpu_debt / SHARE_WHILE_SERVING)
@@ -386,10 +399,10 @@ class Stager:
 
     def _reserve(self, fidx: int) -> int | None:
         """Disk bytes reserved for a copy of ``fidx``: the one "reserve, else make room" path."""
-        need = self._disk_size(fidx)
+        need = int(self.schedule.disk_sizes[fidx])
         if self.cache.reserve(need):
             return need
-        if self._make_room(need) and self.cache.reserve(need):
+        if self.policy.make_room(need) and self.cache.reserve(need):
             return need
         return None
 
@@ -431,11 +444,11 @@ class Stager:
             jobs = []
             for fidx, _ in batch:
                 node = self.tree.file_node(fidx)
-                jobs.append(None if not self._wanted(fidx) else functools.partial(
+                jobs.append(None if not self.policy.keeps(fidx) else functools.partial(
                     copy_into_cache, self.backing.root_fd, self.backing.dev, node.path, fingerprint(node.st),
                     self.cache.data_fd, self.cache.next_serial(),
                     sparse=node.st.st_blocks * 512 < node.st.st_size, hash_content=self.hash_content,
-                    throttle=self._throttle, block=self.cache.block))
+                    throttle=self.backing.throttle_from_thread, block=self.cache.block))
             copies = CopyBatch(jobs, self.backing)
             cpu_s = time.thread_time() - cpu0
             copy_s = 0.0
@@ -470,7 +483,7 @@ class Stager:
                 return  # no longer wanted when its turn came
             if isinstance(outcome, BackingChanged):
                 if outcome.st is not None and stat.S_ISREG(outcome.st.st_mode):
-                    self._changed(fidx, outcome.st)
+                    self.events.changed(fidx, outcome.st)
                 else:
                     self._fail(fidx, "changed while staged")
                 return
@@ -478,7 +491,7 @@ class Stager:
                 await self._copy_failed(fidx, outcome)
                 return
             assert isinstance(outcome, Copied)
-            if fingerprint(self.tree.file_node(fidx).st) != outcome.fp:
+            if not self.tree.holds(fidx, outcome.fp):
                 # Found changed by an open while we copied: this copy is of the old file; stage it again.
                 self.cache.discard(outcome.name)
                 self.push_front(fidx)
@@ -494,7 +507,7 @@ class Stager:
             self._bytes += outcome.fp[0]
             self._files += 1
             self.tuner.done(outcome.fp[0], len(self.queue))
-            self._landed(fidx, entry)
+            self.events.landed(fidx, entry)
         finally:
             self._finished(fidx, reserved)
 
@@ -510,7 +523,7 @@ class Stager:
 
     async def _copy_failed(self, fidx: int, exc: OSError) -> None:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR) and await trio.to_thread.run_sync(self.cache.data_dir_lost):
-            why = await self._data_dir_lost()  # the engine recreates it and queues everything again
+            why = await self.events.data_dir_lost()  # the engine recreates it and queues everything again
             if why is None:
                 self.error = "the cache dir's data/ was removed: recreated"
                 return
@@ -532,7 +545,12 @@ class Stager:
         self.unstaged[fidx] = why
         self.skipped += 1
         self.error = self._persistent_error()
-        self._gave_up(fidx)
+        self.events.gave_up(fidx)
+
+    def copy_found_bad(self, why: str) -> None:
+        """A staged copy failed a reader's check (``verify=xxhash``): the staging error until the next copy lands
+        or fails (the copy is repaired, and staged again, by the data path)."""
+        self.error = why
 
     def _persistent_error(self) -> str | None:
         """The staging error to show: the newest failure of a file still not staged."""

@@ -23,11 +23,11 @@ name -- no longer matches the bytes read.  Class folders, tar shards and files t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from tierfs.schedule import Schedule
 from tierfs.view import View
 
 __all__ = ["SubstitutionStatistics", "Substitutions"]
@@ -54,12 +54,11 @@ class _Dir:
 
 
 class Substitutions:
-    """See the module docstring.  ``view()``: the view of the pass now; ``opened(fidx)``: whether a file was
-    opened in it already (served by its own name, or by another's)."""
+    """See the module docstring.  The ``schedule`` has the view of the pass now and says whether a file was
+    opened in it already (served by its own name, or by another's: ``opened_in_pass``)."""
 
-    def __init__(self, view: Callable[[], View | None], opened: Callable[[int], bool]) -> None:
-        self._view_of = view
-        self._opened = opened
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
         self._view: View | None = None
         self._dirs: dict[int, _Dir] = {}
         self._chosen: dict[tuple[int, int], int] = {}  # (dir node, name node) -> file, this pass
@@ -67,7 +66,7 @@ class Substitutions:
 
     def resolve(self, dir_node: int, name_node: int, fidx: int) -> int:
         """The file that name ``name_node`` (file ``fidx``) of directory ``dir_node`` is served as now."""
-        view = self._view_of()
+        view = self.schedule.view
         if view is None:
             return fidx
         if view is not self._view:  # a new pass (or a new mini-epoch): everything is drawn again
@@ -81,7 +80,7 @@ class Substitutions:
             d = self._dirs[dir_node] = _Dir(view.files_in(dir_node))
         if not d.files:
             chosen = fidx  # no file of this directory in the view: its own (out of view)
-        elif view.mask[fidx] and fidx not in d.served and not self._opened(fidx):
+        elif view.mask[fidx] and fidx not in d.served and not self.schedule.opened_in_pass(fidx):
             chosen = fidx
         else:
             chosen = self._draw(d)
@@ -97,7 +96,7 @@ class Substitutions:
             while d.cursor < len(d.files):
                 f = d.files[d.cursor]
                 d.cursor += 1
-                if f not in d.served and (d.round or not self._opened(f)):
+                if f not in d.served and (d.round or not self.schedule.opened_in_pass(f)):
                     return f
             d.served, d.cursor = set(), 0
             d.round += 1

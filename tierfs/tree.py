@@ -102,6 +102,10 @@ def fingerprint(st: os.stat_result) -> Fingerprint:
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
+def _no_progress(count: ScanCount) -> None:
+    """A scan's ``progress`` when nobody listens."""
+
+
 def path_hash(relpath: bytes) -> int:
     """The hash of a file's path that names its copies in the cache (and finds them again at a remount)."""
     return xxhash.xxh3_64_intdigest(relpath)
@@ -427,6 +431,16 @@ class Tree:
         i = fidx + 1
         return (int(self.size[i]), int(self.mtime[i]), int(self.ino[i]), int(self.ctime[i]))
 
+    def holds(self, fidx: int, fp: Fingerprint) -> bool:
+        """Whether ``fp`` is file ``fidx``'s fingerprint as the tree knows it now: a copy made with ``fp`` is of
+        the file the mount serves (a backing answer's is judged by ``Revalidator.verdict``, which asks this)."""
+        return self.fingerprint_of(fidx) == fp
+
+    def holds_many(self, files: np.ndarray, fps: Sequence[Fingerprint] | np.ndarray) -> np.ndarray:
+        """:meth:`holds` for many files at once, as a mask (a batch plan asks it for a whole pass, a mount for
+        every copy of the cache index)."""
+        return np.all(self.fingerprints(files) == np.asarray(fps, np.int64).reshape(-1, 4), axis=1)
+
     def update_stat(self, fidx: int, st: os.stat_result) -> None:
         i = fidx + 1
         row = np.array(_META(st), np.int64)
@@ -517,11 +531,13 @@ class Tree:
 
     @classmethod
     def scan(cls, root_fd: int, root_path: str | None = None,
-             progress: Callable[[ScanCount], None] = lambda count: None) -> Tree:
+             progress: Callable[[ScanCount], None] | None = None) -> Tree:
         """Scan the tree below ``root_fd`` (see the module docstring).  ``root_path``: where it is mounted in
         this process's view, to leave out bind mounts from the same filesystem (same ``st_dev``).
         ``progress(count)`` hears of it (a :class:`ScanCount`) at the start, every SCAN_REPORT_S -- between
         batches of a directory too, so a huge flat directory still reports -- and at the end (the log too)."""
+        if progress is None:
+            progress = _no_progress
         root_st = os.fstat(root_fd)
         prefix = os.fsencode(os.path.realpath(root_path)).rstrip(b"/") + b"/" if root_path else None
         mounted_below: frozenset[bytes] = frozenset()

@@ -170,7 +170,7 @@ def test_data_replaced_by_a_symlink_while_mounted_is_never_followed(open_engine,
             os.rename(cache / "data", tmp_path / "old-data")
             os.symlink(other, cache / "data")
             assert e.cache.data_dir_lost()
-            assert await e._data_dir_lost() is not None  # not made again through the link
+            assert await e.data_dir_lost() is not None  # not made again through the link
             # a read is still served (from the backing: the copy's dir is gone from the cache)
             assert await t.read_file(e, fidx) == t.backing_bytes(e, fidx)
             await trio.sleep(0.2)

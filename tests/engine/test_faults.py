@@ -109,7 +109,7 @@ def test_revalidate_seconds_bounds_how_stale_an_open_may_be(open_engine, t):
         assert e.backing.statistics().requests == requests
         e.reval.confirmed[f] -= 31  # the fingerprint is now older than revalidate
         assert await t.read_file(e, f) == b"the new version"
-        assert e.reval.statistics().open_checks == 1 and f in e.data.changed_files
+        assert e.reval.statistics().open_checks == 1 and f in e.versions.changed_files
 
     t.run(main)
 
@@ -126,7 +126,7 @@ def test_the_revalidator_renews_fingerprints_ahead_of_the_readers(open_engine, t
                 fh.write(b"changed behind our back")
             os.replace(_path(e, f) + ".new", _path(e, f))
             with trio.fail_after(10):
-                while f not in e.data.changed_files:  # found by the background re-stat, not by an open
+                while f not in e.versions.changed_files:  # found by the background re-stat, not by an open
                     await trio.sleep(0.02)
             assert e.reval.statistics().changed >= 1 and e.reval.statistics().open_checks == 0
             n.cancel_scope.cancel()

@@ -166,10 +166,10 @@ def test_a_plan_made_with_settings_replaced_meanwhile_is_not_kept(open_engine):
     sch.set_disk_size(0, 1 << 19)  # a file grew while the job ran: the job's sizes are not written
     assert (job.sizes == sizes).all() and sch.disk_sizes[0] == 1 << 19
     e.control_write(b"nm=4\n")
-    assert not sch.adopt(job, *job.make(), e._cached) and 1 not in sch.plans
+    assert not sch.adopt(job, *job.make(), e.cache) and 1 not in sch.plans
     again = sch.plan_job()
     assert again is not None and again.epoch == 1 and again.settings.nm == 4
-    sch.adopt(again, *again.make(), e._cached)
+    sch.adopt(again, *again.make(), e.cache)
     assert len(sch.plans[1]) == 4 and sch.plan_job() is None
 
 

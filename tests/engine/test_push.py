@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from types import SimpleNamespace
 
 import trio
 
@@ -20,19 +21,20 @@ class FakeKernel:
         self.known = known
         self.invalidated: list[int] = []
 
-    def store(self, inode: int, offset: int, data: bytes) -> None:
+    def notify_store(self, inode: int, offset: int, data: bytes) -> None:
         if self.known is not None and inode not in self.known:
             raise OSError(errno.ENOENT, "no such inode")
         buf = self.pages.setdefault(inode, bytearray())
         buf[offset:offset + len(data)] = data
 
-    def invalidate(self, inode: int, attr_only: bool = False) -> None:
+    def invalidate_inode(self, inode: int, attr_only: bool = False) -> None:
         self.invalidated.append(inode)
         self.pages.pop(inode, None)
 
 
 def _attach(e: Engine, kernel: FakeKernel, store=None) -> None:
-    e.attach_kernel(KernelCache(store or kernel.store, kernel.invalidate))
+    calls = kernel if store is None else SimpleNamespace(notify_store=store, invalidate_inode=kernel.invalidate_inode)
+    e.attach_kernel(KernelCache(calls))
 
 
 async def _settled(e: Engine, t) -> None:
@@ -148,7 +150,7 @@ def test_a_push_racing_a_backing_change_is_invalidated_after_it_lands(open_engin
         if inode == e.names.file_inode(fidx) and data and not started.is_set():
             trio.from_thread.run_sync(started.set)
             time.sleep(0.2)
-        kernel.store(inode, offset, data)
+        kernel.notify_store(inode, offset, data)
 
     async def body():
         nonlocal fidx, started

@@ -103,13 +103,13 @@ def test_the_kernel_is_told_the_old_size_until_the_old_versions_page_cache_reade
         _replace_in_backing(e, f, b"short")
         h_new = await e.data.open_file(f)  # finds the change: direct_io
         assert h_new.direct_io and e.tree.file_node(f).st.st_size == 5
-        assert e.data.kernel_stat(f) is old_st
+        assert e.versions.kernel_stat(f) is old_st
         assert await e.data.read(h_new, 0, 1000) == b"short"
         await e.data.release(h_new)
-        assert e.data.kernel_stat(f) is old_st  # the old version's reader is still open
+        assert e.versions.kernel_stat(f) is old_st  # the old version's reader is still open
         assert await e.data.read(h_old, 0, len(old) + 1) == old
         await e.data.release(h_old)
-        assert e.data.kernel_stat(f).st_size == 5
+        assert e.versions.kernel_stat(f).st_size == 5
 
     t.run(main)
 
@@ -257,7 +257,7 @@ def test_a_lent_copy_outlives_its_eviction_until_the_lease_ends(open_engine, t):
         assert os.path.exists(path), "unlinked before the reader could open it"
         assert e.cache.committed == committed  # still counted against the capacity
         assert await e.data.lend(fidx) is None  # no longer cached
-        e.data._return_leases(now=time.monotonic() + datapath_mod.LEND_SECONDS + 1)
+        e.pins.return_leases(now=time.monotonic() + datapath_mod.LEND_SECONDS + 1)
         assert not os.path.exists(path)
         assert e.cache.committed == committed - disk
         # the keeper task returns leases by itself too
@@ -265,12 +265,12 @@ def test_a_lent_copy_outlives_its_eviction_until_the_lease_ends(open_engine, t):
         path = await e.data.lend(other)
         e.cache.evict(other)
         async with trio.open_nursery() as n:
-            n.start_soon(e.data.lease_keeper)
+            n.start_soon(e.pins.run)
             with trio.fail_after(datapath_mod.LEND_SECONDS + 5):
                 while os.path.exists(path):
                     await trio.sleep(0.05)
             n.cancel_scope.cancel()
-        assert not e.data._leases
+        assert e.pins.statistics().leases == 0
 
     t.run(main)
 

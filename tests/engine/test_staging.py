@@ -155,7 +155,7 @@ def test_bandwidth_cap_paces_backing_reads(open_engine):
             await e.backing.throttle(500)
         # 2500 bytes at 1000 B/s: the fifth chunk may start only after 2 s
         assert trio.current_time() - t0 == pytest.approx(2.0)
-        e.settings = Settings(**{**e.settings.__dict__, "bandwidth": 0})
+        e.apply_settings(Settings(**{**e.settings.__dict__, "bandwidth": 0}), replan=False)
         t1 = trio.current_time()
         await e.backing.throttle(10**9)
         assert trio.current_time() == t1  # 0 = no cap

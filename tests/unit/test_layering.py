@@ -83,3 +83,116 @@ def test_the_cache_policy_is_asked_never_compared():
             if isinstance(node, ast.Compare):
                 names = [n.attr for n in (node.left, *node.comparators) if isinstance(n, ast.Attribute)]
                 assert "policy" not in names, f"{path.name}:{node.lineno}: the policy setting compared"
+
+
+#: what runs inside a user's training job, and the tools around the daemon: a callable there is the user's own
+_NOT_DAEMON = {"cli", "client", "direct", "loaders", "testing", "torch"}
+
+
+def _is_callable(ann: ast.expr) -> bool:
+    """Whether an annotation is a callable (``Callable[...]``, ``Awaitable``-returning or not, or ``X | None``
+    of one)."""
+    if isinstance(ann, ast.BinOp):
+        return _is_callable(ann.left) or _is_callable(ann.right)
+    if isinstance(ann, ast.Subscript):
+        ann = ann.value
+    return isinstance(ann, ast.Name | ast.Attribute) and (getattr(ann, "id", None) or ann.attr) == "Callable"
+
+
+def test_no_part_takes_a_callable():
+    # (issue 25) a part that needs another part gets that part, or reports through a typed events Protocol the
+    # engine implements: a reader following a call never hits a lambda.  So no daemon class's constructor takes
+    # a callable, none is made with a lambda or a bound method of its maker, and the engine holds no lambda.
+    found = []
+    for path in sorted((ROOT / "tierfs").glob("*.py")):
+        if path.stem in _NOT_DAEMON:
+            continue
+        tree = ast.parse(path.read_text())
+        classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                       and not any(getattr(d, "id", None) == "property" for d in f.decorator_list)}
+            for f in cls.body:
+                if not isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                if f.name == "__init__":
+                    a = f.args
+                    found += [f"{path.name}:{f.lineno}: {cls.name}({p.arg}: Callable)"
+                              for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)
+                              if p.annotation is not None and _is_callable(p.annotation)]
+                    found += [f"{path.name}:{d.lineno}: {cls.name}.__init__ defaults to a lambda"
+                              for d in (*a.defaults, *a.kw_defaults) if isinstance(d, ast.Lambda)]
+                # a part made with a lambda or one of its maker's own methods
+                for call in (c for c in ast.walk(f) if isinstance(c, ast.Call)):
+                    name = getattr(call.func, "id", getattr(call.func, "attr", ""))
+                    if not name[:1].isupper() or name not in classes | _imported_classes(tree):
+                        continue
+                    for arg in (*call.args, *(k.value for k in call.keywords)):
+                        bound = (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)
+                                 and arg.value.id == "self" and arg.attr in methods)
+                        if isinstance(arg, ast.Lambda) or bound:
+                            found.append(f"{path.name}:{call.lineno}: {name}(...) given a callable")
+        if path.stem == "engine":
+            found += [f"engine.py:{n.lineno}: lambda" for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
+    assert not found, "\n".join(found)
+
+
+def _imported_classes(tree: ast.Module) -> set[str]:
+    """The capitalised names a module imports from ``tierfs`` (the parts it may make)."""
+    return {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+        "tierfs") for a in n.names if a.name[:1].isupper()}
+
+
+def _about_fingerprints(node: ast.expr) -> bool:
+    if isinstance(node, ast.Call):
+        return getattr(node.func, "id", getattr(node.func, "attr", "")) in ("fingerprint", "fingerprint_of",
+                                                                             "fingerprints")
+    return isinstance(node, ast.Attribute) and node.attr == "fp"
+
+
+def test_fingerprints_are_compared_in_one_place():
+    # (issue 25) "is this still our backing file" is decided once: a copy's fingerprint against the tree's by
+    # Tree.holds (holds_many: a plan's copies, the cache index's at mount), a backing answer by
+    # Revalidator.verdict (which asks Tree.holds); the copier's own check that
+    # the file did not change while it read it (in its worker thread, against what it was asked to copy) is the
+    # one other comparison
+    found = []
+    for path in sorted((ROOT / "tierfs").glob("*.py")):
+        if path.stem in _NOT_DAEMON | {"tree", "copier"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(map(_about_fingerprints, (node.left, *node.comparators))):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, found
+
+
+def test_the_engine_implements_every_parts_events_as_declared():
+    # (the events Protocols are the parts' typed interface upward; nothing type-checks them at run time, so
+    # here: every method of each, with the same parameters, async where declared so)
+    import importlib
+    import inspect
+
+    from tierfs.engine import Engine
+
+    checked = 0
+    for path in sorted((ROOT / "tierfs").glob("*.py")):
+        if path.stem in _NOT_DAEMON or path.stem == "__main__":
+            continue
+        mod = importlib.import_module(f"tierfs.{path.stem}")
+        for name, proto in vars(mod).items():
+            if not (name.endswith("Events") and getattr(proto, "_is_protocol", False)
+                    and proto.__module__ == mod.__name__):
+                continue
+            for meth, declared in vars(proto).items():
+                if meth.startswith("_") or not inspect.isfunction(declared):
+                    continue
+                mine = getattr(Engine, meth, None)
+                assert mine is not None, f"Engine lacks {name}.{meth}"
+                assert inspect.iscoroutinefunction(mine) == inspect.iscoroutinefunction(declared), (name, meth)
+                want = list(inspect.signature(declared).parameters.values())
+                got = list(inspect.signature(mine).parameters.values())
+                # (the same names and kinds; a default the engine adds is no harm, one declared must be kept)
+                assert [(p.name, p.kind) for p in got] == [(p.name, p.kind) for p in want], (name, meth)
+                assert all(w.default in (inspect.Parameter.empty, g.default) for g, w in zip(got, want, strict=True))
+                checked += 1
+    assert checked >= 15  # (the stager's, data path's, revalidator's, pusher's, namespace's, planner's, rescan's)

@@ -14,6 +14,7 @@ from tierfs.options import (
     MountConfig,
     Settings,
     apply_assignments,
+    check_layout,
     format_size,
     parse_assignments,
     parse_size,
@@ -161,3 +162,21 @@ def test_settings_lines_round_trip(s):
 
 def test_every_option_is_a_setting():
     assert set(OPTIONS) == {f.name for f in dataclasses.fields(Settings)}
+
+
+@pytest.mark.parametrize(("backing", "cache", "mountpoint", "refused"), [
+    ("/data", "/data/cache", "/mnt", "cache dir /data/cache must not be inside the backing dir /data"),
+    ("/data", "/c", "/data/mnt", "mountpoint /data/mnt and backing dir /data must not contain each other"),
+    ("/mnt/data", "/c", "/mnt", "mountpoint /mnt and backing dir /mnt/data must not contain each other"),
+    ("/data", "/mnt/c", "/mnt", "cache dir /mnt/c and mountpoint /mnt must not contain each other"),
+    ("/data", "/c", "/c/mnt", "cache dir /c and mountpoint /c/mnt must not contain each other"),
+    ("/", "/c", "", "cache dir /c must not be inside the backing dir /"),
+])
+def test_the_one_layout_check_refuses_dirs_that_nest(backing, cache, mountpoint, refused):
+    with pytest.raises(ValueError, match=f"^{re.escape(refused)}"):
+        check_layout(backing, cache, mountpoint)
+
+
+def test_the_layout_check_takes_siblings_and_prefixes_that_are_not_parents():
+    check_layout("/data", "/data-cache", "/data-mnt")
+    check_layout("/data", "/c", "")  # (an engine without a mount)
