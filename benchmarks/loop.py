@@ -286,6 +286,7 @@ def summary(rows: list[dict]) -> list[dict]:
                     "plain_cpu_ms": statistics.median(r["plain"]["cpu_ms_per_sample"] for r in rs),
                     "mount_cpu_ms": statistics.median(r["mount"]["cpu_ms_per_sample"] for r in rs),
                     "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rs),
+                    "cpu_ratio_min": min(r["cpu_ratio"] for r in rs), "cpu_ratio_max": max(r["cpu_ratio"] for r in rs),
                     "load_min": min(loads), "load_max": max(loads)})
     return out
 
@@ -303,36 +304,46 @@ def table(summ: list[dict]) -> str:
 
 
 def plot(summ: list[dict], path: Path, title: str) -> None:
+    """Top: samples/s, mount / plain dir; bottom: CPU per sample, plain dir / mount (what samples/s would say
+    where the loader is CPU-bound); one column per worker count; medians, bars from the lowest to the highest
+    round."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     workers = sorted({s["workers"] for s in summ})
-    fig, axes = plt.subplots(1, len(workers), figsize=(5.5 * len(workers), 4), sharey=True, squeeze=False)
+    nms = sorted({s["nm"] for s in summ})
+    fig, axes = plt.subplots(2, len(workers), figsize=(5.5 * len(workers), 7.5), sharex=True, squeeze=False)
     colors = {"relist": "#c66", "minepoch": "#da3", "sampler": "#2a6", "substitute": "#69c"}
-    for ax, w in zip(axes[0], workers, strict=True):
-        for way in WAYS:
-            ss = [s for s in summ if s["way"] == way and s["workers"] == w]
-            if not ss:
-                continue
-            nms = [s["nm"] for s in ss]
-            med = np.array([s["ratio"] for s in ss])
-            err = np.array([[m - s["ratio_min"] for m, s in zip(med, ss, strict=True)],
-                            [s["ratio_max"] - m for m, s in zip(med, ss, strict=True)]])
-            ax.errorbar(nms, med, yerr=err, marker="o", capsize=3, label=way, color=colors[way])
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.axhline(0.95, color="k", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({s["nm"] for s in summ}), [str(n) for n in sorted({s["nm"] for s in summ})])
+    rows = (("ratio", "samples/s, mount / plain dir"), ("cpu_ratio", "CPU per sample, plain dir / mount"))
+    for (key, label), line in zip(rows, axes, strict=True):
+        for ax, w in zip(line, workers, strict=True):
+            for way in WAYS:
+                ss = [s for s in summ if s["way"] == way and s["workers"] == w]
+                if not ss:
+                    continue
+                med = np.array([s[key] for s in ss])
+                err = np.array([med - [s[f"{key}_min"] for s in ss], [s[f"{key}_max"] for s in ss] - med])
+                ax.errorbar([s["nm"] for s in ss], med, yerr=err, marker="o", capsize=3, label=way,
+                            color=colors[way])
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.axhline(0.95, color="k", lw=0.8, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(nms, [str(n) for n in nms])
+            ax.set_ylabel(label)
+            ax.set_title(f"{w} workers, batch 64")
+            ax.grid(alpha=0.3)
+        line[-1].legend(loc="upper right", fontsize=8)
+    for ax in axes[-1]:
         ax.set_xlabel("nm (mini-epochs per epoch)")
-        ax.set_title(f"{w} workers, batch 64")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("samples/s, mount / plain dir")
-    axes[0][-1].legend(loc="lower left")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _title(files: int) -> str:
+    return f"DataLoader over a tierfs mount against the plain dir ({files:,} JPEGs, benchmarks/loop.py)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,7 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", type=Path, default=None, help="where the data and the mount go")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "loop.json")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "loop.png")
+    ap.add_argument("--replot", action="store_true", help="draw --plot and print the table from --out's rows")
     args = ap.parse_args(argv)
+    if args.replot:
+        saved = json.loads(args.out.read_text())
+        summ = summary(saved["rows"])
+        print(table(summ))
+        plot(summ, args.plot, _title(saved["args"]["files"]))
+        return 0
     if args.quick:
         args.files, args.workers, args.rounds = 1536, "4", 2
     args.nm = [int(x) for x in args.nm.split(",")]
@@ -379,8 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "minutes": (time.time() - t0) / 60, "args": {
                                             k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                                         "summary": summ, "rows": rows}, indent=1) + "\n")
-        plot(summ, args.plot, f"DataLoader over a tierfs mount / over the plain dir ({args.files} JPEGs, "
-             "benchmarks/loop.py)")
+        plot(summ, args.plot, _title(args.files))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
