@@ -27,7 +27,7 @@ batch (its workers' first start) nor the mount's first pass (the first mini-epoc
 load average is recorded with every chunk: the box is shared, so only the paired ratios mean much.
 
 ``python benchmarks/loop.py`` is the full run (writes docs/img/loop.json and docs/img/loop.png);
-``--quick`` is a short one (fewer files, one worker count, two rounds).  Needs torch and PIL.
+``--quick`` is a short one (fewer files, one worker count, one round: a look, not a figure).  Needs torch and PIL.
 """
 
 from __future__ import annotations
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap-fraction", type=float, default=1 / 3, help="cache cap as a fraction of the data "
                     "(at least 2/nm: a mini-epoch must fit in half the cache)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="1,536 files, 4 workers, 2 rounds (a few minutes)")
+    ap.add_argument("--quick", action="store_true", help="1,536 files, 4 workers, 1 round (a few minutes)")
     ap.add_argument("--tmp", type=Path, default=None, help="where the data and the mount go")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "loop.json")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "loop.png")
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(summ, args.plot, _title(saved["args"]["files"]))
         return 0
     if args.quick:
-        args.files, args.workers, args.rounds = 1536, "4", 2
+        args.files, args.workers, args.rounds = 1536, "4", 1
     args.nm = [int(x) for x in args.nm.split(",")]
     args.workers = [int(x) for x in args.workers.split(",")]
     args.ways = args.ways.split(",")
