@@ -1,0 +1,407 @@
+"""The training loop as people write it, over a tierfs mount and over a plain directory holding the same files.
+
+A ``torch.utils.data.DataLoader`` (``--workers``, batch ``--batch``) decodes small JPEGs (PIL) into
+``3 x 128 x 128`` ``uint8`` tensors (a random crop and flip of a 160 x 160 image) in class folders; the consumer
+takes the batches (no model: the loader's speed is the point).  Each way of writing the loop runs over a fresh
+mount (``--nm`` each, ``rf`` 4, the cache capped at ``--cap-fraction`` of the data, at least the two
+mini-epochs the mount requires: twice the data at ``nm`` 1) and,
+right before, the same loop over the plain directory the mount shows (its backing dir), so the two see the
+same load; ``--rounds`` repeats everything, and each figure is the median (and spread) of the rounds'
+mount / plain ratios.  The ways (issue 23):
+
+* ``relist``: the README's way -- the dataset built again every pass and a new ``DataLoader`` over it (its
+  workers start again every pass; ``persistent_workers`` cannot be used).  On the plain dir: the same loop,
+  one pass = the whole data set.
+* ``minepoch``: ``tierfs.torch.MiniEpochDataset`` (``set_epoch`` every pass, cached copies read directly, new
+  workers every pass).  On the plain dir: the same class (every file every pass).
+* ``sampler``: the dataset built once over a ``listing=all`` mount, ``tierfs.torch.MountSampler``,
+  ``persistent_workers=True``: a ``DataLoader`` epoch is a tierfs pass.  On the plain dir: the dataset built
+  once, ``shuffle=True``, ``persistent_workers=True`` (the loop the sampler is one line away from).
+* ``substitute``: the dataset built once, ``shuffle=True``, ``persistent_workers=True``, no sampler, on a
+  ``listing=all,substitute`` mount.  On the plain dir: the same loop.
+
+Each pair runs the plain dir's loop and the mount's alternately, ``--chunks`` times each, a chunk being a data
+set's worth of samples in whole DataLoader epochs (one epoch of the plain dir, ``nm`` passes of the mount), so a
+change of the box's load hits both alike.  The clock runs over the chunks only: not over the plain side's first
+batch (its workers' first start) nor the mount's first pass (the first mini-epoch, staged as it mounted).  The
+load average is recorded with every chunk: the box is shared, so only the paired ratios mean much.
+
+``python benchmarks/loop.py`` is the full run (writes docs/img/loop.json and docs/img/loop.png);
+``--quick`` is a short one (fewer files, one worker count, one round: a look, not a figure).  Needs torch and PIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tierfs.testing import mounted  # noqa: E402
+
+WAYS = ("relist", "minepoch", "sampler", "substitute")
+#: mount options of each way (besides nm and rf)
+MOUNT_OPTIONS: dict[str, dict[str, object]] = {
+    "relist": {},
+    "minepoch": {},
+    "sampler": {"listing": "all"},
+    "substitute": {"listing": "all", "substitute": True},
+}
+SIZE, CROP = 160, 128
+
+
+def make_data(root: Path, files: int, classes: int = 10, seed: int = 0) -> int:
+    """``files`` JPEGs of ``SIZE`` x ``SIZE`` (a gradient and noise: 20-30 KB each) in ``classes`` folders."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:SIZE, 0:SIZE]
+    total = 0
+    for i in range(files):
+        d = root / f"class_{i % classes:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        a, b, c = rng.integers(1, 4, 3)
+        img = np.stack([x * a, y * b, (x + y) * c], -1) + rng.integers(0, 64, (SIZE, SIZE, 3))
+        path = d / f"img_{i:06d}.jpg"
+        Image.fromarray((img % 256).astype(np.uint8)).save(path, "JPEG", quality=90)
+        total += path.stat().st_size
+    return total
+
+
+def decode(data: Any) -> Any:
+    """JPEG bytes (a ``uint8`` tensor or ``bytes``) -> a ``3 x CROP x CROP`` ``uint8`` tensor, cropped and
+    flipped at random (as a training transform would)."""
+    import torch
+    from PIL import Image
+
+    raw = data.numpy().tobytes() if isinstance(data, torch.Tensor) else data
+    img = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+    top, left = np.random.randint(0, SIZE - CROP + 1, 2)
+    img = img[top:top + CROP, left:left + CROP]
+    if np.random.rand() < 0.5:
+        img = img[:, ::-1]
+    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
+
+
+class Images:
+    """An ImageFolder of JPEGs (sorted class folders, sorted files, ``(path, class)`` in ``.samples``), built
+    when constructed: what a training script builds once before its epoch loop."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        root = os.fspath(root)
+        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        self.samples = [(os.path.join(root, c, n), i) for i, c in enumerate(self.classes)
+                        for n in sorted(os.listdir(os.path.join(root, c)))]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        path, label = self.samples[i]
+        with open(path, "rb") as f:
+            return decode(f.read()), label
+
+
+def _loader(ds: Any, args: argparse.Namespace, workers: int, **kw: Any) -> Any:
+    from torch.utils.data import DataLoader
+
+    return DataLoader(ds, batch_size=args.batch, num_workers=workers, **kw)
+
+
+def _epochs(way: str, root: Path, mounted_: bool, args: argparse.Namespace, workers: int) -> Iterator[Any]:
+    """The loop of ``way``: yields one iterable of batches per DataLoader epoch (a pass on the mount)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(args.seed)
+    if way == "relist":
+        while True:
+            yield _loader(Images(root), args, workers, shuffle=True, generator=gen)
+    elif way == "minepoch":
+        from tierfs.torch import MiniEpochDataset
+
+        ds = MiniEpochDataset(root, transform=decode)
+        try:
+            for e in range(1 << 30):
+                ds.set_epoch(e)
+                yield _loader(ds, args, workers, shuffle=True, generator=gen)
+        finally:
+            ds.close()
+    else:
+        ds = Images(root)
+        if way == "sampler" and mounted_:
+            from tierfs.torch import MountSampler
+
+            sampler = MountSampler(ds)
+            loader = _loader(ds, args, workers, sampler=sampler, persistent_workers=True)
+        else:  # the plain dir's loop for both, and substitution's on the mount: no change to the script
+            loader = _loader(ds, args, workers, shuffle=True, generator=gen, persistent_workers=True)
+        while True:
+            yield loader
+
+
+class _Side:
+    """One side of a pair (the plain dir or the mount): its loop, and the samples and seconds timed so far."""
+
+    def __init__(self, way: str, root: Path, mounted_: bool, args: argparse.Namespace, workers: int) -> None:
+        self.epochs = _epochs(way, root, mounted_, args, workers)
+        self.samples = self.passes = 0
+        self.seconds = self.cpu_s = 0.0
+        self.loads: list[float] = []
+        self.started = False
+
+    def chunk(self, budget: int) -> None:
+        """Whole DataLoader epochs until ``budget`` samples; timed from the start of the chunk, except the very
+        first chunk: from its first batch (the workers' first start is not counted)."""
+        self.loads.append(os.getloadavg()[0])
+        cpu0, t0, samples = _cpu(), time.perf_counter(), 0
+        while samples < budget:
+            for x, _y in next(self.epochs):
+                if not self.started:
+                    self.started, t0 = True, time.perf_counter()
+                else:
+                    samples += len(x)
+            self.passes += 1
+        self.seconds += time.perf_counter() - t0
+        self.cpu_s += _cpu() - cpu0
+        self.samples += samples
+
+    def result(self) -> dict:
+        self.epochs.close()  # (a loop's loader and its persistent workers go with it)
+        return {"samples": self.samples, "passes": self.passes, "seconds": self.seconds,
+                "samples_per_s": self.samples / self.seconds, "cpu_s": self.cpu_s,
+                "cpu_ms_per_sample": 1e3 * self.cpu_s / self.samples, "loads": self.loads}
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, its reaped children, and every live descendant (the DataLoader's workers,
+    the mount's daemon): all the CPU the loop and the mount cost, whatever else the box runs."""
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kids.setdefault(int(fields[1]), []).append(int(d))
+            kids.setdefault(-int(d), []).append(int(fields[11]) + int(fields[12]))  # utime + stime
+    todo = list(kids.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        total += sum(kids.get(-pid, [])) / _TICK
+        todo += kids.get(pid, [])
+    return total
+
+
+def run_pair(way: str, data: Path, mnt: Path, args: argparse.Namespace, workers: int, n_files: int) -> tuple[
+        dict, dict]:
+    """The loop of ``way`` over the plain dir and over the mount, ``args.chunks`` times each, alternating
+    (plain, mount, plain, ...), each chunk a data set's worth of samples in whole DataLoader epochs; the mount's
+    first pass (the first mini-epoch staged at the start) is not timed."""
+    warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: on purpose
+    plain, mount = _Side(way, data, False, args, workers), _Side(way, mnt, True, args, workers)
+    for _batch in next(mount.epochs):  # the first pass (staged as the mount started; the workers start)
+        pass
+    mount.started = True
+    for _ in range(args.chunks):
+        plain.chunk(n_files)
+        mount.chunk(n_files)
+    return plain.result(), mount.result()
+
+
+@contextmanager
+def _mount(data: Path, work: Path, way: str, nm: int, cap: int) -> Iterator[Any]:
+    mnt, cache = work / "mnt", work / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    mnt.mkdir(exist_ok=True)
+    cache.mkdir()
+    with mounted(data, mnt, cache, str(cap), timeout=120, env={"PYTHONPATH": str(ROOT)}, nm=nm, rf=4,
+                 **MOUNT_OPTIONS[way]) as m:
+        yield m
+
+
+def _status(m: Any) -> dict:
+    with open(m.path(".tierfs", "status"), "rb") as f:
+        return json.loads(f.read())
+
+
+def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk: int) -> list[dict]:
+    rows = []
+    for rnd in range(args.rounds):
+        for nm in args.nm:
+            # (a mini-epoch must fit in half the cache: at nm 1 the cache holds twice the data; copies of small
+            # files take whole blocks, 15 % over their backing's blocks here)
+            cap = int(disk * max(args.cap_fraction, 2 / nm) * 1.15)
+            for way in args.ways:
+                for workers in args.workers:
+                    with _mount(data, work, way, nm, cap) as m:
+                        plain, mount = run_pair(way, data, Path(m.mountpoint), args, workers, n_files)
+                        st = _status(m)
+                    row = {"round": rnd, "nm": nm, "way": way, "workers": workers, "plain": plain, "mount": mount,
+                           "ratio": mount["samples_per_s"] / plain["samples_per_s"],
+                           "cpu_ratio": plain["cpu_ms_per_sample"] / mount["cpu_ms_per_sample"],
+                           "status": {k: st.get(k) for k in ("epoch", "mini_epoch", "pass", "passes_total",
+                                                              "hits", "misses", "backing_bytes_read")}}
+                    rows.append(row)
+                    loads = plain["loads"] + mount["loads"]
+                    print(f"round {rnd} nm {nm:2d} {way:10s} w{workers}: plain {plain['samples_per_s']:7.0f}  "
+                          f"mount {mount['samples_per_s']:7.0f}  ratio {row['ratio']:.3f}  CPU ms/sample "
+                          f"{plain['cpu_ms_per_sample']:.2f} / {mount['cpu_ms_per_sample']:.2f}  "
+                          f"load {min(loads):.1f}-{max(loads):.1f}", flush=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Median and spread of each (way, workers, nm) over the rounds."""
+    out = []
+    keys = sorted({(r["way"], r["workers"], r["nm"]) for r in rows}, key=lambda k: (WAYS.index(k[0]), k[1], k[2]))
+    for way, workers, nm in keys:
+        rs = [r for r in rows if (r["way"], r["workers"], r["nm"]) == (way, workers, nm)]
+        ratios = [r["ratio"] for r in rs]
+        loads = [x for r in rs for x in r["plain"]["loads"] + r["mount"]["loads"]]
+        out.append({"way": way, "workers": workers, "nm": nm, "rounds": len(rs),
+                    "plain": statistics.median(r["plain"]["samples_per_s"] for r in rs),
+                    "mount": statistics.median(r["mount"]["samples_per_s"] for r in rs),
+                    "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                    "plain_cpu_ms": statistics.median(r["plain"]["cpu_ms_per_sample"] for r in rs),
+                    "mount_cpu_ms": statistics.median(r["mount"]["cpu_ms_per_sample"] for r in rs),
+                    "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rs),
+                    "cpu_ratio_min": min(r["cpu_ratio"] for r in rs), "cpu_ratio_max": max(r["cpu_ratio"] for r in rs),
+                    "load_min": min(loads), "load_max": max(loads)})
+    return out
+
+
+def table(summ: list[dict]) -> str:
+    out = ["| way | workers | nm | plain dir samples/s | mount samples/s | mount / plain (median) | "
+           "spread over rounds | CPU ms per sample, plain / mount | plain / mount CPU | load |",
+           "|---|---:|---:|---:|---:|---:|---|---|---:|---|"]
+    for s in summ:
+        out.append(f"| {s['way']} | {s['workers']} | {s['nm']} | {s['plain']:,.0f} | {s['mount']:,.0f} | "
+                   f"**{s['ratio']:.2f}** | {s['ratio_min']:.2f}–{s['ratio_max']:.2f} | "
+                   f"{s['plain_cpu_ms']:.2f} / {s['mount_cpu_ms']:.2f} | {s['cpu_ratio']:.2f} | "
+                   f"{s['load_min']:.1f}–{s['load_max']:.1f} |")
+    return "\n".join(out)
+
+
+def plot(summ: list[dict], path: Path, title: str) -> None:
+    """Top: samples/s, mount / plain dir; bottom: CPU per sample, plain dir / mount (what samples/s would say
+    where the loader is CPU-bound); one column per worker count; medians, bars from the lowest to the highest
+    round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workers = sorted({s["workers"] for s in summ})
+    nms = sorted({s["nm"] for s in summ})
+    fig, axes = plt.subplots(2, len(workers), figsize=(5.5 * len(workers), 7.5), sharex=True, squeeze=False)
+    colors = {"relist": "#c66", "minepoch": "#da3", "sampler": "#2a6", "substitute": "#69c"}
+    rows = (("ratio", "samples/s, mount / plain dir"), ("cpu_ratio", "CPU per sample, plain dir / mount"))
+    for (key, label), line in zip(rows, axes, strict=True):
+        for ax, w in zip(line, workers, strict=True):
+            for way in WAYS:
+                ss = [s for s in summ if s["way"] == way and s["workers"] == w]
+                if not ss:
+                    continue
+                med = np.array([s[key] for s in ss])
+                err = np.array([med - [s[f"{key}_min"] for s in ss], [s[f"{key}_max"] for s in ss] - med])
+                ax.errorbar([s["nm"] for s in ss], med, yerr=err, marker="o", capsize=3, label=way,
+                            color=colors[way])
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.axhline(0.95, color="k", lw=0.8, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(nms, [str(n) for n in nms])
+            ax.set_ylabel(label)
+            ax.set_title(f"{w} workers, batch 64")
+            ax.grid(alpha=0.3)
+        line[-1].legend(loc="upper right", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("nm (mini-epochs per epoch)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _title(files: int) -> str:
+    return f"DataLoader over a tierfs mount against the plain dir ({files:,} JPEGs, benchmarks/loop.py)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=3072)
+    ap.add_argument("--nm", default="1,6,16", help="comma-separated")
+    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated, of " + ", ".join(WAYS))
+    ap.add_argument("--workers", default="4,8", help="comma-separated DataLoader worker counts")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--chunks", type=int, default=2, help="chunks of a data set's worth of samples per side, "
+                    "alternating plain dir and mount")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cap-fraction", type=float, default=1 / 3, help="cache cap as a fraction of the data "
+                    "(at least 2/nm: a mini-epoch must fit in half the cache)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="1,536 files, 4 workers, 1 round (a few minutes)")
+    ap.add_argument("--tmp", type=Path, default=None, help="where the data and the mount go")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "loop.json")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "loop.png")
+    ap.add_argument("--replot", action="store_true", help="draw --plot and print the table from --out's rows")
+    args = ap.parse_args(argv)
+    if args.replot:
+        saved = json.loads(args.out.read_text())
+        summ = summary(saved["rows"])
+        print(table(summ))
+        plot(summ, args.plot, _title(saved["args"]["files"]))
+        return 0
+    if args.quick:
+        args.files, args.workers, args.rounds = 1536, "4", 1
+    args.nm = [int(x) for x in args.nm.split(",")]
+    args.workers = [int(x) for x in args.workers.split(",")]
+    args.ways = args.ways.split(",")
+    if bad := set(args.ways) - set(WAYS):
+        ap.error(f"--ways: unknown {', '.join(sorted(bad))} (of {', '.join(WAYS)})")
+    work = Path(tempfile.mkdtemp(prefix="loop-", dir=args.tmp))
+    try:
+        data = work / "data"
+        total = make_data(data, args.files)
+        disk = sum(p.stat().st_blocks * 512 for p in data.rglob("*") if p.is_file())
+        head = (f"{args.files} JPEGs ({total / 2**20:.0f} MiB) in 10 class folders, batch {args.batch}, "
+                f"workers {args.workers}, nm {args.nm}, rf 4, cap {args.cap_fraction:.2f} of the data, "
+                f"{args.chunks} alternating chunks of a data set's samples per side, {args.rounds} rounds, "
+                f"{os.cpu_count()} CPUs")
+        print(head, flush=True)
+        t0 = time.time()
+        rows = measure(args, data, work, args.files, disk)
+        summ = summary(rows)
+        print(table(summ))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"setup": head, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
+                                        "minutes": (time.time() - t0) / 60, "args": {
+                                            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                                        "summary": summ, "rows": rows}, indent=1) + "\n")
+        plot(summ, args.plot, _title(args.files))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
