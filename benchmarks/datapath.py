@@ -530,11 +530,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-o", "--option", action="append", default=[], help="extra mount option KEY=VALUE")
     ap.add_argument("--py-spy", type=Path, default=None, help="profile the daemon into this file (.svg/.json)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/tierfs-bench"))
-    ap.add_argument("--out", type=Path, default=Path("docs/img"))
+    ap.add_argument("--out", type=Path, default=Path("bench-out/datapath"), help="docs/img: on purpose")
     ap.add_argument("--replot", type=Path, default=None, metavar="TABLE.md",
                     help="draw OUT/datapath.png again from a table this program wrote, measuring nothing")
     args = ap.parse_args(argv)
     if args.replot:
+        args.out.mkdir(parents=True, exist_ok=True)
         plot(rows_of_table(args.replot.read_text()), args.out / "datapath.png")
         return
     require_root()

@@ -1,6 +1,6 @@
 """D-SLIDE over MPI at Amazon-670K shape: bytes per step against a data-parallel allreduce, and throughput.
 
-    .venv/bin/python benchmarks/dslide_mpi.py [--steps 40] [--warmup 8] [--rounds 3] [--out docs/img/dslide_mpi.png]
+    .venv/bin/python benchmarks/dslide_mpi.py [--steps 40] [--warmup 8] [--rounds 3] [--out bench-out/dslide_mpi.png]
 
 Each measurement is a real ``mpiexec -n P`` job of this same file in ``--worker`` mode: every rank builds its
 shard of the model (F = 135,909 features, L = 670,091 labels, H = 128, batch 256, budget 512 active labels per
@@ -122,7 +122,7 @@ def main() -> None:
     p.add_argument("--features", type=int, default=F)
     p.add_argument("--labels", type=int, default=L)
     p.add_argument("--timeout", type=float, default=600, help="seconds per mpiexec job")
-    p.add_argument("--out", default=str(ROOT / "docs" / "img" / "dslide_mpi.png"))
+    p.add_argument("--out", default=str(ROOT / "bench-out" / "dslide_mpi.png"), help="the plot (docs/img/: on purpose)")
     p.add_argument("--json", default=None, help="also write every measurement here")
     a = p.parse_args()
     if a.worker:

@@ -25,7 +25,8 @@ reference evaluates 50 batches after an epoch, so the test set is exactly 50 x b
 reports no P@5.  Peak RSS of each side's process (``wait4``); the reference is stopped when its RSS passes
 ``--rss-limit-gib`` (the machine is shared) and the figure it reached is reported.
 
-Prints a table, writes ``results.json`` and a plot into ``--out`` (the plot also into ``docs/img/``).
+Prints a table, writes ``results.json`` and a plot (named by data set) into ``--out``; ``--plot
+docs/img/NAME.png`` also writes the plot there (the docs' plots are updated on purpose, never by default).
 """
 
 from __future__ import annotations
@@ -281,7 +282,7 @@ def main() -> None:
     ap.add_argument("--rss-limit-gib", type=float, default=16.0, help="stop the reference past this RSS")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per reference run")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "dslide_vs_slide"))
-    ap.add_argument("--plot", default=None, help="plot path under docs/img (default: by data set)")
+    ap.add_argument("--plot", default=None, help="also write the plot here (e.g. docs/img/dslide_vs_slide_100k.png)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -311,8 +312,8 @@ def main() -> None:
         res["loadavg_at_end"] = os.getloadavg()
     summarise(res)
     (out / "results.json").write_text(json.dumps(res, indent=1))
-    name = a.plot or ("dslide_vs_slide_" + ("amazon" if a.amazon else "real" if a.train else f"{L // 1000}k"))
-    plot(res, [out / f"{name}.png", ROOT / "docs" / "img" / f"{name}.png"])
+    name = "dslide_vs_slide_" + ("amazon" if a.amazon else "real" if a.train else f"{L // 1000}k")
+    plot(res, [out / f"{name}.png", *([Path(a.plot)] if a.plot else [])])
 
 
 def summarise(res: dict) -> None:

@@ -230,6 +230,7 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.legend(fontsize=8)
     fig.suptitle("jobs over a throttled sshfs slow tier: one shared mount vs a mount each (benchmarks/jobs.py)")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
@@ -260,8 +261,8 @@ def main(argv: list[str] | None = None) -> None:
                     "fraction of the data's blocks")
     ap.add_argument("--quick", action="store_true", help="200 files, one epoch: a one-minute check")
     ap.add_argument("--setup", action="store_true", help="apt-get install openssh-server sshfs first")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "jobs.json")
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "jobs.png")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "jobs.json")
+    ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "jobs.png", help="docs/img/jobs.png: on purpose")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("needs root (network namespace, tc, drop_caches)")
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(row), flush=True)
     print(table(rows))
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "plot", "setup")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**settings, "bytes": total, "cap": cap, "rows": rows}, indent=1) + "\n")
     plot(rows, args.plot)
 

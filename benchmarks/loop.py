@@ -26,7 +26,8 @@ change of the box's load hits both alike.  The clock runs over the chunks only: 
 batch (its workers' first start) nor the mount's first pass (the first mini-epoch, staged as it mounted).  The
 load average is recorded with every chunk: the box is shared, so only the paired ratios mean much.
 
-``python benchmarks/loop.py`` is the full run (writes docs/img/loop.json and docs/img/loop.png);
+``python benchmarks/loop.py`` is the full run (writes bench-out/loop.json and loop.png; ``--out``/``--plot`` into
+docs/img on purpose);
 ``--quick`` is a short one (fewer files, one worker count, one round: a look, not a figure).  Needs torch and PIL.
 """
 
@@ -400,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                     "ImageNet's training transform (random-resized crop to 224, flip, normalise)")
     ap.add_argument("--quick", action="store_true", help="1,536 files, 4 workers, 1 round (a few minutes)")
     ap.add_argument("--tmp", type=Path, default=None, help="where the data and the mount go")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "loop.json")
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "loop.png")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "loop.json", help="docs/img/loop.json: on purpose")
+    ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "loop.png", help="docs/img/loop.png: on purpose")
     ap.add_argument("--replot", action="store_true", help="draw --plot and print the table from --out's rows")
     args = ap.parse_args(argv)
     if args.replot:

@@ -188,7 +188,7 @@ def main() -> None:
     ap.add_argument("--capacity", default="256M")
     ap.add_argument("--nm", type=int, default=32, help="mini-epochs (the copies of one fit half the capacity)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default="million.json")
+    ap.add_argument("--out", default="bench-out/million.json")
     ap.add_argument("--profile", metavar="DIR", help="write memory reports of the daemon here (see above)")
     ap.add_argument("--tracemalloc", action="store_true", help="with --profile: trace Python allocations too")
     args = ap.parse_args()
@@ -232,6 +232,7 @@ def main() -> None:
                 "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
             }
     print(json.dumps(result, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
 

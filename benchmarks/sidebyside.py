@@ -239,6 +239,7 @@ def plot(rows: list[dict], path: Path) -> None:
     axes[2].axvline(rows[0]["files"], color="k", lw=0.8, ls="--")
     fig.suptitle("equal work over a throttled sshfs slow tier (benchmarks/sidebyside.py)")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
@@ -252,8 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cap-fraction", type=float, default=1 / 3, help="cache cap as a fraction of the data")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--setup", action="store_true", help="apt-get install openssh-server sshfs rclone first")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "sidebyside.json")
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "sidebyside.png")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "sidebyside.json")
+    ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "sidebyside.png",
+                    help="docs/img/sidebyside.png: on purpose")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("needs root (network namespace, tc, drop_caches)")
@@ -273,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(table(rows))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"files": args.files, "bytes": total, "cap": cap, "reads": reads,
                                     "threads": args.threads, "rate": args.rate, "delay_ms": args.delay_ms,
                                     "rows": rows}, indent=1) + "\n")

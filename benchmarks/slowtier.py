@@ -17,7 +17,7 @@ misses.  The harness therefore
 Root is required (loop devices, mount, cgroups, drop_caches); without it :func:`require_root` says so and exits.
 
 Run ``python benchmarks/slowtier.py`` to verify the throttle on this machine: it prints cold/warm read rates
-with and without the throttle, buffered and ``O_DIRECT``, and writes ``docs/img/slowtier_verify.png``.
+with and without the throttle, buffered and ``O_DIRECT``, and writes ``bench-out/slowtier_verify.png`` (``--plot``).
 """
 
 from __future__ import annotations
@@ -391,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bps", type=parse_size, default=parse_size("25M"), help="read throttle, bytes/s (25M)")
     ap.add_argument("--file-size", type=parse_size, default=parse_size("128M"), help="test file size (128M)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/tierfs-bench"), help="where the image lives")
-    ap.add_argument("--plot", type=Path, default=Path("docs/img/slowtier_verify.png"), help="PNG output")
+    ap.add_argument("--plot", type=Path, default=Path("bench-out/slowtier_verify.png"),
+                    help="PNG output (docs/img/slowtier_verify.png: on purpose)")
     args = ap.parse_args(argv)
     require_root()
     install_sigterm()

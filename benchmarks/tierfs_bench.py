@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--time-limit", type=float, default=1800, help="seconds per configuration at most")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/tierfs-bench"))
-    ap.add_argument("--out", type=Path, default=Path("docs/img"))
+    ap.add_argument("--out", type=Path, default=Path("bench-out/tierfs_bench"), help="docs/img: on purpose")
     ap.add_argument("--render", type=Path, default=None, help="only re-render tables/plots from this JSON")
     args = ap.parse_args(argv)
     if args.render is not None:

@@ -3,7 +3,7 @@
     python examples/order_file_loader.py /mnt/imagenet --passes 8
 
 ``order0`` holds the paths of the current pass in serving order, NUL-separated (``order`` is the same one per
-line, with names holding a newline quoted; see docs/tierfs.md).  Reading it costs one open instead of a walk
+line, with names holding a newline quoted; see docs/control.md).  Reading it costs one open instead of a walk
 of the tree; read it again at the start of every pass.  Labels come from the sorted class folders.
 """
 

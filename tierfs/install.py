@@ -50,7 +50,8 @@ MARKER = "Written by `tierfs install`"
 
 #: The package's source checkout, if this tierfs runs from one (docs are copied from its ``docs/``).
 _SOURCE_ROOT = Path(__file__).resolve().parent.parent
-_DOCS = ("operations.md", "usage.md", "tierfs.md", "architecture.md", "tuning.md", "sampler.md")
+_DOCS = ("quickstart.md", "pytorch.md", "loaders.md", "operations.md", "sharing.md", "troubleshooting.md", "usage.md",
+         "control.md", "status.md", "tierfs.md", "architecture.md", "tuning.md", "sampler.md")
 
 
 @dataclass(frozen=True)

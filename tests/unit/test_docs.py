@@ -1,8 +1,11 @@
-"""Every relative link in the README and docs leads somewhere, and every unit's Documentation= page exists."""
+"""Every relative link in the README and docs leads somewhere, every unit's Documentation= page exists, every doc
+page is linked from the README, and the reference pages list what the code has (modules, status fields, metrics)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -75,3 +78,79 @@ def test_every_unit_names_documentation_that_exists():
         page = uri.removeprefix(f"file:{doc_dir}/")
         assert (ROOT / "docs" / page).is_file(), f"{unit}: Documentation={uri} names docs/{page}, which is missing"
         assert page in _DOCS, f"{unit}: tierfs install does not copy docs/{page}"
+
+
+def _linked_pages(page: Path) -> set[Path]:
+    """The files the relative links of ``page`` lead to (anchors dropped)."""
+    return {(page.parent / t.partition("#")[0]).resolve() for t in _relative_links(page) if t.partition("#")[0]}
+
+
+def test_every_doc_page_is_linked_from_the_readme():
+    linked = _linked_pages(ROOT / "README.md")
+    missing = [p.name for p in sorted(ROOT.glob("docs/*.md")) if p.resolve() not in linked]
+    assert not missing, f"README.md's Documentation section does not link docs/{missing}"
+
+
+def _table_column(path: Path, heading: str) -> list[str]:
+    """The first column's code spans (`x`) of the table rows in the section ``## heading`` of ``path``."""
+    section = _FENCE.sub("", path.read_text()).split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for line in section.splitlines():
+        m = re.match(r"\|\s*([^|]*?)\s*\|", line)
+        if m and not set(m.group(1)) <= set("-: "):
+            out += re.findall(r"`([^`]+)`", m.group(1))
+    return out
+
+
+def _package_modules() -> list[str]:
+    """Every module of the packages the module map covers, from the filesystem (a module moved or added shows)."""
+    return sorted(str(p.relative_to(ROOT)) for pkg in ("tierfs", "sampler") for p in (ROOT / pkg).rglob("*.py")
+                  if not p.name.startswith("__") and "__pycache__" not in p.parts)
+
+
+def test_the_module_map_lists_exactly_the_modules_of_the_packages():
+    listed = _table_column(ROOT / "docs/architecture.md", "Modules")
+    assert len(listed) == len(set(listed)), f"listed twice: {sorted({m for m in listed if listed.count(m) > 1})}"
+    modules = _package_modules()
+    assert "tierfs/engine.py" in modules and "sampler/plan.py" in modules  # (the listing found the packages)
+    assert sorted(listed) == modules, (f"docs/architecture.md's module map lacks {sorted(set(modules) - set(listed))}"
+                                       f" and names modules that do not exist: {sorted(set(listed) - set(modules))}")
+
+
+def test_the_table_readers_see_what_they_should(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# P\n[a](a.md) [b](b.md#x)\n## Modules\n\n| module | what |\n|---|---|\n| `m/a.py` | `x` |\n"
+                    "| `m/b.py`, `m/c.py` | y |\n```\n| `m/fenced.py` | no |\n```\n## Next\n| `m/d.py` | no |\n")
+    assert _table_column(page, "Modules") == ["m/a.py", "m/b.py", "m/c.py"]
+    assert _linked_pages(page) == {tmp_path / "a.md", tmp_path / "b.md"}
+
+
+def _status_paths(cls: type, prefix: str = "") -> set[str]:
+    """Every field of the status object as the JSON names it (``pass_`` is ``pass``), sections dotted, the items
+    of a tuple of snapshots as ``name[].field``."""
+    out = set()
+    for f in dataclasses.fields(cls):
+        name, hint = prefix + ("pass" if f.name == "pass_" else f.name), typing.get_type_hints(cls)[f.name]
+        item = typing.get_args(hint)[0] if typing.get_origin(hint) is tuple and typing.get_args(hint) else None
+        if dataclasses.is_dataclass(hint):
+            out |= _status_paths(hint, name + ".")
+        elif item is not None and dataclasses.is_dataclass(item):
+            out |= _status_paths(item, name + "[].")
+        else:
+            out.add(name)
+    return out
+
+
+def test_the_status_reference_lists_every_field_and_metric():
+    from tierfs.stats import METRICS, Status
+
+    documented = set(_table_column(ROOT / "docs/status.md", "Status fields"))
+    fields = _status_paths(Status)
+    assert "staging.stuck" in fields and "consumers.consumers[].name" in fields
+    assert documented == fields, (f"docs/status.md lacks {sorted(fields - documented)} and documents fields that "
+                                  f"do not exist: {sorted(documented - fields)}")
+    metrics = {f"tierfs_{m.name}" for m in METRICS}
+    in_table = set(_table_column(ROOT / "docs/status.md", "Metrics"))
+    documented = {m for m in in_table if m.startswith("tierfs_")}
+    assert documented == metrics, (f"docs/status.md lacks the metrics {sorted(metrics - documented)} and lists "
+                                   f"metrics that do not exist: {sorted(documented - metrics)}")
