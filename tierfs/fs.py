@@ -45,7 +45,7 @@ import trio
 
 from tierfs.control import ControlWriter
 from tierfs.datapath import FileHandle
-from tierfs.direct import CACHE_PATH_XATTR
+from tierfs.client.direct import CACHE_PATH_XATTR
 from tierfs.engine import Engine
 from tierfs.mounts import mountinfo
 from tierfs.pusher import KernelCache

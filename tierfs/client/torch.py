@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from tierfs.loaders import PassFiles, PassIndices, find_classes, read_pass, read_sample
+from tierfs.client.loaders import PassFiles, PassIndices, find_classes, read_pass, read_sample
 
 __all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "MountShards", "read_file"]
 
