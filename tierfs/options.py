@@ -28,6 +28,7 @@ __all__ = [
     "format_size",
     "format_size_at_least",
     "parse_assignments",
+    "parse_changes",
     "parse_size",
     "parse_value",
 ]
@@ -327,9 +328,9 @@ class Settings:
             # The LRU baseline has no mini-epochs to show; it always serves the whole tree.
             object.__setattr__(self, "view", "full")
 
-    def as_lines(self) -> str:
-        """``KEY=VALUE`` lines, the format written to and read from the control file."""
-        out = []
+    def as_items(self) -> dict[str, str]:
+        """Each option's value as the control file shows it."""
+        out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name == "arf_weights":
@@ -338,8 +339,12 @@ class Settings:
                 v = "true" if v else "false"
             elif v is None:
                 v = "none"
-            out.append(f"{f.name}={v}")
-        return "\n".join(out) + "\n"
+            out[f.name] = str(v)
+        return out
+
+    def as_lines(self) -> str:
+        """``KEY=VALUE`` lines, the format written to and read from the control file."""
+        return "".join(f"{k}={v}\n" for k, v in self.as_items().items())
 
 
 _BLANKS_BEFORE_EQUALS = re.compile(r"\s+=")
@@ -389,6 +394,12 @@ def apply_assignments(settings: Settings, assignments: Iterable[tuple[str, str]]
 
     ``live_only`` is set for control-file writes: options fixed at mount time are refused by name.
     """
+    return dataclasses.replace(settings, **parse_changes(assignments, live_only=live_only))
+
+
+def parse_changes(assignments: Iterable[tuple[str, str]], *, live_only: bool) -> dict[str, Any]:
+    """Each assignment's value parsed (:func:`parse_value`), by key; ``ValueError`` naming the first bad one, and
+    with ``live_only`` one fixed at mount time."""
     changes: dict[str, Any] = {}
     for key, text in assignments:
         opt = OPTIONS.get(key)
@@ -399,7 +410,7 @@ def apply_assignments(settings: Settings, assignments: Iterable[tuple[str, str]]
         if live_only and not opt.live:
             raise ValueError(f"{key} is fixed at mount time and cannot be changed through the control file")
         changes[key] = parse_value(key, text)
-    return dataclasses.replace(settings, **changes)
+    return changes
 
 
 @dataclass(frozen=True)

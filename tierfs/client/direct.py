@@ -29,10 +29,9 @@ import errno
 import os
 from typing import IO, Any
 
-__all__ = ["CACHE_PATH_XATTR", "cached_path", "open_cached"]
+from tierfs.protocol import CACHE_PATH_XATTR
 
-#: The extended attribute a tierfs mount answers on dataset files with the absolute path of the cached copy.
-CACHE_PATH_XATTR = b"user.tierfs.cache_path"
+__all__ = ["CACHE_PATH_XATTR", "cached_path", "open_cached"]
 
 # No such attribute (not cached, another user), no xattrs at all here (not tierfs), gone.
 _FALLBACK = {errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOENT, errno.EACCES, errno.EPERM}

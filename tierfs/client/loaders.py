@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from sampler.atomic import atomic_write
-from tierfs.client import CONTROL_DIR, Client
-from tierfs.copies import COPY_OPEN_FLAGS, copy_matches
+from tierfs.client import Client, NotAMount, find_mount
+from tierfs.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, copy_matches
 
 __all__ = ["FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
            "read_plan", "read_sample", "tierfs_mount"]
@@ -72,11 +72,10 @@ def copy_intact(sample: Sample) -> bool:
 
 def tierfs_mount(root: str | os.PathLike[str]) -> Path | None:
     """The mountpoint of the tierfs mount that ``root`` lies in, or None (a plain directory)."""
-    p = Path(os.path.abspath(root))
-    for candidate in (p, *p.parents):
-        if (candidate / CONTROL_DIR / "status").exists():
-            return candidate
-    return None
+    try:
+        return find_mount(root)
+    except NotAMount:
+        return None
 
 
 def find_classes(root: str | os.PathLike[str]) -> list[str]:
