@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sampler.arf import parse_weights
-
 __all__ = [
     "GENERIC_MOUNT_OPTIONS",
     "OPTIONS",
@@ -169,6 +167,9 @@ def _optional_size(text: str) -> int | None:
 
 
 def _weights(text: str) -> tuple[float, float, float]:
+    # (imported on use: importing the options, as the client side does, loads no sampler module nor numpy)
+    from sampler.arf import parse_weights
+
     try:
         return parse_weights(text)
     except ValueError as exc:

@@ -66,7 +66,7 @@ COMMANDS = ("next-pass", "advance", "feedback", "consumed")
 #: alignment), and 4x the longest ``consumed`` report the client writes.
 CONTROL_WRITE_MAX = 64 << 10
 
-EMPTY_WRITE = "empty control write (expected KEY=VALUE lines or next-pass, advance, feedback, consumed)"
+EMPTY_WRITE = f"empty control write (expected KEY=VALUE lines or {', '.join(COMMANDS)})"
 
 _FEEDBACK_KEYS = ("loss", "train_err", "val_err", "score")
 

@@ -128,16 +128,21 @@ def test_each_face_is_its_client_module():
         assert f.__all__ == m.__all__ and all(getattr(f, n) is getattr(m, n) for n in m.__all__), face
 
 
+def _loaded_by(imports: str) -> list[str]:
+    """The modules a fresh interpreter holds after ``import`` of ``imports``: what a training job's import loads."""
+    code = f"import sys, {imports}; print('\\n'.join(sorted(sys.modules)))"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                          timeout=120).stdout.split()
+
+
 def test_importing_the_client_pulls_neither_trio_pyfuse3_xxhash_nor_a_daemon_module():
-    # (a fresh interpreter: what a training job's ``import`` loads; tierfs.torch is checked by the AST test above,
-    # its torch import being too slow for a unit test)
-    code = ("import sys, tierfs.client, tierfs.client.direct, tierfs.client.loaders, tierfs.direct, tierfs.loaders; "
-            "print('\\n'.join(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         timeout=120).stdout.split()
-    assert not [m for m in out if m.split(".")[0] in ("trio", "pyfuse3", "xxhash")]
-    ours = [m for m in out if m.split(".")[0] == "tierfs"]
+    # (tierfs.torch is checked by the AST test above: its torch import is too slow for a unit test)
+    loaded = _loaded_by("tierfs.client, tierfs.client.direct, tierfs.client.loaders, tierfs.direct, tierfs.loaders")
+    assert not [m for m in loaded if m.split(".")[0] in ("trio", "pyfuse3", "xxhash")]
+    ours = [m for m in loaded if m.split(".")[0] == "tierfs"]
     assert {m for m in ours if not _client_side(m)} <= SHARED | {"tierfs"}, ours
+    # the control client and direct reads load not even numpy (``tierfs status``, dslide's feedback writer)
+    assert not [m for m in _loaded_by("tierfs.client, tierfs.direct") if m.split(".")[0] in ("sampler", "numpy")]
 
 
 def test_dslide_imports_of_tierfs_only_its_control_client():
