@@ -62,9 +62,10 @@ from sampler.atomic import TEMP_PREFIX, atomic_write
 from tierfs.cacheindex import INDEX_NAME, indexed_copies, save_index
 from tierfs.journal import JOURNAL_NAME
 from tierfs.opening import OLD_TREE_NAMES, TREE_NAME
+from tierfs.protocol import COPY_MTIME_NS
 from tierfs.tree import Fingerprint, Tree, path_hash
 
-__all__ = ["COPY_MTIME_NS", "MARKER_NAME", "CacheEntry", "CacheStatistics", "CacheStore", "allocated", "cache_block",
+__all__ = ["MARKER_NAME", "CacheEntry", "CacheStatistics", "CacheStore", "allocated", "cache_block",
            "disk_estimates", "entry_name", "path_hash", "temp_copy_name"]
 
 #: The marker of a tierfs cache dir: a Cache Directory Tagging Specification tag (backup tools skip the dir)
@@ -184,12 +185,6 @@ def _scan_data(data_fd: int) -> tuple[list[str], list[str]]:
 def _listing(names: list[str]) -> str:
     shown = ", ".join(names[:_SHOWN])
     return shown if len(names) <= _SHOWN else f"{shown} and {len(names) - _SHOWN} more"
-
-
-#: Every copy's mtime, set when it lands: a write or truncate by anyone moves it to "now", which a check of
-#: mtime sees even within the filesystem's timestamp granularity (ctime alone could miss a write made in the
-#: same tick as the commit).
-COPY_MTIME_NS = 1_000_000_000
 
 
 def disk_estimates(sizes: np.ndarray, blocks: np.ndarray, block: int) -> np.ndarray:

@@ -30,6 +30,7 @@ from tierfs.client import Client, NotAMount
 from tierfs.mounts import mount_at
 from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, parse_assignments
 from tierfs.progress import ScanProgress
+from tierfs.protocol import Assignments
 from tierfs.summary import format_status
 
 __all__ = ["main"]
@@ -166,12 +167,13 @@ def remount(mountpoint: str, raw: dict[str, str]) -> list[str]:
                                  "unmount and mount to change it")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    after = current
     if live:
         try:
-            client.write("".join(f"{k}={v}\n" for k, v in live.items()))
+            after = client.set(Assignments.parse(live.items()), current)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    return _changes(current, client.settings(), live)
+    return _changes(current, after, live)
 
 
 def _changes(before: dict[str, str], after: dict[str, str], keys: Iterable[str]) -> list[str]:
@@ -460,7 +462,7 @@ def _set_parser() -> _Parser:
 
 
 def cmd_set(argv: Sequence[str]) -> int:
-    from tierfs.options import Settings, apply_assignments
+    from tierfs.options import Settings
 
     ns = _set_parser().parse_args(argv)
     items = [kv for a in ns.assignments for kv in parse_assignments(a)]
@@ -470,19 +472,20 @@ def cmd_set(argv: Sequence[str]) -> int:
     if bad:
         raise UsageError(f"expected KEY=VALUE, got {bad[0]!r}")
     try:
-        apply_assignments(Settings(), items, live_only=True)  # bad input is a usage error, mount or not
+        # parsed once, here; bad input is a usage error, mount or not
+        assignments = Assignments.parse(items)
+        assignments.applied_to(Settings())
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     client = _client(ns.mountpoint)
-    before = client.settings()
-    payload = "".join([f"{k}={v}\n" for k, v in items] + [f"{c}\n" for c in commands])
+    before = client.settings()  # (the one read: what changed is known from it and the values parsed)
     try:
-        client.write(payload)  # checked with the mount's own parser first
+        after = client.set(assignments, before, commands)  # checked against the mount's settings first
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise RuntimeFailure(f"cannot write {client.dir}/control: {exc.strerror}") from None
-    for line in _changes(before, client.settings(), dict(items)):
+    for line in _changes(before, after, dict(items)):
         print(line)
     for cmd in commands:
         print(f"{cmd}: sent")

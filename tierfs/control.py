@@ -1,15 +1,7 @@
-"""The control-file protocol: what a write to ``/.tierfs/control`` may say, and how it is applied.
+"""The control file, daemon side: how a write to ``/.tierfs/control`` is applied.
 
-A write holds lines; each line is a command or ``KEY=VALUE`` items (several per line allowed)::
-
-    rf=8 advance=strict
-    next-pass
-    advance
-    feedback loss=0.71 train_err=0.2 val_err=0.31 [score=0.5]
-    consumed 7 0-63,65,70-99
-
-``consumed PLAN INDICES`` reports direct reads of a batch plan's copies (see plans.py): INDICES are positions
-in plan PLAN's file list, comma-separated numbers and inclusive ranges (:func:`format_indices` writes them).
+What a write may say is the protocol's (:func:`tierfs.protocol.parse_control`, the grammar the client checks
+with too); this module applies a parsed write to the engine through :class:`ControlTarget`.
 
 **A write is applied whole or refused whole, however the kernel splits it.**  The kernel hands a long
 ``write()`` to the daemon in pieces (FUSE's ``max_write``, 128 KiB to 1 MiB, or fewer bytes when the buffer
@@ -22,11 +14,9 @@ the writer gets the error and nothing is applied.  A piece that starts past what
 far (the later piece of a refused write, which only asynchronous I/O could still send) is refused the same
 way.  Write longer input in several whole-line writes (``tierfs.client`` cuts its ``consumed`` reports so).
 
-:func:`parse_control` turns the whole write into one :class:`ControlRequest` or raises ``ValueError`` with a
+:func:`parse_control` turns the whole write into one ``ControlRequest`` or raises ``ValueError`` with a
 message for ``last_error``; :func:`apply_control` validates everything that can fail first and then applies the
-request all at once, so a write with one bad item changes nothing.  Settings go through the one option table
-and parser in :mod:`tierfs.options` (``live_only``: the cache dir, the backing dir, the mountpoint and the other
-mount-time options are refused by name).
+request all at once, so a write with one bad item changes nothing.
 
 **Which pass a ``feedback`` line is about.**  A trainer reports after it has trained on a pass, but tierfs ends
 a pass when the last file of the view is *opened* -- so when that pass was the rf-th, tierfs has already
@@ -41,132 +31,19 @@ recorded and has no effect (the switch it asks for has happened).
 from __future__ import annotations
 
 import errno
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sampler.arf import Controller, make_controller
 from tierfs.consumers import ANONYMOUS
-from tierfs.options import Settings, apply_assignments, parse_assignments
+from tierfs.options import Settings
+from tierfs.protocol import CONTROL_WRITE_MAX, parse_control
 
-__all__ = ["COMMANDS", "CONTROL_WRITE_MAX", "Arf", "BatchReports", "ControlRequest", "ControlTarget", "ControlWriter",
-           "apply_control", "apply_feedback", "format_indices", "parse_control", "parse_indices"]
+__all__ = ["Arf", "BatchReports", "ControlTarget", "ControlWriter", "apply_control", "apply_feedback"]
 
 _REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
 _ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
 _LIMIT_KEYS = frozenset({"rf", "rf_max", "advance"})  # what bounds the passes of the current mini-epoch
-
-COMMANDS = ("next-pass", "advance", "feedback", "consumed")
-
-#: The longest ``write()`` to the control file that is applied (see the module docstring): below every piece
-#: size the kernel cuts a longer one into (its max_write and its pages per request, whatever the buffer's
-#: alignment), and 4x the longest ``consumed`` report the client writes.
-CONTROL_WRITE_MAX = 64 << 10
-_FEEDBACK_KEYS = ("loss", "train_err", "val_err", "score")
-
-
-@dataclass(frozen=True)
-class ControlRequest:
-    settings: Settings
-    changed: frozenset[str] = frozenset()
-    commands: tuple[str, ...] = ()  # "next-pass" / "advance", in the order written
-    feedback: tuple[dict[str, float], ...] = field(default_factory=tuple)
-    consumed: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (plan, indices) reports, in the order written
-
-
-def parse_indices(text: str) -> list[int]:
-    """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]`` (positions in a plan); ``ValueError`` naming the bad part."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise ValueError(f"consumed: bad index or range {part!r} (expected N or N-M)") from None
-        if a < 0 or b < a:
-            raise ValueError(f"consumed: bad range {part!r} (expected 0 <= N <= M)")
-        out.extend(range(a, b + 1))
-    return out
-
-
-def format_indices(indices: list[int]) -> str:
-    """The shortest ``parse_indices`` text for ``indices`` (sorted, runs as ranges)."""
-    parts: list[str] = []
-    run: list[int] = []
-    for i in sorted(set(indices)):
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [i]
-    if run:
-        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(parts)
-
-
-def _parse_consumed(words: list[str]) -> tuple[int, tuple[int, ...]]:
-    if len(words) < 2:
-        raise ValueError("consumed needs a plan number and indices, e.g. 'consumed 7 0-63,65'")
-    try:
-        plan = int(words[0])
-    except ValueError:
-        raise ValueError(f"consumed: the plan must be a number, got {words[0]!r}") from None
-    return plan, tuple(parse_indices(",".join(words[1:])))
-
-
-def _parse_feedback(words: list[str]) -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    for key, text in parse_assignments(" ".join(words)):
-        if key not in _FEEDBACK_KEYS:
-            raise ValueError(f"feedback: unknown metric {key!r} (expected {', '.join(_FEEDBACK_KEYS)})")
-        try:
-            v = float(text)
-        except ValueError:
-            raise ValueError(f"feedback: {key} must be a number, got {text!r}") from None
-        if not math.isfinite(v):
-            raise ValueError(f"feedback: {key} must be finite, got {text!r}")
-        metrics[key] = v
-    if not metrics:
-        raise ValueError("feedback needs at least one of loss=, train_err=, val_err=, score=")
-    return metrics
-
-
-def parse_control(text: str, settings: Settings) -> ControlRequest:
-    """Parse one write against the current ``settings``; ``ValueError`` if any part of it is bad."""
-    assignments: list[tuple[str, str]] = []
-    commands: list[str] = []
-    feedback: list[dict[str, float]] = []
-    consumed: list[tuple[int, tuple[int, ...]]] = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        head = words[0].replace("_", "-").lower()
-        if head == "feedback":
-            feedback.append(_parse_feedback(words[1:]))
-        elif head == "consumed":
-            consumed.append(_parse_consumed(words[1:]))
-        elif head in ("next-pass", "advance") and len(words) == 1:
-            commands.append(head)
-        elif head in ("next-pass", "advance") and "=" not in words[0]:
-            raise ValueError(f"{head} takes no arguments, got {line!r}")
-        else:
-            assignments.extend(parse_assignments(line))
-    for key, value in assignments:
-        if value == "" and key in ("next_pass", "advance"):
-            raise ValueError(f"{key.replace('_', '-')} is a command: write it on a line of its own")
-    new = apply_assignments(settings, assignments, live_only=True)
-    if not (assignments or commands or feedback or consumed):
-        raise ValueError("empty control write (expected KEY=VALUE lines or next-pass, advance, feedback, consumed)")
-    return ControlRequest(new, frozenset(k for k, _ in assignments), tuple(commands), tuple(feedback),
-                          tuple(consumed))
-
-
-# ------------------------------------------------------------------------------------------------- applying
 
 
 class BatchReports(Protocol):

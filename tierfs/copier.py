@@ -31,7 +31,8 @@ import xxhash
 
 from tierfs.backing import Backing
 from tierfs.beneath import open_regular
-from tierfs.cache import COPY_MTIME_NS, allocated, entry_name, temp_copy_name
+from tierfs.cache import allocated, entry_name, temp_copy_name
+from tierfs.protocol import COPY_MTIME_NS
 from tierfs.tree import Fingerprint, fingerprint
 
 __all__ = ["CHUNK", "BackingChanged", "Copied", "CopyAbandoned", "CopyBatch", "copy_into_cache"]

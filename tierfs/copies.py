@@ -1,4 +1,5 @@
-"""A copy on the cache disk, checked: is it still the file that was committed, and what are its bytes' hash.
+"""A copy on the cache disk, checked: is it still the file that was committed (:func:`tierfs.protocol.copy_matches`,
+the check a loader makes too), and what are its bytes' hash.
 
 The cache dir is not trusted (see cache.py): cleaners and admins can delete, truncate or replace copies.  These
 functions only touch the disk (a local ``open`` + ``fstat``, an ``lstat``, a read) and are called inline or
@@ -13,25 +14,13 @@ import stat
 
 import xxhash
 
-from tierfs.cache import COPY_MTIME_NS
+from tierfs.protocol import COPY_OPEN_FLAGS, copy_matches
 
-__all__ = ["COPY_OPEN_FLAGS", "CopyDamaged", "copy_matches", "hash_copy", "open_copy"]
+__all__ = ["CopyDamaged", "hash_copy", "open_copy"]
 
 
 class CopyDamaged(Exception):
     """A cached copy is missing, not a regular file, or not the file that was committed."""
-
-
-def copy_matches(st: os.stat_result, size: int, copy_id: tuple[int, int]) -> bool:
-    """Whether ``st`` is the copy as committed: a regular file with its size, inode, ctime and landing mtime
-    (a write or truncate by anyone moves the mtime or ctime; a replacement changes the inode)."""
-    return stat.S_ISREG(st.st_mode) and st.st_size == size and (st.st_ino, st.st_ctime_ns) == copy_id \
-        and st.st_mtime_ns == COPY_MTIME_NS
-
-
-#: how a copy is opened: never through a symlink, and never blocking in ``open`` (a FIFO put at a copy's name
-#: would hang a reader; ``O_NONBLOCK`` changes nothing for a regular file), then checked with ``fstat``
-COPY_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def open_copy(data_fd: int, entry_name_: str, size: int, copy_id: tuple[int, int]) -> int:

@@ -45,9 +45,9 @@ import trio
 
 from tierfs.control import ControlWriter
 from tierfs.datapath import FileHandle
-from tierfs.direct import CACHE_PATH_XATTR
 from tierfs.engine import Engine
 from tierfs.mounts import mountinfo
+from tierfs.protocol import CACHE_PATH_XATTR
 from tierfs.pusher import KernelCache
 from tierfs.tree import CONTROL_INODES, KIND_FILE
 from tierfs.users import privileged

@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sampler.arf import parse_weights
-
 __all__ = [
     "GENERIC_MOUNT_OPTIONS",
     "OPTIONS",
@@ -30,6 +28,7 @@ __all__ = [
     "format_size",
     "format_size_at_least",
     "parse_assignments",
+    "parse_changes",
     "parse_size",
     "parse_value",
 ]
@@ -170,6 +169,9 @@ def _optional_size(text: str) -> int | None:
 
 
 def _weights(text: str) -> tuple[float, float, float]:
+    # (imported on use: importing the options, as the client side does, loads no sampler module nor numpy)
+    from sampler.arf import parse_weights
+
     try:
         return parse_weights(text)
     except ValueError as exc:
@@ -335,9 +337,9 @@ class Settings:
         t = self.backing_timeout
         return None if t == "hard" else float(t)
 
-    def as_lines(self) -> str:
-        """``KEY=VALUE`` lines, the format written to and read from the control file."""
-        out = []
+    def as_items(self) -> dict[str, str]:
+        """Each option's value as the control file shows it."""
+        out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name == "arf_weights":
@@ -346,8 +348,12 @@ class Settings:
                 v = "true" if v else "false"
             elif v is None:
                 v = "none"
-            out.append(f"{f.name}={v}")
-        return "\n".join(out) + "\n"
+            out[f.name] = str(v)
+        return out
+
+    def as_lines(self) -> str:
+        """``KEY=VALUE`` lines, the format written to and read from the control file."""
+        return "".join(f"{k}={v}\n" for k, v in self.as_items().items())
 
 
 def _inside(path: str, root: str) -> bool:
@@ -422,6 +428,12 @@ def apply_assignments(settings: Settings, assignments: Iterable[tuple[str, str]]
 
     ``live_only`` is set for control-file writes: options fixed at mount time are refused by name.
     """
+    return dataclasses.replace(settings, **parse_changes(assignments, live_only=live_only))
+
+
+def parse_changes(assignments: Iterable[tuple[str, str]], *, live_only: bool) -> dict[str, Any]:
+    """Each assignment's value parsed (:func:`parse_value`), by key; ``ValueError`` naming the first bad one, and
+    with ``live_only`` one fixed at mount time."""
     changes: dict[str, Any] = {}
     for key, text in assignments:
         opt = OPTIONS.get(key)
@@ -432,7 +444,7 @@ def apply_assignments(settings: Settings, assignments: Iterable[tuple[str, str]]
         if live_only and not opt.live:
             raise ValueError(f"{key} is fixed at mount time and cannot be changed through the control file")
         changes[key] = parse_value(key, text)
-    return dataclasses.replace(settings, **changes)
+    return changes
 
 
 @dataclass(frozen=True)

@@ -32,18 +32,17 @@ A :class:`PlanBook` owns the plans issued; the :class:`~tierfs.pins.PinKeeper` t
 from __future__ import annotations
 
 import errno
-import os
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Protocol
 
 import numpy as np
 
-from tierfs.cache import COPY_MTIME_NS, CacheEntry, CacheStore
+from tierfs.cache import CacheEntry, CacheStore
 from tierfs.options import LiveSettings
 from tierfs.pins import PinKeeper
+from tierfs.protocol import plan_copy_prefix, plan_document, plan_entry
 from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
 from tierfs.tree import Tree
@@ -213,15 +212,11 @@ class BatchPlans:
 
 
 class PlanRenderer:
-    """Renders ``plan`` files (one JSON object each, see docs/tierfs.md, "Batch plans"), keeping each file's
-    rendered entry while its copy (or its having none) and its size stay the same: the passes of a mini-epoch
-    list the same files, and rendering costs more per file than anything else a plan does.  Entries are kept
-    for the files of the last plan rendered (about that plan's size).
-
-    Paths are mount-relative; a name that is not UTF-8 is decoded with ``surrogateescape`` (``os.fsdecode``)
-    and written with its lone surrogates escaped (``\\udcff``), so ``os.fsencode(json.loads(...))`` gives the
-    name's bytes back.  Written piece by piece with the json module's own string encoder: ``json.dumps`` of a
-    list of dicts costs several times more."""
+    """Renders ``plan`` files (the format is the protocol's: :func:`tierfs.protocol.plan_entry`,
+    :func:`~tierfs.protocol.plan_document`), keeping each file's rendered entry while its copy (or its having
+    none) and its size stay the same: the passes of a mini-epoch list the same files, and rendering costs more
+    per file than anything else a plan does.  Entries are kept for the files of the last plan rendered (about
+    that plan's size)."""
 
     def __init__(self, data_path: str) -> None:
         self.data_path = data_path
@@ -235,28 +230,9 @@ class PlanRenderer:
             k = kept.get(f)
             if k is None or k[0] is not entry or k[1] != size:
                 if copy_prefix is None:
-                    copy_prefix = _copy_prefix(self.data_path)
-                k = (entry, size, _entry(path_of(f), size, entry, copy_prefix))
+                    copy_prefix = plan_copy_prefix(self.data_path)
+                k = (entry, size, plan_entry(path_of(f), size, entry, copy_prefix))
             made[f] = k
             parts.append(k[2])
         self._kept = made  # (files of older plans are forgotten)
-        return _document(plan, parts)
-
-
-def _copy_prefix(data_path: str) -> str:
-    return encode_basestring_ascii(data_path + os.sep)[:-1]  # the opening quote and the dir; names are [0-9a-f-]
-
-
-def _entry(rel: bytes, size: int, entry: CacheEntry | None, copy_prefix: str) -> str:
-    head = f'{{"path":{encode_basestring_ascii(rel.decode("utf-8", "surrogateescape"))},"size":{size},"copy":'
-    if entry is None:
-        return head + "null}"
-    fp, cid = entry.fp, entry.copy_id
-    return (f'{head}{copy_prefix}{entry.name}","copy_id":[{cid[0]},{cid[1]}],'
-            f'"fingerprint":[{fp[0]},{fp[1]},{fp[2]},{fp[3]}]}}')
-
-
-def _document(plan: Plan, parts: list[str]) -> bytes:
-    return (f'{{"plan":{plan.id},"epoch":{plan.epoch},"mini_epoch":{plan.mini_epoch},"pass":{plan.pass_index},'
-            f'"passes_total":{plan.passes_total},"copy_mtime_ns":{COPY_MTIME_NS},"files":['
-            + ",".join(parts) + "]}\n").encode()
+        return plan_document(plan.id, plan.epoch, plan.mini_epoch, plan.pass_index, plan.passes_total, parts)

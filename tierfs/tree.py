@@ -41,6 +41,7 @@ import xxhash
 
 from sampler.atomic import atomic_open
 from tierfs.mounts import mountinfo
+from tierfs.protocol import CONTROL_DIR, CONTROL_FILES
 
 log = logging.getLogger("tierfs")
 
@@ -62,15 +63,7 @@ KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL = 0, 1, 2, 3
 
 #: Inode numbers of ``/.tierfs`` and its files, far above any tree inode (tree inode = node index + 1).
 CONTROL_BASE = 1 << 60
-CONTROL_INODES = {
-    b".tierfs": CONTROL_BASE,
-    b"control": CONTROL_BASE + 1,
-    b"status": CONTROL_BASE + 2,
-    b"order": CONTROL_BASE + 3,
-    b"metrics": CONTROL_BASE + 4,
-    b"order0": CONTROL_BASE + 5,
-    b"plan": CONTROL_BASE + 6,
-}
+CONTROL_INODES = {os.fsencode(name): CONTROL_BASE + i for i, name in enumerate((CONTROL_DIR, *CONTROL_FILES))}
 
 
 Fingerprint = tuple[int, int, int, int]

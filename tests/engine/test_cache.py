@@ -9,8 +9,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfs.cache import COPY_MTIME_NS, CacheStore, allocated, entry_name
+from tierfs.cache import CacheStore, allocated, entry_name
 from tierfs.copies import open_copy
+from tierfs.protocol import COPY_MTIME_NS
 
 ops = st.lists(st.tuples(st.sampled_from(["stage", "open", "release", "evict", "lru"]),
                          st.integers(0, 7), st.integers(0, 400)), max_size=60)

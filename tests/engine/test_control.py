@@ -10,9 +10,9 @@ import pyfuse3
 import pytest
 import trio
 
-from tierfs.control import parse_control
 from tierfs.fs import TierOperations
 from tierfs.options import Settings
+from tierfs.protocol import parse_control
 from tierfs.tree import CONTROL_INODES
 
 REQUIRED = {"epoch", "mini_epoch", "pass", "rf", "rf_effective", "view_files", "view_bytes", "cache_bytes",

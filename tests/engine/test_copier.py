@@ -12,8 +12,9 @@ import pytest
 import xxhash
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.cache import COPY_MTIME_NS, cache_block
+from tierfs.cache import cache_block
 from tierfs.copier import BackingChanged, copy_into_cache
+from tierfs.protocol import COPY_MTIME_NS
 from tierfs.tree import fingerprint
 
 

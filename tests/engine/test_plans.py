@@ -9,8 +9,8 @@ import os
 import pytest
 import trio
 
-from tierfs.control import format_indices, parse_indices
 from tierfs.plans import PlanStatistics
+from tierfs.protocol import format_indices, parse_indices
 from tierfs.tree import fingerprint
 
 
@@ -206,8 +206,9 @@ def test_lru_eviction_skips_planned_copies(open_engine, t, dataset):
 def test_plan_rendering_is_json_for_any_name(tmp_path):
     import numpy as np
 
-    from tierfs.cache import COPY_MTIME_NS, CacheEntry
+    from tierfs.cache import CacheEntry
     from tierfs.plans import Plan, PlanRenderer
+    from tierfs.protocol import COPY_MTIME_NS
 
     names = [b"plain/a.jpg", b'quote"and\\back/b', b"new\nline/c", b"latin1-\xff/d", "ünï/e".encode()]
     entry = CacheEntry(0, "0123456789abcdef-0123456789abcdef-1f", 1, 4096, (5, 6, 7, 8), None, (11, 12))

@@ -249,6 +249,45 @@ def test_status_set_and_their_errors(tierfs_mount, mount_dirs):
         assert json.loads(run_tierfs("status", mnt, "--json").stdout)["rf"] == 7
 
 
+#: ``tierfs set`` run in-process, counting the opens of the control file (an audit hook sees every ``open``) and
+#: how often each value of the line is parsed (the one value parser, wrapped).
+SET_PROBE = r"""
+import collections, json, os, sys
+import tierfs.options
+from tierfs import cli
+opens = collections.Counter()
+def hook(event, args):
+    if event == "open" and args[0] is not None and not isinstance(args[0], int) \
+            and os.fsdecode(os.fspath(args[0])).endswith("/.tierfs/control"):
+        opens["write" if args[2] & os.O_ACCMODE != os.O_RDONLY else "read"] += 1
+sys.addaudithook(hook)
+parsed = collections.Counter()
+parse_value = tierfs.options.parse_value
+def counting(key, text):
+    parsed[f"{key}={text}"] += 1
+    return parse_value(key, text)
+tierfs.options.parse_value = counting
+rc = cli.main(["set", sys.argv[1], "rf=7", "arf_wait=2", "next-pass"])
+print(json.dumps({"rc": rc, "opens": opens, "parsed": {k: parsed[k] for k in ("rf=7", "arf_wait=2")}}))
+"""
+
+
+def test_set_parses_the_line_once_and_reads_the_control_file_once(tierfs_mount, mount_dirs):
+    # (issue 25) it parsed the line four times and read the control file three times (before, to check, after):
+    # what changed is known from the one read and the values parsed
+    mnt, _ = mount_dirs
+    with tierfs_mount(capacity="1M", rf=2):
+        res = subprocess.run([sys.executable, "-c", SET_PROBE, str(mnt)], capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+        assert res.returncode == 0, res.stderr
+        *printed, last = res.stdout.splitlines()
+        assert printed == ["rf: 2 -> 7", "arf_wait: 3 -> 2", "next-pass: sent"]
+        assert json.loads(last) == {"rc": 0, "opens": {"read": 1, "write": 1}, "parsed": {"rf=7": 1, "arf_wait=2": 1}}
+        st = json.loads(run_tierfs("status", mnt, "--json").stdout)
+        assert st["rf"] == 7 and st["passes_total"] == 1
+        assert "arf_wait=2\n" in (mnt / ".tierfs" / "control").read_text()
+
+
 def test_a_client_keeps_the_control_file_open_and_follows_a_remount(tierfs_mount, mount_dirs):
     from tierfs.client import Client
 

@@ -1,9 +1,13 @@
 """The packages' layering: no import circle inside ``tierfs`` (TYPE_CHECKING imports included), ``sampler``
-imports nothing of ours nor trio/pyfuse3/mpi4py, ``dslide`` never imports the FUSE binding."""
+imports nothing of ours nor trio/pyfuse3/mpi4py, ``dslide`` never imports the FUSE binding, and the client side
+of ``tierfs`` (what a training job imports) stands on the protocol and the options alone."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,11 +15,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
 def _imports(package: str) -> dict[str, set[str]]:
-    """module -> the modules it imports (absolute or relative), for every module of ``package``."""
+    """module -> the modules it imports (absolute or relative), for every module of ``package`` and its
+    sub-packages."""
     graph: dict[str, set[str]] = {}
-    for path in sorted((ROOT / package).glob("*.py")):
-        mod = f"{package}.{path.stem}"
+    for path in sorted((ROOT / package).rglob("*.py")):
+        mod = _module_name(path)
+        here = mod if path.name == "__init__.py" else mod.rpartition(".")[0]  # what a relative import starts from
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -23,11 +35,32 @@ def _imports(package: str) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = f"{package}.{base}" if base else package
+                    start = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+                    base = f"{start}.{base}" if base else start
                 found.add(base)
                 found |= {f"{base}.{a.name}" for a in node.names}
         graph[mod] = found
     return graph
+
+
+def _ours(deps: set[str]) -> set[str]:
+    """The modules of ``tierfs`` among ``deps`` (``from tierfs.x import Name`` counts as ``tierfs.x``)."""
+    modules = set(_imports("tierfs"))
+    return {d for d in deps if d in modules} | {d.rpartition(".")[0] for d in deps
+                                                if d not in modules and d.rpartition(".")[0] in modules}
+
+
+#: The client side: the package, and the short names users import (faces re-exporting its modules).
+CLIENT_FACES = {"tierfs.direct": "tierfs.client.direct", "tierfs.loaders": "tierfs.client.loaders",
+                "tierfs.torch": "tierfs.client.torch"}
+#: What both sides may import: the protocol and the option table it parses with.
+SHARED = {"tierfs.protocol", "tierfs.options"}
+#: Modules that use both sides: the command line (it mounts, and it is a client of a mount) and the test helper.
+BOTH = {"tierfs", "tierfs.__main__", "tierfs.cli", "tierfs.testing"}
+
+
+def _client_side(mod: str) -> bool:
+    return mod == "tierfs.client" or mod.startswith("tierfs.client.") or mod in CLIENT_FACES
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -62,6 +95,54 @@ def test_sampler_is_pure():
     for mod, deps in _imports("sampler").items():
         bad = {d for d in deps if d.split(".")[0] in ("tierfs", "dslide", "trio", "pyfuse3", "mpi4py")}
         assert not bad, (mod, bad)
+
+
+def test_the_client_imports_only_the_protocol_and_the_options():
+    graph = _imports("tierfs")
+    client = sorted(m for m in graph if _client_side(m))
+    assert {"tierfs.client", "tierfs.client.direct", "tierfs.client.loaders", "tierfs.client.torch"} <= set(client)
+    for mod in client:
+        bad = {d for d in _ours(graph[mod]) if not _client_side(d) and d not in SHARED and d != "tierfs"}
+        assert not bad, (mod, bad)
+        assert not {d for d in graph[mod] if d.split(".")[0] in ("trio", "pyfuse3", "xxhash")}, mod
+    for face, module in CLIENT_FACES.items():
+        assert _ours(graph[face]) == {module}, face  # a face re-exports, nothing more
+    # the protocol is daemon-free too: it stands on the option table alone
+    assert _ours(graph["tierfs.protocol"]) == {"tierfs.options"}
+
+
+def test_the_daemon_never_imports_the_client():
+    graph = _imports("tierfs")
+    for mod, deps in graph.items():
+        if not _client_side(mod) and mod not in BOTH:
+            assert not {d for d in _ours(deps) if _client_side(d)}, mod
+
+
+def test_each_face_is_its_client_module():
+    import importlib
+
+    for face, module in CLIENT_FACES.items():
+        if face == "tierfs.torch":
+            pytest.importorskip("torch")
+        f, m = importlib.import_module(face), importlib.import_module(module)
+        assert f.__all__ == m.__all__ and all(getattr(f, n) is getattr(m, n) for n in m.__all__), face
+
+
+def _loaded_by(imports: str) -> list[str]:
+    """The modules a fresh interpreter holds after ``import`` of ``imports``: what a training job's import loads."""
+    code = f"import sys, {imports}; print('\\n'.join(sorted(sys.modules)))"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                          timeout=120).stdout.split()
+
+
+def test_importing_the_client_pulls_neither_trio_pyfuse3_xxhash_nor_a_daemon_module():
+    # (tierfs.torch is checked by the AST test above: its torch import is too slow for a unit test)
+    loaded = _loaded_by("tierfs.client, tierfs.client.direct, tierfs.client.loaders, tierfs.direct, tierfs.loaders")
+    assert not [m for m in loaded if m.split(".")[0] in ("trio", "pyfuse3", "xxhash")]
+    ours = [m for m in loaded if m.split(".")[0] == "tierfs"]
+    assert {m for m in ours if not _client_side(m)} <= SHARED | {"tierfs"}, ours
+    # the control client and direct reads load not even numpy (``tierfs status``, dslide's feedback writer)
+    assert not [m for m in _loaded_by("tierfs.client, tierfs.direct") if m.split(".")[0] in ("sampler", "numpy")]
 
 
 def test_dslide_imports_of_tierfs_only_its_control_client():

@@ -1,9 +1,21 @@
-"""The client side of a mount's control dir: the one way to read ``status`` and write ``control`` lines.
+"""The client side of tierfs: everything that runs inside a user's training job, and the one way to read
+``status`` and write ``control`` lines.
 
-Used by ``tierfs status`` / ``tierfs set``, by the test helper (``tierfs.testing.Mounted``) and by dslide's
-feedback writer.  It imports no FUSE binding.  Writes are checked with the mount's own parser first
-(:func:`tierfs.control.parse_control`, against the settings the mount reports), so a bad line fails here with
-the mount's message and never reaches it; each write is one ``write(2)``, so a line is never split.
+* :class:`Client` (here): a mount's control dir -- ``status``, ``metrics``, ``order``, the batch ``plan``,
+  settings and commands written to ``control``, ``consumed`` reports;
+* :mod:`tierfs.client.direct`: a cached copy opened directly (``open_cached``);
+* :mod:`tierfs.client.loaders`: loaders on batch plans, no torch (``read_pass``, ``FileList``, ``PassIndices``);
+* :mod:`tierfs.client.torch`: the PyTorch datasets and samplers (imports torch).
+
+Users import the last three by their short names, ``tierfs.direct``, ``tierfs.loaders`` and ``tierfs.torch``:
+each is a face that re-exports its module here.  The client side imports only :mod:`tierfs.protocol` (what the
+mount and its clients agree on) and :mod:`tierfs.options`, never a daemon module: a training job loads neither
+trio, pyfuse3 nor xxhash (tests/unit/test_layering.py).  Also used by ``tierfs status`` / ``tierfs set``, by the
+test helper (``tierfs.testing.Mounted``) and by dslide's feedback writer.
+
+Writes are checked with the mount's own parser first (:func:`tierfs.protocol.parse_control`, against the
+settings the mount reports), so a bad line fails here with the mount's message and never reaches it; each write
+is one ``write(2)``, so a line is never split.
 
 A client is made from any path that names the mount: the mountpoint, its ``.tierfs`` dir, a file in it (what
 ``dslide train --control MOUNT/.tierfs/control`` passes), or any path below the mountpoint.
@@ -15,16 +27,25 @@ import contextlib
 import errno
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tierfs.control import format_indices, parse_control
 from tierfs.options import Settings, apply_assignments, parse_assignments
+from tierfs.protocol import (
+    CONTROL_DIR,
+    CONTROL_FILES,
+    CONTROL_WRITE_MAX,
+    EMPTY_WRITE,
+    Assignments,
+    format_indices,
+    parse_control,
+    parse_plan,
+)
 
-__all__ = ["CONTROL_DIR", "Client", "NotAMount", "find_mount"]
+__all__ = ["Client", "NotAMount", "find_mount"]
 
-CONTROL_DIR = ".tierfs"
-_REPORT_CHARS = 16 << 10  # longest ``consumed`` write: far below FUSE's write size, so never split
+_REPORT_CHARS = CONTROL_WRITE_MAX // 4  # longest ``consumed`` write: far below FUSE's write size, so never split
 
 
 class NotAMount(ValueError):
@@ -34,7 +55,7 @@ class NotAMount(ValueError):
 def find_mount(path: str | os.PathLike[str]) -> Path:
     """The mountpoint of the tierfs mount that ``path`` names or lies in."""
     p = Path(os.path.abspath(path))
-    if p.name in ("control", "status", "order", "order0", "metrics", "plan") and p.parent.name == CONTROL_DIR:
+    if p.name in CONTROL_FILES and p.parent.name == CONTROL_DIR:
         p = p.parent
     if p.name == CONTROL_DIR:
         p = p.parent
@@ -103,10 +124,7 @@ class Client:
     def plan(self) -> dict[str, Any]:
         """A batch plan of the current pass (see docs/tierfs.md, "Batch plans"): its copies stay pinned until the
         pass ends; report what was read from them with :meth:`consumed`.  ``PermissionError`` for other users."""
-        plan = json.loads(self._read("plan"))
-        if not isinstance(plan, dict) or "files" not in plan:
-            raise ValueError(f"{self.dir}/plan is not a plan object")
-        return plan
+        return parse_plan(self._read("plan"), f"{self.dir}/plan")
 
     def consumed(self, plan_id: int, indices: list[int]) -> None:
         """Report direct reads of plan ``plan_id``'s copies (its file positions ``indices``); each counts as one
@@ -120,8 +138,7 @@ class Client:
 
     def check(self, text: str) -> None:
         """``ValueError`` with the mount's own message if the mount would refuse ``text``."""
-        current = apply_assignments(Settings(), self.settings().items(), live_only=False)
-        parse_control(text, current)
+        parse_control(text, _as_settings(self.settings()))
 
     def write(self, text: str, *, check: bool = True) -> None:
         """Write ``text`` (lines of ``KEY=VALUE`` items or commands) in one ``write(2)``.
@@ -149,9 +166,17 @@ class Client:
         if written != len(data):
             raise OSError(errno.EIO, f"{self.dir}/control: short write ({written} of {len(data)} bytes)")
 
-    def set(self, assignments: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
-        """Apply ``KEY=VALUE`` assignments in one write; returns (key, old, new) for each."""
-        before = self.settings()
-        self.write(" ".join(f"{k}={v}" for k, v in assignments))
-        after = self.settings()
-        return [(k, before.get(k, ""), after.get(k, "")) for k, _ in assignments]
+    def set(self, assignments: Assignments, shown: dict[str, str], commands: Sequence[str] = ()) -> dict[str, str]:
+        """Write ``assignments`` and then ``commands`` (``next-pass``, ``advance``) in one write, checked against
+        ``shown`` (the settings :meth:`settings` read: no second read); returns the settings the control file
+        shows after it.  ``ValueError`` with the mount's message if it would refuse them (nothing written)."""
+        after = assignments.applied_to(_as_settings(shown))
+        if not (assignments.items or commands):
+            raise ValueError(EMPTY_WRITE)
+        self.write(assignments.lines() + "".join(f"{c}\n" for c in commands), check=False)
+        return after.as_items()
+
+
+def _as_settings(shown: dict[str, str]) -> Settings:
+    """The settings a control file shows, as the mount holds them."""
+    return apply_assignments(Settings(), shown.items(), live_only=False)

@@ -1,0 +1,412 @@
+"""Loader integrations on batch plans: one pass of a class-folder dataset, read from the fast tier directly.
+
+A loader that reads a tierfs mount through ``open()`` pays a few FUSE round trips per file; one that reads the
+*batch plan* (``/.tierfs/plan``, see docs/tierfs.md) reads the cached copies itself and pays one request per
+pass.  This module is the part every integration shares, with no torch import:
+
+* :func:`read_pass` -- the files of the current pass under a dataset root (a class-folder tree, as torchvision's
+  ``ImageFolder`` reads it), each with its label, the path of its cached copy when there is one, and the path
+  through the mount (what to read when there is none, or when the copy is gone);
+* :class:`PassFiles` -- that pass, and :meth:`PassFiles.report` to tell the mount what was read from copies
+  (``consumed``), so passes, ``rf``, ARF and ``status`` count these reads exactly as opens;
+* :class:`FileList` -- a ``path label`` file list of the pass (DALI's ``file_list``, tf.data), rewritten every
+  pass, with a context manager that reports the pass when it ends.
+
+``tierfs.torch`` builds the PyTorch datasets on it.
+
+**Labels never shift.**  The classes are the sorted sub-directories of the root, read once (a tierfs mount lists
+every directory in every mini-epoch, so a class with no file in the current view keeps its index).
+
+**No mount, no change.**  On a plain directory (a laptop, a copy of the data) the same calls walk the tree:
+every file every pass, sorted, no copies, nothing reported; code runs unchanged.  On a mount whose plan this
+user may not read (not the mount's user nor root), the pass comes from ``order0`` and every file is read
+through the mount (its open counts it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+
+from sampler.atomic import atomic_write
+from tierfs.client import Client, NotAMount, find_mount
+from tierfs.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, copy_matches
+
+__all__ = ["FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
+           "read_plan", "read_sample", "tierfs_mount"]
+
+
+class Sample(NamedTuple):
+    """One file of a pass: ``path`` (through the mount, or the plain path), its ``label``, and ``copy``, the cached
+    copy to read instead (None: read ``path``); ``index`` is its position in the plan (for ``consumed``);
+    ``size`` and ``copy_id`` (inode, ctime_ns) are the copy's identity as committed (:func:`copy_intact`).
+    (A named tuple: a pass makes one per file, and a tuple is made several times faster than a dataclass.)"""
+
+    path: str
+    label: int
+    copy: str | None = None
+    index: int = -1
+    size: int = -1
+    copy_id: tuple[int, int] | None = None
+
+
+def copy_intact(sample: Sample) -> bool:
+    """Whether the sample's copy is the one the plan named: a regular file with the committed size, inode,
+    ctime and landing mtime (one ``lstat``).  The cache dir is not trusted -- a cleaner may delete, truncate or
+    replace a copy, and a pass that ended early lets its copies go -- so a reader checks before it reads."""
+    if sample.copy is None or sample.copy_id is None:
+        return False
+    try:
+        st = os.stat(sample.copy, follow_symlinks=False)
+    except OSError:
+        return False
+    return copy_matches(st, sample.size, sample.copy_id)
+
+
+def tierfs_mount(root: str | os.PathLike[str]) -> Path | None:
+    """The mountpoint of the tierfs mount that ``root`` lies in, or None (a plain directory)."""
+    try:
+        return find_mount(root)
+    except NotAMount:
+        return None
+
+
+def find_classes(root: str | os.PathLike[str]) -> list[str]:
+    """The sorted class folders under ``root`` (label = index in this list), as ``ImageFolder`` finds them."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and e.name != CONTROL_DIR)
+    if not classes:
+        raise FileNotFoundError(errno.ENOENT, f"no class folders under {root}")
+    return classes
+
+
+def _wanted(name: str, extensions: tuple[str, ...] | None) -> bool:
+    return extensions is None or name.lower().endswith(extensions)
+
+
+@dataclass
+class PassFiles:
+    """The files of one pass under ``root`` (serving order on a mount, sorted on a plain directory)."""
+
+    root: str
+    classes: list[str]
+    samples: list[Sample]
+    mount: Path | None = None
+    plan: int | None = None  # the plan's number; None without a plan (nothing to report)
+    position: tuple[int, int, int] | None = None  # (epoch, mini_epoch, pass) the plan was read at
+    _client: Client | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def paths(self) -> list[str]:
+        """What to read, per sample: the copy if there is one, else the path (a file list for tf.data)."""
+        return [s.copy or s.path for s in self.samples]
+
+    def labels(self) -> list[int]:
+        return [s.label for s in self.samples]
+
+    def report(self, indices: Sequence[int]) -> None:
+        """Tell the mount that the samples at ``indices`` (positions in :attr:`samples`) were read from their
+        copies; samples read through the mount are skipped (their open counted them).  Idempotent: a sample
+        reported twice counts once.  Nothing to do without a plan."""
+        if self.plan is None or self.mount is None:
+            return
+        idx = [self.samples[i].index for i in indices if self.samples[i].copy is not None]
+        if idx:
+            if self._client is None:
+                self._client = Client(self.mount)
+            self._client.consumed(self.plan, idx)
+
+    def drop_damaged(self) -> None:
+        """Check every copy now (:func:`copy_intact`) and read the ones that fail through the mount: for a
+        reader that cannot check each copy itself (a file list handed to DALI or tf.data)."""
+        self.samples = [s if s.copy is None or copy_intact(s) else s._replace(copy=None, copy_id=None)
+                        for s in self.samples]
+
+    def report_all(self) -> None:
+        """The whole pass was read (a DALI or tf.data epoch): report every copy."""
+        self.report(range(len(self.samples)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}  # (a loader's worker makes its own)
+
+
+def _walk(root: str, classes: list[str], extensions: tuple[str, ...] | None) -> list[Sample]:
+    samples = []
+    for label, cls in enumerate(classes):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls)):
+            dirnames.sort()
+            samples += [Sample(os.path.join(dirpath, n), label) for n in sorted(filenames) if _wanted(n, extensions)]
+    return samples
+
+
+def read_pass(root: str | os.PathLike[str], classes: list[str] | None = None, *,
+              extensions: Sequence[str] | None = None) -> PassFiles:
+    """The current pass's files under ``root`` with their labels (see the module docstring).
+
+    On a tierfs mount this reads a batch plan: the copies it names stay pinned until the pass ends.  Files
+    outside the class folders (directly in ``root``) are left out, as ``ImageFolder`` leaves them out;
+    ``extensions`` (e.g. ``(".jpeg", ".jpg")``, case-insensitive) keeps only those names."""
+    root = os.path.abspath(root)
+    classes = classes if classes is not None else find_classes(root)
+    ext = tuple(e.lower() for e in extensions) if extensions else None
+    mount = tierfs_mount(root)
+    if mount is None:
+        return PassFiles(root, classes, _walk(root, classes, ext))
+    label_of = {c: i for i, c in enumerate(classes)}
+    prefix = os.path.relpath(root, mount)
+    prefix = "" if prefix == "." else prefix + "/"
+    cut = len(prefix)
+    client = Client(mount)
+    samples: list[Sample] = []
+
+    def label(rel: str) -> int | None:
+        """The label of a mount-relative path, None if it is not a sample under ``root``."""
+        if not rel.startswith(prefix):
+            return None
+        cls, sep, rest = rel[cut:].partition("/")
+        return label_of[cls] if sep and cls in label_of and _wanted(rest, ext) else None
+
+    try:
+        plan = client.plan()
+    except PermissionError:  # not the mount's user nor root: the order file, every file through the mount
+        for rel in map(os.fsdecode, client.order(nul=True)):
+            if (lab := label(rel)) is not None:
+                samples.append(Sample(os.path.join(mount, rel), lab))
+        return PassFiles(root, classes, samples, mount)
+    base = os.path.join(mount, "")
+    samples = [_planned(base, i, f, lab) for i, f in enumerate(plan["files"])
+               if (lab := label(f["path"])) is not None]
+    return PassFiles(root, classes, samples, mount, plan["plan"], (plan["epoch"], plan["mini_epoch"], plan["pass"]),
+                     client)
+
+
+def _planned(base: str, index: int, f: dict[str, Any], label: int) -> Sample:
+    """The sample of a plan's file ``index`` (``base``: the mountpoint and a slash)."""
+    copy = f["copy"]
+    return Sample(base + f["path"], label, copy, index, f["size"], tuple(f["copy_id"]) if copy else None)
+
+
+def read_plan(mount: str | os.PathLike[str], prefix: str = "") -> PassFiles:
+    """Every file of the current pass whose mount-relative path starts with ``prefix``, from a batch plan, in
+    serving order, label 0: for a loader of files that are not in class folders (shards)."""
+    mount = Path(os.path.abspath(mount))
+    client = Client(mount)
+    plan = client.plan()
+    base = os.path.join(mount, "")
+    samples = [_planned(base, i, f, 0) for i, f in enumerate(plan["files"]) if f["path"].startswith(prefix)]
+    return PassFiles(str(mount / prefix), [], samples, mount, plan["plan"],
+                     (plan["epoch"], plan["mini_epoch"], plan["pass"]), client)
+
+
+def _checked_copy(sample: Sample) -> int | None:
+    """A descriptor of the sample's copy if it opens and ``fstat`` finds it intact (as :func:`copy_intact`,
+    with no second path lookup), else None."""
+    if sample.copy is None or sample.copy_id is None:
+        return None
+    try:
+        fd = os.open(sample.copy, COPY_OPEN_FLAGS)
+    except OSError:
+        return None
+    if copy_matches(os.fstat(fd), sample.size, sample.copy_id):
+        return fd
+    os.close(fd)
+    return None
+
+
+def open_sample(sample: Sample) -> tuple[BinaryIO, bool]:
+    """The sample opened for reading (unbuffered), and whether it is the copy: the copy if it is intact
+    (checked with ``fstat`` on the descriptor returned), else the path through the mount (whose open repairs a
+    damaged copy and counts the read)."""
+    fd = _checked_copy(sample)
+    if fd is not None:
+        return io.FileIO(fd, "rb"), True
+    return open(sample.path, "rb", buffering=0), False
+
+
+def read_sample(sample: Sample, reader: Callable[[str], Any] | None = None) -> tuple[Any, bool]:
+    """The sample's data and whether its copy was read (only those are reported).
+
+    Without ``reader``: its bytes -- from the copy if it is intact (``fstat`` of the descriptor read), in one
+    read of the size the check confirmed (a read fewer than reading to the end: with many reader threads each
+    system call is a handoff of Python's lock), else through the mount.  With one: ``reader(copy)`` if the copy
+    is intact (:func:`copy_intact`, checked right before), else ``reader(path)`` through the mount."""
+    if reader is None:
+        fd = _checked_copy(sample)
+        if fd is not None:
+            try:
+                data = os.read(fd, sample.size) if sample.size < _ONE_READ else None
+                if data is None:
+                    with io.FileIO(fd, "rb", closefd=False) as f:
+                        data = f.readall()
+            finally:
+                os.close(fd)
+            if len(data) == sample.size:  # (else truncated since the check: read it through the mount)
+                return data, True
+        with open(sample.path, "rb", buffering=0) as f:
+            return f.readall(), False
+    if copy_intact(sample):
+        try:
+            return reader(sample.copy), True  # type: ignore[arg-type]
+        except FileNotFoundError:
+            pass
+    return reader(sample.path), False
+
+
+_ONE_READ = 1 << 30  # read(2) returns at most ~2 GiB; bigger copies are read to their end
+
+
+class FileList:
+    """A ``path label`` file list of each pass, for DALI's ``file_list`` or tf.data, rewritten every pass::
+
+        files = FileList("/mnt/imagenet/train", "/tmp/train.txt")
+        for epoch in range(epochs):
+            with files.next_pass() as p:            # writes /tmp/train.txt: this pass, copies where cached
+                pipe = make_pipeline(file_list=p.list_path)   # or tf.data.Dataset.from_tensor_slices(...)
+                train_one_epoch(pipe)
+            # a normal exit reports the whole pass as read; an exception reports nothing
+
+    Each line is the file to read (the cached copy, else the path through the mount) and its label.  A
+    reader of the list reads every file once per pass, so on a normal exit every copy is reported consumed
+    (files without a copy are counted by their open).  DALI splits a line at its last space: paths with a
+    newline cannot be listed (they are refused with ``ValueError``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], list_path: str | os.PathLike[str], *,
+                 extensions: Sequence[str] | None = None) -> None:
+        self.root = os.path.abspath(root)
+        self.list_path = os.fspath(list_path)
+        self.extensions = extensions
+        self.classes = find_classes(self.root)
+
+    def write(self) -> PassFiles:
+        """Read the current pass and write its list (atomically); the caller reports it."""
+        p = read_pass(self.root, self.classes, extensions=self.extensions)
+        p.drop_damaged()  # (the list's reader reads copies unchecked)
+        lines = []
+        for path, label in zip(p.paths(), p.labels(), strict=True):
+            if "\n" in path or "\r" in path:
+                raise ValueError(f"{path!r}: a file list line cannot hold a newline")
+            lines.append(f"{path} {label}\n")
+        atomic_write(self.list_path, os.fsencode("".join(lines)), mode=0o644)
+        return p
+
+    @contextlib.contextmanager
+    def next_pass(self) -> Iterator[PassFilesList]:
+        p = self.write()
+        yield PassFilesList(self.list_path, p)
+        p.report_all()
+
+
+@dataclass(frozen=True)
+class PassFilesList:
+    """What :meth:`FileList.next_pass` yields: the list's path and the pass it holds."""
+
+    list_path: str
+    files: PassFiles
+
+    def paths(self) -> list[str]:
+        return self.files.paths()
+
+    def labels(self) -> list[int]:
+        return self.files.labels()
+
+
+class PassIndices:
+    """The positions, in a file list built once, of the current pass's files, in serving order, this rank's
+    share: what :class:`tierfs.torch.MountSampler` yields (no torch here).
+
+    ``paths`` are the files the loader's dataset holds (on the mount: built over a ``listing=all`` mount, which
+    lists every file while the view, the order and the passes stay the mini-epoch's).  Each :meth:`next_pass`
+    reads ``/.tierfs/order0`` and returns the positions of the pass's files, rank ``rank`` of ``world_size``
+    taking every ``world_size``-th one (``order[rank::world_size]``), padded as ``DistributedSampler`` pads so
+    that every rank gets the same count (the first files of the pass read again); ``pad=False``:
+    ``order[rank::world_size]`` as it is (a rank may get one file fewer, as webdataset's ``split_by_node`` splits
+    shards).
+
+    The ranks share one mount and must each start a pass only once the previous one ended (all its files read,
+    by every rank): :meth:`next_pass` waits up to ``wait`` seconds for the mount's pass count to move past the
+    pass it last returned.  If it does not (a ``drop_last`` or a ``break`` left files of the pass unread, or
+    the dataset lacks some files of the view), rank 0 ends the pass (``next-pass``) and the others wait for
+    that; the mount's ``status`` then counts the files left unread.  Not on a mount: every file, every pass.
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], mount: str | os.PathLike[str] | None = None, *,
+                 rank: int = 0, world_size: int = 1, wait: float = 60.0, pad: bool = True) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if not paths:
+            raise ValueError("no files: the dataset is empty")
+        self.rank, self.world_size, self.wait, self.pad = rank, world_size, wait, pad
+        found = tierfs_mount(mount if mount is not None else os.fspath(paths[0]))
+        self.client = Client(found) if found is not None else None
+        self._n = len(paths)
+        self._index: dict[bytes, int] = {}
+        if self.client is not None:
+            base = os.path.join(os.fspath(self.client.mountpoint), "")
+            for i, p in enumerate(paths):
+                full = os.path.abspath(os.fspath(p))
+                if not full.startswith(base):
+                    raise ValueError(f"{os.fspath(p)!r} is not under the mount {self.client.mountpoint}")
+                self._index[os.fsencode(full[len(base):])] = i
+        self.last_pass: int | None = None  # the mount's passes_total of the pass last returned
+        self.pass_files = 0  # files of that pass (all ranks)
+        self.missing = 0  # files of that pass the list does not hold (never read: rank 0 ends such a pass)
+
+    def _current(self) -> tuple[int, list[bytes]]:
+        """(passes_total, order) of one pass: read until the pass does not change in between."""
+        assert self.client is not None
+        while True:
+            before = self.client.status()["passes_total"]
+            order = self.client.order(nul=True)
+            if self.client.status()["passes_total"] == before:
+                return before, order
+
+    def _wait_for_new_pass(self) -> tuple[int, list[bytes]]:
+        """The next pass once the one last returned ended (the other ranks may still read their last files);
+        rank 0 ends a pass left unread after ``wait`` seconds (at once if the list lacks some of its files)."""
+        assert self.client is not None
+        passes, order = self._current()
+        start, ended = time.monotonic(), False
+        while passes == self.last_pass:
+            waited = time.monotonic() - start
+            if self.rank == 0 and not ended and (self.missing or waited >= self.wait):
+                self.client.write("next-pass", check=False)
+                ended = True
+            elif waited >= 2 * self.wait:
+                raise TimeoutError(f"rank {self.rank}: pass {passes} of {self.client.mountpoint} did not end within "
+                                   f"{waited:.0f} s (rank 0 ends a pass left unread after {self.wait:g} s)")
+            time.sleep(0.02)
+            passes, order = self._current()
+        return passes, order
+
+    def next_pass(self) -> list[int]:
+        """This rank's positions of the next pass (waiting for the previous one to end, see the class)."""
+        if self.client is None:
+            own = list(range(self._n))
+        else:
+            passes, order = self._wait_for_new_pass()
+            own = [i for p in order if (i := self._index.get(p)) is not None]
+            self.last_pass, self.pass_files, self.missing = passes, len(order), len(order) - len(own)
+        return self._share(own)
+
+    def peek(self) -> int:
+        """How many positions :meth:`next_pass` would return now (``len`` of a sampler)."""
+        if self.client is None:
+            return len(self._share(list(range(self._n))))
+        _, order = self._current()
+        return len(self._share([i for p in order if (i := self._index.get(p)) is not None]))
+
+    def _share(self, own: list[int]) -> list[int]:
+        if not own or not self.pad:
+            return own[self.rank::self.world_size]
+        per = -(-len(own) // self.world_size)
+        padded = own + (own * self.world_size)[: per * self.world_size - len(own)]
+        return padded[self.rank::self.world_size]

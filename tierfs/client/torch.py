@@ -1,0 +1,353 @@
+"""PyTorch datasets that follow a tierfs mount's mini-epochs and read the cached copies directly.
+
+Importing this module imports torch (``import tierfs`` never does)::
+
+    from torch.utils.data import DataLoader
+    from tierfs.torch import MiniEpochDataset
+
+    ds = MiniEpochDataset("/mnt/imagenet/train", transform=decode_and_augment)
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)                     # this pass's files: the plan of the current mini-epoch
+        for x, y in DataLoader(ds, batch_size=256, shuffle=True, num_workers=8):
+            ...
+    ds.close()                                  # reports what the last pass read
+
+* **Follows the mini-epoch.**  :meth:`MiniEpochDataset.set_epoch` (call it before each epoch, as with a
+  ``DistributedSampler``) reports what the previous pass read and reads the batch plan of the current pass;
+  ``len(ds)`` is that pass's size.
+* **Labels never shift**: the index of the sample's class folder among the sorted class folders, read once.
+* **Reads the fast tier directly**: a cached file is read from its copy (no FUSE request), checked against
+  the plan first (``fstat`` of the descriptor read, or one ``lstat`` before a ``reader`` of paths); a file
+  without a copy, or whose copy is gone or damaged, through the mount.
+* **Counts exactly.**  Workers report what they read from copies every ``report_every`` samples (256: one
+  control write, on a descriptor each worker keeps open), and mark each sample in a shared array;
+  ``set_epoch`` and ``close`` report what is left.  tierfs counts each file of a plan once, so passes, ``rf``,
+  ARF and ``status`` see these reads as opens.
+* **Works with ``DataLoader(num_workers>0)``** (fork or spawn: the marks live in shared memory).  With
+  ``persistent_workers=True`` workers would keep the pass of the epoch they started with: a worker that finds
+  ``set_epoch`` moved on since raises ``RuntimeError`` saying so (rather than read the old pass); use
+  ``persistent_workers=False`` (the default) so each epoch's workers get the new pass.
+* **No mount**: on a plain directory it is an ``ImageFolder`` of raw bytes (every file every epoch).
+
+The sample is ``(transform(reader(path)), target_transform(label))``; ``reader`` defaults to the file's bytes as
+a ``uint8`` tensor (what ``torchvision.io.read_file`` returns), so ``transform`` can be
+``torchvision.io.decode_image`` and friends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+
+from tierfs.client.loaders import PassFiles, PassIndices, find_classes, read_pass, read_sample
+
+__all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "MountShards", "read_file"]
+
+_UNREAD, _READ, _REPORTED = 0, 1, 2
+
+
+def read_file(path: str) -> torch.Tensor:
+    """The file's bytes as a 1-D ``uint8`` tensor."""
+    with open(path, "rb") as f:
+        return _tensor(f.read())
+
+
+def _tensor(data: bytes) -> torch.Tensor:
+    """``data`` as a 1-D ``uint8`` tensor of its own (an empty file gives an empty tensor)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+class _Common:
+    def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None,
+                 target_transform: Callable[[int], Any] | None, reader: Callable[[str], Any] | None,
+                 extensions: Sequence[str] | None, report_every: int) -> None:
+        if report_every < 1:
+            raise ValueError(f"report_every must be >= 1, got {report_every}")
+        self.root = os.path.abspath(root)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.reader = reader  # None: the bytes as a tensor (the copy checked with fstat on the fd it reads)
+        self.extensions = extensions
+        self.report_every = report_every
+        self.classes = find_classes(self.root)
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    def _item(self, p: PassFiles, i: int) -> tuple[Any, Any, bool]:
+        sample = p.samples[i]
+        data, from_copy = read_sample(sample, self.reader)
+        if self.reader is None:
+            data = _tensor(data)
+        if self.transform is not None:
+            data = self.transform(data)
+        label: Any = sample.label if self.target_transform is None else self.target_transform(sample.label)
+        return data, label, from_copy
+
+
+class MiniEpochDataset(_Common, Dataset):
+    """A map-style dataset of the current pass of a class-folder tree (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, *, reader: Callable[[str], Any] | None = None,
+                 extensions: Sequence[str] | None = None, report_every: int = 256) -> None:
+        super().__init__(root, transform, target_transform, reader, extensions, report_every)
+        self._pass: PassFiles | None = None
+        self._epochs = torch.zeros(1, dtype=torch.int64).share_memory_()  # set_epoch calls, seen by every worker
+        self._epoch_loaded = 0  # the set_epoch call this copy of the dataset holds the pass of
+        self._marks = torch.zeros(0, dtype=torch.uint8)
+        self._views()
+        self._pending: list[int] = []  # read from copies here (a worker), not reported yet
+
+    @property
+    def files(self) -> PassFiles:
+        if self._pass is None:
+            self._load()
+        assert self._pass is not None
+        return self._pass
+
+    def _load(self) -> None:
+        self._pass = read_pass(self.root, self.classes, extensions=self.extensions)
+        self._marks = torch.zeros(len(self._pass), dtype=torch.uint8).share_memory_()
+        self._views()
+        self._pending = []
+
+    def _views(self) -> None:
+        """numpy views of the shared tensors (an element access costs a tenth of a tensor's, per sample)."""
+        self._epochs_np, self._marks_np = self._epochs.numpy(), self._marks.numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (the views are rebuilt over the shared tensors as unpickled in a spawned worker; pickled, they would
+        # be copies)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_epochs_np", "_marks_np")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start a pass: report what the previous one read, read the current pass's plan.  (``epoch`` is for
+        the familiar call; tierfs's own position decides what the pass holds.)"""
+        if self._pass is not None:
+            self.flush()
+        self._load()
+        self._epochs += 1
+        self._epoch_loaded = int(self._epochs[0])
+
+    def flush(self) -> None:
+        """Report every sample read from a copy and not reported yet (workers' included)."""
+        if self._pass is not None:
+            todo = torch.nonzero(self._marks == _READ).flatten().tolist()
+            self._pass.report(todo)
+            self._marks[todo] = _REPORTED
+
+    def close(self) -> None:
+        """Report what is left of the last pass (call after training; ``with`` does it too)."""
+        self.flush()
+
+    def __enter__(self) -> MiniEpochDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        if self._epoch_loaded != self._epochs_np[0]:
+            raise RuntimeError("MiniEpochDataset: set_epoch moved to another pass since this DataLoader worker "
+                               "started (persistent_workers=True keeps the old pass): use persistent_workers=False")
+        p = self.files
+        data, label, from_copy = self._item(p, i)
+        if from_copy:
+            self._marks_np[i] = _READ
+            self._pending.append(i)
+            if len(self._pending) >= self.report_every:
+                done, self._pending = self._pending, []
+                p.report(done)
+                self._marks_np[done] = _REPORTED
+        return data, label
+
+
+class MiniEpochIterableDataset(_Common, IterableDataset):
+    """An iterable dataset: each ``iter()`` (each epoch, in each worker) is one pass of the current view, in
+    the mount's serving order (already a fresh shuffle), split between the ``DataLoader``'s workers; each
+    worker reports what it read as it goes and at the end of its share."""
+
+    def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, *, reader: Callable[[str], Any] | None = None,
+                 extensions: Sequence[str] | None = None, report_every: int = 256) -> None:
+        super().__init__(root, transform, target_transform, reader, extensions, report_every)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        p = read_pass(self.root, self.classes, extensions=self.extensions)
+        info = get_worker_info()
+        share = range(len(p)) if info is None else range(info.id, len(p), info.num_workers)
+        pending: list[int] = []
+        try:
+            for i in share:
+                data, label, from_copy = self._item(p, i)
+                if from_copy:
+                    pending.append(i)
+                    if len(pending) >= self.report_every:
+                        p.report(pending)
+                        pending = []
+                yield data, label
+        finally:
+            p.report(pending)
+
+
+def dataset_paths(dataset: Any) -> list[str]:
+    """The file paths of a map-style dataset, by index: ``.samples`` or ``.imgs`` (``(path, target)`` pairs, as
+    torchvision's ``ImageFolder``/``DatasetFolder`` hold them), ``.files`` or ``.paths``, or the dataset itself
+    if it is a sequence of paths."""
+    for attr in ("samples", "imgs"):
+        pairs = getattr(dataset, attr, None)
+        if pairs is not None:
+            return [os.fspath(p[0]) for p in pairs]
+    for attr in ("files", "paths"):
+        paths = getattr(dataset, attr, None)
+        if paths is not None:
+            return [os.fspath(p) for p in paths]
+    if isinstance(dataset, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in dataset):
+        return [os.fspath(p) for p in dataset]
+    raise TypeError(f"{type(dataset).__name__}: no file paths (.samples, .imgs, .files, .paths, or a list of "
+                    "paths) to follow a tierfs mount by")
+
+
+class MountSampler(Sampler[int]):
+    """The one line that makes a dataset built once follow a tierfs mount::
+
+        ds = ImageFolder("/mnt/imagenet/train")      # built once, over a listing=all mount: every file
+        sampler = MountSampler(ds, rank=rank, world_size=world_size)
+        loader = DataLoader(ds, batch_size=256, sampler=sampler, num_workers=8, persistent_workers=True)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)                 # (as with DistributedSampler; tierfs decides the pass)
+            for x, y in loader:                      # one DataLoader epoch = one tierfs pass
+                ...
+
+    Each ``iter()`` (each time the ``DataLoader`` starts an epoch, in the main process) yields the indices of
+    the current pass's files in the mount's serving order (``/.tierfs/order0``, a fresh shuffle every pass):
+    the dataset's indices, so labels never shift and the dataset is never rebuilt (``persistent_workers=True``
+    works).  ``rank``/``world_size``: the processes reading this mount, each taking every ``world_size``-th file
+    of the pass, padded as ``DistributedSampler`` pads (the same count on every rank).  A rank waits for the
+    previous pass to end (every rank's reads) before it starts the next; see :class:`tierfs.loaders.PassIndices`
+    for what happens to a pass left unread.  The dataset's files are read through the mount (opens count the
+    pass); files of the view the dataset does not hold are skipped.  On a plain directory: every index, every
+    epoch, in order (shuffle it yourself).
+
+    ``dataset``: any map-style dataset with ``.samples``/``.imgs`` (ImageFolder and friends), ``.files`` or
+    ``.paths``, or a list of paths (see :func:`dataset_paths`).  The dataset must hold every file: build it over
+    a mount with ``listing=all`` (every file listed, while the view, the order and the passes stay the
+    mini-epoch's).
+    """
+
+    def __init__(self, dataset: Any, mount: str | os.PathLike[str] | None = None, *, rank: int = 0,
+                 world_size: int = 1, wait: float = 60.0) -> None:
+        self.indices = PassIndices(dataset_paths(dataset), mount, rank=rank, world_size=world_size, wait=wait)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Kept for the familiar loop (``DistributedSampler.set_epoch``); the mount's position decides the pass."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices.next_pass())
+
+    def __len__(self) -> int:
+        return self.indices.peek()
+
+
+def _expand(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """A shard list as webdataset takes it: a brace pattern (``shard-{000000..000019}.tar``, expanded as
+    webdataset expands it, with ``braceexpand``) or a sequence of paths."""
+    if isinstance(urls, (str, os.PathLike)):
+        url = os.fspath(urls)
+        if "{" not in url:
+            return [url]
+        try:
+            from braceexpand import braceexpand
+        except ImportError as e:
+            raise ImportError(f"{url!r}: a brace pattern needs the braceexpand package (webdataset installs it); "
+                              "or give a list of paths") from e
+        return list(braceexpand(url))
+    return [os.fspath(u) for u in urls]
+
+
+class MountShards(IterableDataset):
+    """A shard list that follows a tierfs mount, for WebDataset (where the brace URL goes) and for Parquet::
+
+        shards = MountShards("/mnt/laion/shard-{000000..000999}.tar", rank=rank, world_size=world_size)
+        ds = wds.DataPipeline(shards, wds.tarfile_to_samples(), wds.shuffle(1000), wds.decode("pil"), ...)
+        loader = DataLoader(ds, batch_size=256, num_workers=8, persistent_workers=True)
+        for epoch in range(epochs):
+            shards.set_epoch(epoch)                  # the current pass's shards, for every worker
+            for batch in loader:                     # one DataLoader epoch = one tierfs pass
+                ...
+
+    ``urls``: every shard of the data set under the mount, as a brace pattern or a list of paths (the names are
+    given: no listing, no ``listing=all`` needed).  :meth:`set_epoch`, in the main process before each epoch,
+    draws the current pass with :class:`tierfs.loaders.PassIndices` -- ``order0``'s shards in serving order,
+    rank ``rank`` taking every ``world_size``-th one, once the previous pass ended (rank 0 ends a pass left
+    unread after ``wait`` seconds) -- and puts it in shared memory, where the ``DataLoader``'s workers (fork or
+    spawn, persistent or not) take it.  Iterating yields ``{"url": path}`` per shard, as webdataset's
+    ``SimpleShardList`` does, each worker taking every ``num_workers``-th shard of the rank's share: the node
+    split and the worker split both, with ``split_by_node`` and ``split_by_worker``'s semantics (no padding:
+    ranks may get a shard more or less, as there), so add neither to the pipeline.  :meth:`files` yields the
+    same shards as paths (``pyarrow.parquet.ParquetFile``, ``pyarrow.dataset.dataset``).  Iterated in the main
+    process (``num_workers=0``, or no ``DataLoader``), an iteration with no :meth:`set_epoch` since the last one
+    draws the pass itself.
+
+    A worker that finds the pass drawn over when it starts (``set_epoch`` was not called before this epoch: it
+    would read the last pass's shards again, out of view) raises ``RuntimeError``.  Not on a mount: every
+    shard, every epoch, in the list's order.  (``wds.WebDataset(urls)`` copies its list once, so it cannot
+    follow the view: start a ``wds.DataPipeline`` with this instead.)
+    """
+
+    def __init__(self, urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                 mount: str | os.PathLike[str] | None = None, *, rank: int = 0, world_size: int = 1,
+                 wait: float = 60.0) -> None:
+        self.urls = _expand(urls)
+        self.indices = PassIndices(self.urls, mount, rank=rank, world_size=world_size, wait=wait, pad=False)
+        # the pass drawn for this epoch, shared with every worker: [draws, the mount's pass, shards, positions...]
+        self._drawn = torch.full((3 + len(self.urls),), -1, dtype=torch.int64).share_memory_()
+        self._drawn[0] = 0
+        self._iterated = 0  # the draw the main process last iterated (main process only)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the current pass for the coming epoch (see the class); ``epoch`` is kept for the familiar call."""
+        self.epoch = epoch
+        positions = self.indices.next_pass()
+        n, last = len(positions), self.indices.last_pass
+        self._drawn[3:3 + n] = torch.tensor(positions, dtype=torch.int64)
+        self._drawn[1:3] = torch.tensor([-1 if last is None else last, n])
+        self._drawn[0] += 1  # (last: a worker that sees the new count finds the pass whole)
+
+    def files(self) -> Iterator[str]:
+        """This worker's shards of the drawn pass, as paths (see the class)."""
+        info = get_worker_info()
+        if info is None and int(self._drawn[0]) == self._iterated:
+            self.set_epoch(self.epoch + 1)  # the main process iterates again: the next pass
+        draws, passes, n = self._drawn[:3].tolist()
+        if draws == 0:
+            raise RuntimeError("MountShards: no pass drawn: call shards.set_epoch(epoch) before each epoch, in the "
+                               "main process (DataLoader workers take the pass it draws)")
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        share = self._drawn[3 + worker:3 + n:workers].tolist()
+        if info is None:
+            self._iterated = draws
+        elif share and self.indices.client is not None and self.indices.client.status()["passes_total"] != passes:
+            # (only this worker opens its shards: their pass cannot be over unless it was drawn for another epoch)
+            raise RuntimeError(f"MountShards: pass {passes} of {self.indices.client.mountpoint} is over: call "
+                               "shards.set_epoch(epoch) before each epoch, in the main process (this worker "
+                               "would read the last pass's shards again)")
+        for i in share:
+            yield self.urls[i]
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        for url in self.files():
+            yield {"url": url}
