@@ -47,6 +47,7 @@ from tierfs.control import ControlWriter
 from tierfs.datapath import FileHandle
 from tierfs.engine import Engine
 from tierfs.mounts import mountinfo
+from tierfs.namespace import Listing
 from tierfs.protocol import CACHE_PATH_XATTR
 from tierfs.pusher import KernelCache
 from tierfs.tree import CONTROL_INODES, KIND_FILE
@@ -60,6 +61,10 @@ T = TypeVar("T")
 #: Seconds the kernel may cache names and attributes.  Long: the tree only changes by backing-file changes,
 #: which the engine notices on open and invalidates explicitly.
 ATTR_TIMEOUT = 300.0
+
+#: Entries whose names and attributes one readdir makes at once (the kernel asks for up to 128 KiB of entries, ~750
+#: of a short name each; what does not fit is made for nothing).
+READDIR_CHUNK = 256
 
 #: The mount's kernel read-ahead in KiB.  FUSE's default of 128 KiB turns a sequential read into 128 KiB
 #: requests, each a round trip through the daemon; a wider window lets the kernel send the largest requests
@@ -124,7 +129,7 @@ class TierOperations(pyfuse3.Operations):
         super().__init__()
         self.engine = engine
         self._handles: dict[int, FileHandle | _Virtual] = {}
-        self._dirs: dict[int, tuple[int, list[tuple[bytes, int]]]] = {}
+        self._dirs: dict[int, tuple[int, Listing]] = {}
         self._fh = itertools.count(1)
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -189,12 +194,16 @@ class TierOperations(pyfuse3.Operations):
         return self._entry(inode)
 
     def _entry(self, inode: int) -> pyfuse3.EntryAttributes:
-        """A directory entry's attributes: a file's entry is not kept under ``substitute`` (each path resolution
-        asks again: the name's file changes with the pass, see substitute.py)."""
+        """A directory entry's attributes (see :meth:`_entry_timeout`)."""
         a = self._attr(inode)
-        if self.engine.names.substitutions is not None and stat.S_ISREG(a.st_mode) and inode < _CTL_DIR:
-            a.entry_timeout = 0
+        if inode < _CTL_DIR:
+            a.entry_timeout = self._entry_timeout(a.st_mode)
         return a
+
+    def _entry_timeout(self, mode: int) -> float:
+        """How long the kernel may keep a tree entry: a file's not at all under ``substitute`` (each path resolution
+        asks again: the name's file changes with the pass, see substitute.py)."""
+        return 0.0 if self.engine.names.substitutions is not None and stat.S_ISREG(mode) else ATTR_TIMEOUT
 
     @_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -230,13 +239,49 @@ class TierOperations(pyfuse3.Operations):
     @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         dir_inode, listing = self._dirs[fh]
-        for i in range(start_id, len(listing)):
-            name, inode = listing[i]
-            if not pyfuse3.readdir_reply(token, name, self._entry(inode), i + 1):
-                break
-        if start_id < len(listing):
-            # readdirplus: the kernel now holds these inodes, so their pages can be pushed (after this reply)
-            self.engine.names.listed(dir_inode)
+        if start_id >= len(listing):
+            return
+        if dir_inode == _CTL_DIR or self.engine.versions.versions_held:
+            for off, name, inode in zip(itertools.count(start_id + 1), listing.names(start_id, len(listing)),
+                                        listing.inodes[start_id:].tolist()):
+                if not pyfuse3.readdir_reply(token, name, self._entry(inode), off):
+                    break
+        else:
+            self._reply_entries(listing, start_id, token)
+        # readdirplus: the kernel now holds these inodes, so their pages can be pushed (after this reply)
+        self.engine.names.listed(dir_inode)
+
+    def _reply_entries(self, listing: Listing, start: int, token: pyfuse3.ReaddirToken) -> None:
+        """:meth:`_entry` of each tree entry from ``start`` on, as many as the kernel's buffer takes (a ``find``
+        of a million files asks for a million): the names and attributes of READDIR_CHUNK entries are made at
+        once from the tree's arrays, and one ``EntryAttributes`` is filled again for each (``readdir_reply``
+        copies it), so the loop runs no Python code per entry but the assignments -- and in a chunk of like
+        entries (one mode, link count, owner, group, device: a directory of files) not even those."""
+        names = self.engine.names
+        a = pyfuse3.EntryAttributes()
+        a.attr_timeout = ATTR_TIMEOUT
+        a.st_blksize = 1 << 17
+        for lo in range(start, len(listing), READDIR_CHUNK):
+            hi = min(lo + READDIR_CHUNK, len(listing))
+            inodes = listing.inodes[lo:hi]
+            meta, size, blocks, mtime, ctime = names.attributes_of(inodes)
+            entries = zip(itertools.count(lo + 1), listing.names(lo, hi), inodes.tolist(), size.tolist(),
+                          blocks.tolist(), mtime.tolist(), ctime.tolist())
+            if (meta == meta[0]).all():
+                a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev = meta[0].tolist()
+                a.entry_timeout = self._entry_timeout(a.st_mode)
+                for off, name, a.st_ino, a.st_size, a.st_blocks, m, a.st_ctime_ns in entries:
+                    a.st_atime_ns = a.st_mtime_ns = m
+                    if not pyfuse3.readdir_reply(token, name, a, off):
+                        return
+            else:
+                rows = meta.tolist()
+                for (off, name, a.st_ino, a.st_size, a.st_blocks, m, a.st_ctime_ns), (
+                        a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev) in zip(entries, rows, strict=True):
+                    a.st_atime_ns = a.st_mtime_ns = m
+                    a.entry_timeout = self._entry_timeout(a.st_mode)
+                    if not pyfuse3.readdir_reply(token, name, a, off):
+                        return
 
     @_errors
     async def releasedir(self, fh: int) -> None:

@@ -12,7 +12,10 @@ engine's to decide, by who listed (:class:`NamespaceEvents`).
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+import numpy as np
 
 from tierfs.backing import BackingError
 from tierfs.consumers import ANONYMOUS, Consumers
@@ -22,7 +25,7 @@ from tierfs.substitute import Substitutions, SubstitutionStatistics
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
 from tierfs.users import OWNER_UID
 
-__all__ = ["Namespace", "NamespaceEvents"]
+__all__ = ["Listing", "Namespace", "NamespaceEvents"]
 
 _CTL_DIR = CONTROL_INODES[b".tierfs"]
 
@@ -36,6 +39,25 @@ class NamespaceEvents(Protocol):
 
     def root_relisted(self, uid: int, who: str) -> None:
         """The root was listed: that ends the lister's pass if it opened a file in it."""
+
+
+class Listing(Sequence[tuple[bytes, int]]):
+    """One ``opendir``'s snapshot of a directory: (name, inode) per entry, in listing order.  Kept as an array of
+    inodes and a way to name a range of entries (from the tree's arrays, fixed for the mount's life): a directory
+    of a million files is listed without a Python object per entry, each ``readdir`` makes the names it sends."""
+
+    def __init__(self, inodes: np.ndarray, names: Callable[[int, int], list[bytes]]) -> None:
+        self.inodes = inodes
+        self.names = names  # (lo, hi) -> the names of entries lo to hi
+
+    def __len__(self) -> int:
+        return len(self.inodes)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        return self.names(i, i + 1)[0], int(self.inodes[i])
 
 
 class Namespace:
@@ -109,7 +131,7 @@ class Namespace:
             return (a[0], 1, *a[2:])
         return a
 
-    async def open_dir(self, inode: int, uid: int, pid: int) -> list[tuple[bytes, int]]:
+    async def open_dir(self, inode: int, uid: int, pid: int) -> Listing:
         """The listing for one ``opendir`` by process ``pid`` of user ``uid``: a listing of the root starts a
         pass of its consumer, which may first wait for the other consumers (the engine's ``begin_pass``)."""
         who = await self.consumers.name_of(pid)
@@ -117,20 +139,35 @@ class Namespace:
             await self.events.begin_pass(uid, who, relisted=True)
         return self.list_dir(inode, uid, who)
 
-    def list_dir(self, inode: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> list[tuple[bytes, int]]:
+    def list_dir(self, inode: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> Listing:
         """A frozen listing (name, inode) for one ``opendir`` by user ``uid``, consumer ``who``, in that
         consumer's order; listing the root again after reads may end its pass (the engine's
         ``root_relisted(uid, who)`` decides)."""
         if inode == _CTL_DIR:
-            return [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
+            ctl = [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
+            return Listing(np.array([i for _, i in ctl], np.int64), lambda lo, hi: [n for n, _ in ctl[lo:hi]])
         if not 0 < inode <= self.tree.n_nodes or self.tree.kinds[inode - 1] != KIND_DIR:
             raise BackingError(errno.ENOTDIR, "not a directory")
         if inode == 1:
             self.events.root_relisted(uid, who)
         view = self.consumers.view_of(who)
         assert view is not None
-        kinds = self.tree.kinds
-        return [(name, self._inode(i, kinds[i])) for name, i in view.listing(inode - 1)]
+        tree = self.tree
+        nodes = view.listing(inode - 1)
+        inodes = nodes + 1
+        if self._shares_links():  # (a file's other names show its first name's inode)
+            files = tree.kinds[nodes] == KIND_FILE
+            inodes[files] = tree.first_name_of(nodes[files] - 1) + 2
+        return Listing(inodes, lambda lo, hi: tree.names_of(nodes[lo:hi]))
+
+    def attributes_of(self, inodes: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`attributes` of tree inodes, made at once for a listing's entries: (mode, nlink, uid, gid, rdev)
+        per inode (int64 [inode, 5]), then size, blocks, mtime_ns and ctime_ns (int64 each)."""
+        nodes = inodes - 1
+        meta, *columns = self.tree.attributes_of(nodes)
+        if not self._shares_links():
+            meta[self.tree.kinds[nodes] == KIND_FILE, 1] = 1
+        return (meta, *columns)
 
     def listed(self, dir_inode: int) -> None:
         """The kernel got this directory's entries (readdirplus): push what lacked an inode."""

@@ -27,10 +27,11 @@ import itertools
 import logging
 import os
 import stat
+import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -57,6 +58,8 @@ __all__ = [
     "Tree",
     "fingerprint",
     "path_hash",
+    "path_hashes",
+    "stat_fingerprints",
 ]
 
 KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL = 0, 1, 2, 3
@@ -81,10 +84,19 @@ SCAN_REPORT_S = 5.0  # a long scan's progress: in the log and to ``progress`` (s
 NODE_CACHE = 4096  # Node objects kept made (the most recently used): a bound, not a per-file cost
 
 #: per entry, the fields kept through the table of distinct combinations (``Tree.meta``) ...
-_META = attrgetter("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev")
+_META_FIELDS = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev")
+_META = attrgetter(*_META_FIELDS)
 _MODE, _NLINK, _UID, _GID, _RDEV = range(5)
 #: ... and those kept per node
-_COLUMNS = attrgetter("st_size", "st_blocks", "st_mtime_ns", "st_ctime_ns")
+_COLUMN_FIELDS = ("st_size", "st_blocks", "st_mtime_ns", "st_ctime_ns")
+_COLUMNS = attrgetter(*_COLUMN_FIELDS)
+#: what the scan takes of each lstat at once (the device first: entries on another are left out); the inode
+#: number apart, as it may not fit an int64
+_FIELDS = attrgetter("st_dev", *_META_FIELDS, *_COLUMN_FIELDS)
+_N_FIELDS = 1 + len(_META_FIELDS) + len(_COLUMN_FIELDS)
+_F_DEV, _F_META, _F_COLUMNS = 0, slice(1, 1 + len(_META_FIELDS)), slice(1 + len(_META_FIELDS), _N_FIELDS)
+_INO = attrgetter("st_ino")
+_IFMT = stat.S_IFMT(0o177777)  # the file type bits of a mode
 _FMT_KIND = {stat.S_IFDIR: KIND_DIR, stat.S_IFREG: KIND_FILE, stat.S_IFLNK: KIND_LINK}
 
 
@@ -95,6 +107,21 @@ def fingerprint(st: os.stat_result) -> Fingerprint:
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
+_FINGERPRINT_AND_MODE = attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns", "st_mode")
+
+
+def stat_fingerprints(answers: Sequence[os.stat_result | OSError]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fingerprint` of many stat answers at once (int64 [answer, 4]) and which answers are regular files;
+    all not regular where one answer is an error or a field does not fit an int64 (judge those one at a time)."""
+    k = len(answers)
+    try:
+        fields = np.fromiter(itertools.chain.from_iterable(map(_FINGERPRINT_AND_MODE, answers)), np.int64,
+                             5 * k).reshape(k, 5)
+    except (AttributeError, OverflowError):  # (an OSError among them, or an inode number above 2**63)
+        return np.zeros((k, 4), np.int64), np.zeros(k, bool)
+    return fields[:, :4], fields[:, 4] & 0o170000 == stat.S_IFREG
+
+
 def _no_progress(count: ScanCount) -> None:
     """A scan's ``progress`` when nobody listens."""
 
@@ -102,6 +129,11 @@ def _no_progress(count: ScanCount) -> None:
 def path_hash(relpath: bytes) -> int:
     """The hash of a file's path that names its copies in the cache (and finds them again at a remount)."""
     return xxhash.xxh3_64_intdigest(relpath)
+
+
+def path_hashes(relpaths: Iterable[bytes], n: int) -> np.ndarray:
+    """:func:`path_hash` of each of ``n`` paths (uint64), with no Python code run per path."""
+    return np.fromiter(map(xxhash.xxh3_64_intdigest, relpaths), np.uint64, n)
 
 
 class Node:
@@ -236,6 +268,8 @@ class Tree:
             hash_keys, hash_order.astype(index_dtype(n_files), copy=False))
         self.nodes = _Nodes(self)
         self._dir_path = functools.lru_cache(maxsize=NODE_CACHE)(self.path)  # (the paths of recent directories)
+        #: what the paths of directory i's entries start with (b"" for the root)
+        self._dir_prefix = functools.lru_cache(maxsize=NODE_CACHE)(lambda i: self._dir_path(i) + b"/" if i else b"")
 
     def _hard_links(self) -> None:
         """Files sharing a backing inode (more than one name in the tree): ``_linked`` (their file indices,
@@ -331,6 +365,18 @@ class Tree:
             return int(kids[at])
         return None
 
+    def names_of(self, nodes: np.ndarray) -> list[bytes]:
+        """:meth:`name` of each of ``nodes`` (none the root), with no Python code run per node."""
+        ends = self._name_ends[nodes]
+        starts = self._name_ends[nodes - 1]
+        return list(map(self._names.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+
+    def attributes_of(self, nodes: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`attributes` of each of ``nodes``: (mode, nlink, uid, gid, rdev) per node (int64 [node, 5], a
+        copy), then size, blocks, mtime_ns and ctime_ns (int64 each)."""
+        return (self.meta[self.meta_idx[nodes]], self.size[nodes], self.blocks_[nodes].astype(np.int64),
+                self.mtime[nodes], self.ctime[nodes])
+
     def attributes(self, i: int) -> tuple[int, int, int, int, int, int, int, int, int]:
         """(mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of node ``i``: what a mount shows."""
         mode, nlink, uid, gid, rdev = self._meta_rows[self.meta_idx.item(i)]
@@ -372,10 +418,23 @@ class Tree:
     def file_path(self, fidx: int) -> bytes:
         return self.path(fidx + 1)
 
+    def file_paths(self, fidx: np.ndarray) -> list[bytes]:
+        """:meth:`file_path` of each of ``fidx``, with no Python code run per file (a directory's path is made
+        once, and kept among the recent ones)."""
+        nodes = np.asarray(fidx) + 1
+        return list(map(bytes.__add__, map(self._dir_prefix, self.parents[nodes].tolist()), self.names_of(nodes)))
+
     def first_name(self, fidx: int) -> int:
         """The first file (in storage order) of those sharing ``fidx``'s backing inode: ``fidx`` itself unless
         it is a second name of a hard-linked file."""
         return self._first_of.get(fidx, fidx)
+
+    def first_name_of(self, fidx: np.ndarray) -> np.ndarray:
+        """:meth:`first_name` of each of ``fidx``."""
+        if not self._linked.size:
+            return fidx
+        at = np.minimum(np.searchsorted(self._linked, fidx), len(self._linked) - 1)
+        return np.where(self._linked[at] == fidx, self._canon[at], fidx)
 
     def first_names(self) -> np.ndarray:
         """The file indices that are no second name of a hard-linked file (all, without hard links)."""
@@ -590,9 +649,25 @@ class Tree:
 
 
 def _names(fd: int) -> list[bytes]:
-    """The names in a directory, sorted byte-wise (a worker thread)."""
-    with os.scandir(fd) as it:
-        return sorted(os.fsencode(e.name) for e in it)
+    """The names in a directory, sorted byte-wise (a worker thread).  Encoded as ``os.fsencode`` does, all at once
+    (a name holds no NUL byte): no Python code run per name."""
+    names = os.listdir(fd)
+    if not names:
+        return []
+    return sorted("\0".join(names).encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()).split(b"\0"))
+
+
+def _each_lstat(lstat: Callable[[bytes], os.stat_result],
+                names: list[bytes]) -> tuple[list[bytes], list[os.stat_result]]:
+    """``lstat`` of each name, leaving out those it fails for (gone meanwhile)."""
+    kept, sts = [], []
+    for name in names:
+        try:
+            sts.append(lstat(name))
+        except OSError:
+            continue
+        kept.append(name)
+    return kept, sts
 
 
 def _batches(items: list[bytes], n: int) -> list[list[bytes]]:
@@ -688,36 +763,52 @@ class _Scan:
 
     def batch(self, job: tuple[int, int, bytes, list[bytes]]) -> _Batch:
         """lstat each name of the batch; a symlink's text; a subdirectory opened (on this device only, never
-        through a symlink).  A worker thread."""
+        through a symlink).  A worker thread.
+
+        A million entries are scanned at mount time, so nothing here runs Python code per entry: the lstat calls
+        are mapped over the names, their fields taken out by one ``attrgetter`` into arrays, the entries left
+        out, the kinds and the table of distinct (mode, nlink, uid, gid, rdev) found with numpy."""
         node, fd, prefix, names = job
-        kept: list[bytes] = []
-        sts: list[os.stat_result] = []
-        for name in names:
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                continue  # gone meanwhile
-            if st.st_dev != self.dev or (node == 0 and name == b".tierfs") \
-                    or (self.mounted_below and prefix + name in self.mounted_below):
-                continue  # never cross into another filesystem, nor into a bind mount; the control dir shadows
-            kept.append(name)
-            sts.append(st)
-        table: dict[tuple[int, int, int, int, int], int] = {}
-        metas = list(map(_META, sts))
-        idx = np.fromiter((table.setdefault(m, len(table)) for m in metas), np.int32, len(metas))
-        kinds = np.fromiter((_FMT_KIND.get(stat.S_IFMT(m[0]), KIND_SPECIAL) for m in metas), np.int8, len(metas))
-        out = _Batch(kept, kinds, list(table), idx, np.fromiter((s.st_ino for s in sts), np.uint64, len(sts)),
-                     np.array(list(map(_COLUMNS, sts)), np.int64).reshape(-1, 4), np.zeros(len(kept), np.uint64))
-        for j in np.flatnonzero(kinds == KIND_FILE).tolist():
-            out.hashes[j] = path_hash(prefix + kept[j])
+        lstat = functools.partial(os.stat, dir_fd=fd, follow_symlinks=False)
+        try:
+            sts = list(map(lstat, names))
+        except OSError:  # (one is gone meanwhile: the slow way, leaving out what is gone)
+            names, sts = _each_lstat(lstat, names)
+        k = len(sts)
+        fields = np.fromiter(itertools.chain.from_iterable(map(_FIELDS, sts)), np.int64, k * _N_FIELDS)
+        fields = fields.reshape(k, _N_FIELDS)
+        ino = np.fromiter(map(_INO, sts), np.uint64, k)
+        # never cross into another filesystem, nor into a bind mount; the control dir shadows
+        keep = fields[:, _F_DEV] == self.dev
+        if node == 0 or self.mounted_below:
+            keep &= np.fromiter((not (node == 0 and name == b".tierfs") and prefix + name not in self.mounted_below
+                                 for name in names), bool, k)
+        if not keep.all():
+            names = list(itertools.compress(names, keep.tolist()))
+            fields, ino = fields[keep], ino[keep]
+        rows = fields[:, _F_META]
+        if len(rows) and (rows == rows[0]).all():  # (a directory of like files: one row)
+            table, idx = rows[:1], np.zeros(len(rows), np.int32)
+        else:
+            table, idx = np.unique(rows, axis=0, return_inverse=True)
+        fmt = rows[:, 0] & _IFMT
+        kinds = np.full(len(rows), KIND_SPECIAL, np.int8)
+        for mode_fmt, kind in _FMT_KIND.items():
+            kinds[fmt == mode_fmt] = kind
+        is_file = kinds == KIND_FILE
+        hashes = np.zeros(len(names), np.uint64)
+        hashes[is_file] = path_hashes(map(prefix.__add__, itertools.compress(names, is_file.tolist())),
+                                      int(is_file.sum()))
+        out = _Batch(names, kinds, list(map(tuple, table.tolist())), idx.reshape(-1).astype(np.int32), ino,
+                     np.ascontiguousarray(fields[:, _F_COLUMNS]), hashes)
         for j in np.flatnonzero(kinds == KIND_LINK).tolist():
             try:
-                out.links[j] = os.readlink(kept[j], dir_fd=fd)
+                out.links[j] = os.readlink(names[j], dir_fd=fd)
             except OSError:
                 out.links[j] = b""
         for j in np.flatnonzero(kinds == KIND_DIR).tolist():
             try:
-                cfd = os.open(kept[j], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                cfd = os.open(names[j], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except OSError:
                 continue  # (listed, empty)
             if os.fstat(cfd).st_dev != self.dev:

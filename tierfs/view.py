@@ -59,21 +59,22 @@ class View:
         """The view's files directly in directory ``dir_node``, in serving order."""
         return self._files_of(dir_node)
 
-    def listing(self, dir_node: int) -> list[tuple[bytes, int]]:
-        """(name, node index) of what directory ``dir_node`` shows: dirs, then links and special files, by
-        name; then view files in serving order (and, sharing hard links, the other names of view files)."""
+    def listing(self, dir_node: int) -> np.ndarray:
+        """The nodes directory ``dir_node`` shows, in order: dirs, then links and special files, by name; then
+        view files in serving order (and, sharing hard links, the other names of view files)."""
         tree = self.tree
         kids = tree.children(dir_node)
         kinds = tree.kinds[kids]
         others = kids[kinds != KIND_FILE]
         is_dir = tree.kinds[others] == KIND_DIR
-        out = [(tree.name(i), i) for i in (*others[is_dir].tolist(), *others[~is_dir].tolist())]
-        out += [(tree.name(f + 1), f + 1) for f in self._files_of(dir_node).tolist()]
+        parts = [others[is_dir], others[~is_dir], self._files_of(dir_node) + 1]
         if self.hard_links or self.lists_all:
             here = kids[kinds == KIND_FILE] - 1
-            out += [(tree.name(f + 1), f + 1) for f in here[~self.mask[here]].tolist()
-                    if self.lists_all or self.mask[tree.first_name(f)]]
-        return out
+            out = here[~self.mask[here]]
+            if not self.lists_all:
+                out = out[self.mask[tree.first_name_of(out)]]
+            parts.append(out + 1)
+        return np.concatenate(parts).astype(np.int64)
 
     def _order_paths(self) -> list[bytes]:
         return [self.tree.file_path(f) for f in self.order.tolist()]

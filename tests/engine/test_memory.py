@@ -88,3 +88,29 @@ def test_the_engine_keeps_a_few_narrow_arrays_per_file(open_engine, tmp_path, t)
     total = sum(a.nbytes for _, a in held.values())
     table = sorted(((a.nbytes / n, name, str(a.dtype)) for name, a in held.values()), reverse=True)
     assert total / n <= PER_FILE, f"{total / n:.1f} bytes a file in arrays: {table[:12]}"
+
+
+def test_a_revalidation_round_makes_no_node_per_file(open_engine, tmp_path, t):
+    """A round re-stats every unread file of the view -- all of them under ``view=full``, every ``revalidate / 2``
+    seconds -- and compares the answers with the tree's arrays: it makes no ``Node`` (a path, a stat_result and
+    a slot in the bounded node cache per file: at a million files the round was the daemon's busiest work), and
+    still finds the file that changed."""
+    backing = tmp_path / "many"
+    make_dataset(backing, dirs=4, files_per_dir=300, max_size=64)
+    e = open_engine(backing_dir=backing, view="full", revalidate="0.2")
+    changed = e.tree.file_path(700)
+    with open(backing / os.fsdecode(changed), "ab") as f:
+        f.write(b"more")
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(e.reval.run)
+            with trio.fail_after(30):
+                while e.reval.checked < 2 * e.tree.n_files:
+                    await trio.sleep(0.02)
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert e.tree.nodes.resident == 0
+    assert 700 in e.data.changed_files and e.reval.statistics().changed >= 1
+    assert (e.reval.confirmed[np.arange(e.tree.n_files) != 700] > -np.inf).all()

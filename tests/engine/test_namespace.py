@@ -6,12 +6,15 @@ import errno
 import json
 import os
 import stat
+import tracemalloc
 from types import SimpleNamespace
 
 import pyfuse3
 import pytest
 
+from tierfs import fs
 from tierfs.fs import TierOperations
+from tierfs.testing import make_dataset
 from tierfs.tree import CONTROL_INODES
 
 CTX = pyfuse3.RequestContext()  # a request by root (uid 0): who may see and steer everything
@@ -105,7 +108,7 @@ def test_listing_is_a_frozen_snapshot_and_order_reshuffles_each_pass(open_engine
         for _ in range(3):
             await t.read_view(e)  # every view file read: the pass ends
             orders.append(e.names.order_text())
-        assert ops._dirs[fh][1] == before  # the open listing did not move
+        assert list(ops._dirs[fh][1]) == before  # the open listing did not move
         await ops.releasedir(fh)
         assert len(set(orders)) == len(orders)  # a fresh serving order every pass
         assert all(sorted(o.splitlines()) == sorted(orders[0].splitlines()) for o in orders)
@@ -244,3 +247,82 @@ def test_a_bug_is_eio_not_a_dead_mount(open_engine, t, monkeypatch):
         assert exc.value.errno == errno.EIO
 
     t.run(main)
+
+
+_SENT = ("st_ino", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size", "st_blocks", "st_blksize",
+         "st_atime_ns", "st_mtime_ns", "st_ctime_ns", "attr_timeout")
+
+
+@pytest.mark.parametrize("settings", [{"view": "full"}, {}, {"substitute": True, "listing": "all"}],
+                         ids=["full", "mini-epoch", "substitute"])
+def test_readdir_sends_each_entry_as_getattr_answers_it(open_engine, tmp_path, t, monkeypatch, settings):
+    """readdirplus builds its entries from the tree's arrays a chunk at a time (a find of a million files), not
+    through getattr: the same attributes, in every directory of mixed entries, however the kernel's buffer
+    splits the listing."""
+    backing = tmp_path / "mixed"
+    make_dataset(backing, dirs=3, files_per_dir=300, max_size=600, seed=5)  # (more entries than a chunk)
+    d = backing / "class_000"
+    os.chmod(sorted(d.iterdir())[7], 0o600)  # (one file unlike the others in its chunk)
+    os.link(sorted(d.iterdir())[3], backing / "class_001" / "second_name.bin")
+    os.symlink("file_00000.bin", d / "sym")
+    os.mkfifo(d / "fifo")
+    (d / "sub").mkdir()
+    e = open_engine(backing_dir=backing, **settings)
+    ops = TierOperations(e)
+    sent: list[tuple[bytes, int, dict[str, int]]] = []
+    room = [0]
+
+    def reply(token: object, name: bytes, attr: pyfuse3.EntryAttributes, off: int) -> bool:
+        # the kernel's buffer: takes ``room`` entries, copying each as readdir_reply does
+        if room[0] == 0:
+            return False
+        room[0] -= 1
+        sent.append((name, off, {f: getattr(attr, f) for f in (*_SENT, "entry_timeout")}))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+
+    async def main() -> None:
+        dirs = [pyfuse3.ROOT_INODE, *[i for _, i in e.names.list_dir(pyfuse3.ROOT_INODE)]]
+        for dir_inode, buffer in zip(dirs, (1000, 97, 256, 5, 1000), strict=False):
+            fh = await ops.opendir(dir_inode, CTX)
+            expected = list(ops._dirs[fh][1])
+            sent.clear()
+            while True:  # the kernel asks again from the last offset it got, until an empty reply
+                before, room[0] = len(sent), buffer
+                await ops.readdir(fh, sent[-1][1] if sent else 0, None)  # type: ignore[arg-type]
+                if len(sent) == before:
+                    break
+            await ops.releasedir(fh)
+            assert [(name, a["st_ino"]) for name, _, a in sent] == expected
+            assert [off for _, off, _ in sent] == list(range(1, len(expected) + 1))
+            for name, _, a in sent:
+                want = await ops.getattr(a["st_ino"], CTX)
+                assert a == {**{f: getattr(want, f) for f in _SENT}, "entry_timeout": a["entry_timeout"]}, name
+                regular = stat.S_ISREG(want.st_mode)
+                assert a["entry_timeout"] == (0 if regular and "substitute" in settings else fs.ATTR_TIMEOUT)
+                if "substitute" not in settings:  # (there a lookup draws a view file)
+                    assert (await ops.lookup(dir_inode, name, CTX)).st_ino == a["st_ino"]
+            kinds = {stat.S_IFMT(a["st_mode"]) for _, _, a in sent}
+            assert dir_inode != dirs[1] or kinds >= {stat.S_IFREG, stat.S_IFLNK, stat.S_IFIFO, stat.S_IFDIR}
+
+    t.run(main)
+
+
+def test_an_open_listing_holds_no_python_object_per_entry(open_engine, tmp_path):
+    """A listing is a snapshot kept until ``releasedir``: of a directory of 20,000 files, a few arrays -- not a
+    list of (name, inode) tuples (~130 bytes an entry), which a find of a million files made and dropped for
+    each of its directories."""
+    backing = tmp_path / "flat"
+    make_dataset(backing, dirs=1, files_per_dir=20_000, max_size=1, seed=2)
+    e = open_engine(backing_dir=backing, view="full")
+    flat = next(i for _, i in e.names.list_dir(pyfuse3.ROOT_INODE))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        listing = e.names.list_dir(flat)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(listing) == 20_000
+    assert held / 20_000 <= 24, f"{held / 20_000:.0f} bytes an entry"
