@@ -253,13 +253,14 @@ def _balanced_bounds(seq_sizes: np.ndarray, weights: np.ndarray, k: int, cap: in
 
 
 def _spread_large_files(
-    seq: np.ndarray, seq_sizes: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """A random sequence with every file too big to share moved to the middle of its own piece's share.
+    seq: np.ndarray, seq_sizes: np.ndarray, k: int, budget: int | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A random sequence with every file too big to share in a piece of its own, and its k pieces' boundaries.
 
-    Returns (sequence, its sizes, weights) where large files weigh nothing, so the other files are balanced over all k
-    pieces (each mini-epoch gets its share of the files that can be shared, and at most one large file on top),
-    or None when there is nothing to spread.
+    The other files are cut into k pieces of even bytes first; large file j then goes into the middle of piece
+    p_j, the p_j spread over all k pieces (with ranks, piece p is a share of mini-epoch p // world_size: large
+    files go to different ones).  So each mini-epoch gets its share of the files that can be shared, and at most
+    one large file on top.  None when there is nothing to spread, or the pieces would not fit ``budget``.
     """
     n = seq_sizes.shape[0]
     if not n or not int(seq_sizes.sum()):
@@ -271,15 +272,19 @@ def _spread_large_files(
         return None
     small = ~large
     rest, rest_sizes = seq[small], seq_sizes[small]
-    share = float(rest_sizes.sum()) / k
-    # large file j goes where the share of piece p_j of the small files is half done, p_j spread over all k
-    # pieces (with ranks, piece p is a share of mini-epoch p // world_size: large files go to different ones)
-    piece = (np.arange(h) * k) // h
-    at = np.searchsorted(np.cumsum(rest_sizes, dtype=np.float64), (piece + 0.5) * share, side="left")
+    bounds = _balanced_bounds(rest_sizes, rest_sizes.astype(np.float64), k, None)
+    assert bounds is not None  # (no cap)
+    piece = (np.arange(h) * k) // h  # distinct, increasing: h < k
+    at = (bounds[piece] + bounds[piece + 1]) // 2
     out = np.insert(rest, at, seq[large])
     out_sizes = np.insert(rest_sizes, at, seq_sizes[large])
-    weights = np.where(np.insert(np.zeros(rest.shape[0], bool), at, True), 0, out_sizes).astype(np.float64)
-    return out, out_sizes, weights
+    # a boundary moves right by the large files put into the pieces before it
+    moved = bounds + np.searchsorted(piece, np.arange(k + 1), side="left")
+    if budget is not None:
+        cum0 = np.concatenate(([0], np.cumsum(out_sizes, dtype=np.int64)))
+        if int((cum0[moved[1:]] - cum0[moved[:-1]]).max()) > budget:
+            return None
+    return out, moved
 
 
 def _byte_weights(seq_sizes: np.ndarray, k: int) -> np.ndarray:
@@ -302,13 +307,8 @@ def _cut(seq: np.ndarray, seq_sizes: np.ndarray, k: int, budget: int | None, *, 
         bounds = _balanced_bounds(seq_sizes, _byte_weights(seq_sizes, k), k, budget)
         if bounds is None:
             return None
-        spreaded = _spread_large_files(seq, seq_sizes, k) if spread else None
-        if spreaded is not None:
-            seq2, sizes2, weights2 = spreaded
-            bounds2 = _balanced_bounds(sizes2, weights2, k, budget)
-            if bounds2 is not None:
-                return seq2, bounds2
-        return seq, bounds
+        spreaded = _spread_large_files(seq, seq_sizes, k, budget) if spread else None
+        return spreaded if spreaded is not None else (seq, bounds)
     cum = np.cumsum(seq_sizes, dtype=np.int64)
     bounds = _count_bounds(seq_sizes.shape[0], k)
     if budget is None or _piece_bytes(cum, bounds).max(initial=0) <= budget:

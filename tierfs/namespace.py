@@ -12,7 +12,7 @@ engine's to decide, by who listed (:class:`NamespaceEvents`).
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -46,9 +46,18 @@ class Listing(Sequence[tuple[bytes, int]]):
     inodes and a way to name a range of entries (from the tree's arrays, fixed for the mount's life): a directory
     of a million files is listed without a Python object per entry, each ``readdir`` makes the names it sends."""
 
-    def __init__(self, inodes: np.ndarray, names: Callable[[int, int], list[bytes]]) -> None:
+    def __init__(self, inodes: np.ndarray, *, tree: Tree | None = None, nodes: np.ndarray | None = None,
+                 names: list[bytes] | None = None) -> None:
         self.inodes = inodes
-        self.names = names  # (lo, hi) -> the names of entries lo to hi
+        self._tree, self._nodes = tree, nodes  # the entries' tree nodes, named when sent
+        self._names = names  # (or their names, for a listing that is not the tree's: /.tierfs)
+
+    def names(self, lo: int, hi: int) -> list[bytes]:
+        """The names of entries ``lo`` to ``hi``."""
+        if self._names is not None:
+            return self._names[lo:hi]
+        assert self._tree is not None and self._nodes is not None
+        return self._tree.names_of(self._nodes[lo:hi])
 
     def __len__(self) -> int:
         return len(self.inodes)
@@ -145,7 +154,7 @@ class Namespace:
         ``root_relisted(uid, who)`` decides)."""
         if inode == _CTL_DIR:
             ctl = [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
-            return Listing(np.array([i for _, i in ctl], np.int64), lambda lo, hi: [n for n, _ in ctl[lo:hi]])
+            return Listing(np.array([i for _, i in ctl], np.int64), names=[n for n, _ in ctl])
         if not 0 < inode <= self.tree.n_nodes or self.tree.kinds[inode - 1] != KIND_DIR:
             raise BackingError(errno.ENOTDIR, "not a directory")
         if inode == 1:
@@ -158,7 +167,7 @@ class Namespace:
         if self._shares_links():  # (a file's other names show its first name's inode)
             files = tree.kinds[nodes] == KIND_FILE
             inodes[files] = tree.first_name_of(nodes[files] - 1) + 2
-        return Listing(inodes, lambda lo, hi: tree.names_of(nodes[lo:hi]))
+        return Listing(inodes, tree=tree, nodes=nodes)
 
     def attributes_of(self, inodes: np.ndarray) -> tuple[np.ndarray, ...]:
         """:meth:`attributes` of tree inodes, made at once for a listing's entries: (mode, nlink, uid, gid, rdev)
