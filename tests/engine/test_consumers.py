@@ -54,9 +54,9 @@ def test_each_consumer_lists_and_orders_the_same_view_its_own_way(open_engine, t
         anonymous, a, b = e.names.order_text(), e.names.order_text("a"), e.names.order_text("b")
         assert anonymous == e.schedule.view.order_text()  # a reader that names nothing: as before consumers
         assert a != b and sorted(a.splitlines()) == sorted(b.splitlines()) == sorted(anonymous.splitlines())
-        assert e.names.list_dir(1, OWNER_UID, "a") == e.names.list_dir(1, OWNER_UID, "b")  # the class folders
+        assert list(e.names.list_dir(1, OWNER_UID, "a")) == list(e.names.list_dir(1, OWNER_UID, "b"))  # folders
         d = e.names.list_dir(1)[0][1]
-        la, lb = e.names.list_dir(d, OWNER_UID, "a"), e.names.list_dir(d, OWNER_UID, "b")
+        la, lb = list(e.names.list_dir(d, OWNER_UID, "a")), list(e.names.list_dir(d, OWNER_UID, "b"))
         assert sorted(la) == sorted(lb) and (la != lb or len(la) < 2)
         await _read(e, int(e.schedule.view.order[0]), "b")  # b takes part
         await _read_pass(e, "a")

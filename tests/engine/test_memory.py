@@ -112,5 +112,5 @@ def test_a_revalidation_round_makes_no_node_per_file(open_engine, tmp_path, t):
 
     t.run(main)
     assert e.tree.nodes.resident == 0
-    assert 700 in e.data.changed_files and e.reval.statistics().changed >= 1
+    assert 700 in e.versions.changed_files and e.reval.statistics().changed >= 1
     assert (e.reval.confirmed[np.arange(e.tree.n_files) != 700] > -np.inf).all()
