@@ -258,9 +258,10 @@ def _spread_large_files(
     """A random sequence with every file too big to share in a piece of its own, and its k pieces' boundaries.
 
     The other files are cut into k pieces of even bytes first; large file j then goes into the middle of piece
-    p_j, the p_j spread over all k pieces (with ranks, piece p is a share of mini-epoch p // world_size: large
-    files go to different ones).  So each mini-epoch gets its share of the files that can be shared, and at most
-    one large file on top.  None when there is nothing to spread, or the pieces would not fit ``budget``.
+    p_j -- a piece left empty first, then spread over the others (with ranks, piece p is a share of mini-epoch
+    p // world_size: large files go to different ones).  So each mini-epoch gets its share of the files that can
+    be shared, and at most one large file on top.  None when there is nothing to spread, or the pieces would not
+    fit ``budget``.
     """
     n = seq_sizes.shape[0]
     if not n or not int(seq_sizes.sum()):
@@ -274,7 +275,12 @@ def _spread_large_files(
     rest, rest_sizes = seq[small], seq_sizes[small]
     bounds = _balanced_bounds(rest_sizes, rest_sizes.astype(np.float64), k, None)
     assert bounds is not None  # (no cap)
-    piece = (np.arange(h) * k) // h  # distinct, increasing: h < k
+    # pieces without a file of their own (fewer small files than pieces) take a large one first; the other large
+    # files spread over the pieces that have files
+    empty = np.flatnonzero(bounds[1:] == bounds[:-1])
+    full = np.flatnonzero(bounds[1:] != bounds[:-1])
+    extra = h - min(h, len(empty))
+    piece = np.sort(np.concatenate([empty[:h], full[(np.arange(extra) * len(full)) // max(1, extra)]]))
     at = (bounds[piece] + bounds[piece + 1]) // 2
     out = np.insert(rest, at, seq[large])
     out_sizes = np.insert(rest_sizes, at, seq_sizes[large])
