@@ -235,6 +235,19 @@ def test_nodes_made_on_use_stay_bounded(tmp_path):
     assert sum(type(o) is Node for o in gc.get_objects()) <= NODE_CACHE
 
 
+def _scan_reporting(path):
+    """(the tree, every ScanCount the scan reported) of a scan of ``path``."""
+    import tierfs.tree as treemod
+
+    counts: list[treemod.ScanCount] = []
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return treemod.Tree.scan(fd, str(path), counts.append), counts
+    finally:
+        os.close(fd)
+
+
+
 def test_a_scan_reports_entries_files_and_bytes_between_batches_of_one_flat_directory(tmp_path, monkeypatch):
     """Progress comes between batches of a directory too (a huge flat one still reports), with the files and
     bytes found so far; the last report is the whole tree; no total for a directory inside a filesystem."""
@@ -245,12 +258,7 @@ def test_a_scan_reports_entries_files_and_bytes_between_batches_of_one_flat_dire
     for i in range(1000):
         (flat / f"f{i:04d}").write_bytes(b"x" * (i % 7))
     monkeypatch.setattr(treemod, "SCAN_REPORT_S", 0.0)
-    counts: list[treemod.ScanCount] = []
-    fd = os.open(flat, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        t = treemod.Tree.scan(fd, str(flat), counts.append)
-    finally:
-        os.close(fd)
+    t, counts = _scan_reporting(flat)
     assert counts[0].entries == 0 and counts[0].files == 0
     middle = [c for c in counts[1:-1] if 1 < c.entries < t.n_nodes]
     assert len(middle) >= 2  # reports between the 256-name batches of the one directory
@@ -265,7 +273,6 @@ def test_a_scan_of_a_filesystems_root_knows_its_total(tmp_path):
     so the progress has a total and an ETA."""
     import subprocess
 
-    import tierfs.tree as treemod
 
     if os.getuid() != 0:
         pytest.skip("mounts a tmpfs")
@@ -277,12 +284,7 @@ def test_a_scan_of_a_filesystems_root_knows_its_total(tmp_path):
             (root / f"d{d}").mkdir()
             for i in range(50):
                 (root / f"d{d}" / f"f{i}").write_bytes(b"y")
-        counts: list[treemod.ScanCount] = []
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            t = treemod.Tree.scan(fd, str(root), counts.append)
-        finally:
-            os.close(fd)
+        t, counts = _scan_reporting(root)
         assert counts[0].total is not None and counts[0].total >= t.n_nodes
         assert counts[-1].total == counts[-1].entries == t.n_nodes and counts[-1].eta == 0.0
     finally:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
-from tierfs.testing import abort_connection, mounted
+from tierfs.testing import mounted, within
 
 
 def test_a_large_file_among_small_ones_gives_nm_balanced_mini_epochs_numbered_in_order(tmp_path, wait_position):
@@ -59,13 +58,7 @@ def _read_through_epochs(m, backing, epochs: int, deadline_s: float) -> dict[int
         except BaseException as exc:
             errors.append(exc)
 
-    th = threading.Thread(target=reader, daemon=True)
-    th.start()
-    th.join(deadline_s)
-    if th.is_alive():
-        abort_connection(m.mountpoint)
-        th.join(10)
-        pytest.fail(f"a reader of {m.mountpoint} hung for more than {deadline_s} s (connection aborted)")
+    within(m.mountpoint, reader, deadline_s)  # (a hang aborts the connection and fails the test)
     if errors:
         raise errors[0]
     return views
