@@ -204,6 +204,7 @@ class Schedule:
         #: set while the engine runs (``Engine.run``): a missing plan is left to its planner, never made here
         self.plans_ahead = False
         self._awaited: int | None = None  # the epoch whose plan the walk to the next mini-epoch waits for
+        self._sums: tuple[int, int, int] | None = None  # _bytes(), until the next mini-epoch or changed file
         self._generation = 0  # bumped by a replan: plans made from older settings are not kept
         self._sizes_lent = False  # disk_sizes is read by a plan job (copy before writing)
         n = tree.n_files
@@ -307,6 +308,7 @@ class Schedule:
             self.disk_sizes = self.disk_sizes.astype(np.int64 if size >= 2**31 else self.disk_sizes.dtype)
             self._sizes_lent = False
         self.disk_sizes[fidx] = size
+        self._sums = None  # (the tree took the file's new size first: Engine.changed)
 
     def coords_after(self, epoch: int, me: int) -> tuple[int, int] | None:
         """The mini-epoch after (epoch, me), skipping empty shares (fewer files than nm x world_size); None while
@@ -334,6 +336,7 @@ class Schedule:
             n = self.tree.n_files
             self.current = np.arange(n, dtype=index_dtype(n))
             self.current_mask[:] = True
+            self._sums = None
             self.new_view()
             return
         plan = self.plan(self.pos.epoch)
@@ -355,6 +358,7 @@ class Schedule:
             self.current_mask[:] = False
             self.current_mask[self.current] = True
         self._awaited = None
+        self._sums = None
         self.next_coords = self.coords_after(self.pos.epoch, self.pos.mini_epoch)
         if self.next_coords is None or self.next_coords == (self.pos.epoch, self.pos.mini_epoch):
             self.next_files = np.zeros(0, np.int64)  # (not planned yet, or no other mini-epoch)
@@ -427,18 +431,27 @@ class Schedule:
         elif self.current_mask[fidx]:
             self.pending_current.add(fidx)
 
+    def _bytes(self) -> tuple[int, int, int]:
+        """(data set, current, next mini-epoch) bytes: summed once per mini-epoch, not at every status read (a
+        scraper reads status often; at millions of files each sum is a gather of millions of sizes)."""
+        if self._sums is None:
+            sizes, nxt = self.tree.sizes, self.next_files
+            self._sums = (int(sizes.sum()), int(sizes[self.current].sum()),
+                          int(sizes[nxt].sum()) if len(nxt) else 0)
+        return self._sums
+
     def statistics(self) -> ScheduleStatistics:
-        pos, view, sizes, nxt = self.pos, self.view, self.tree.sizes, self.next_files
+        pos, view, nxt = self.pos, self.view, self.next_files
+        dataset_bytes, current_bytes, next_bytes = self._bytes()
         return ScheduleStatistics(
             epoch=pos.epoch, mini_epoch=pos.mini_epoch, pass_index=pos.pass_index, passes_total=pos.passes_total,
             rf_effective=tuple(pos.rf_effective), nm=self.nm_in_force(),
             view_files=len(view) if view is not None else 0, view_bytes=view.bytes if view is not None else 0,
-            dataset_files=self.tree.n_files, dataset_bytes=int(sizes.sum()),
-            next_files=len(nxt), next_pending=len(self.pending_next),
-            next_bytes=int(sizes[nxt].sum()) if len(nxt) else 0,
+            dataset_files=self.tree.n_files, dataset_bytes=dataset_bytes,
+            next_files=len(nxt), next_pending=len(self.pending_next), next_bytes=next_bytes,
             next_pending_bytes=self.pending_next.bytes,
             consumption_bytes_per_s=self.consumption_bps, current_files=len(self.current),
-            current_bytes=int(sizes[self.current].sum()), current_pending=len(self.pending_current),
+            current_bytes=current_bytes, current_pending=len(self.pending_current),
             current_pending_bytes=self.pending_current.bytes,
         )
 
