@@ -55,7 +55,7 @@ from tierfs.schedule import make_plan
 from tierfs.tree import Fingerprint, Tree
 
 __all__ = ["DOWN_S", "MISS_REASONS", "PeerFetch", "PeerGroup", "PeerLink", "PeerMiss", "PeerServer",
-           "PeerStatistics", "PeerStats", "join_mpi_group", "plan_owners"]
+           "PeerStatistics", "PeerStats", "PinsForPeers", "join_mpi_group", "listen", "plan_owners"]
 
 log = logging.getLogger("tierfs")
 
@@ -340,6 +340,16 @@ class PeerFetch:
 
 # =========================================================================================== serving
 
+class PinsForPeers(Protocol):
+    """What the server needs of the pin keeper (:class:`~tierfs.pins.PinKeeper` implements it)."""
+
+    def for_peer(self, entry: CacheEntry) -> None:
+        """Keep ``entry`` on disk while it is sent."""
+
+    def peer_done(self, entry: CacheEntry) -> None:
+        """It was sent (or the send failed): undo :meth:`for_peer`."""
+
+
 class PeerServer:
     """Sends this node's committed copies to its peers (see the module docstring); :meth:`run` in the mount's
     nursery, the sockets in threads of their own."""
@@ -430,13 +440,3 @@ class PeerServer:
             return  # the requester went (its deadline): its miss
         finally:
             os.close(fd)
-
-
-class PinsForPeers(Protocol):
-    """What the server needs of the pin keeper (:class:`~tierfs.pins.PinKeeper` implements it)."""
-
-    def for_peer(self, entry: CacheEntry) -> None:
-        """Keep ``entry`` on disk while it is sent."""
-
-    def peer_done(self, entry: CacheEntry) -> None:
-        """It was sent (or the send failed): undo :meth:`for_peer`."""
