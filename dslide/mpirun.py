@@ -106,7 +106,8 @@ class MpiJob:
 
     Hydra runs more ranks than cores without a flag (oversubscription), so ``-n 4`` works on 2 cores.
     ``rank_argv`` gives some ranks arguments of their own (an MPMD launch, ``-n 3 python A : -n 1 python B``):
-    how a test gives one rank a fault the others do not have, as one node of a real job may.
+    how a test gives one rank a fault the others do not have, as one node of a real job may.  ``launcher_args``
+    go to mpiexec itself (``-disable-auto-cleanup``: a rank that dies leaves the others running).
     """
 
     def __init__(
@@ -116,10 +117,11 @@ class MpiJob:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         rank_argv: dict[int, Sequence[str]] | None = None,
+        launcher_args: Sequence[str] = (),
     ) -> None:
         if MPIEXEC is None:
             raise FileNotFoundError("mpiexec not found next to the interpreter or on PATH")
-        self.argv = [MPIEXEC, *_mpmd_arguments(n, argv, rank_argv or {})]
+        self.argv = [MPIEXEC, *launcher_args, *_mpmd_arguments(n, argv, rank_argv or {})]
         # Files, not pipes: a chatty job must never block on a full pipe while the test polls it.
         self._stdout = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115

@@ -620,12 +620,13 @@ class CacheStore:
         self.committed -= entry.disk
         return True
 
-    def evict_lru(self, need: int) -> bool:
-        """Evict least recently used, unpinned copies until ``need`` more bytes fit; True if they do."""
+    def evict_lru(self, need: int, among: np.ndarray | None = None) -> bool:
+        """Evict least recently used, unpinned copies (of the files ``among`` masks, if given) until ``need`` more
+        bytes fit; True if they do."""
         for fidx in list(self.entries):
             if self.can_reserve(need):
                 return True
-            if not self.entries[fidx].opens:
+            if not self.entries[fidx].opens and (among is None or (fidx < len(among) and among[fidx])):
                 self.evict(fidx)
         return self.can_reserve(need)
 

@@ -222,6 +222,9 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
     from tierfs.mount import MountError, daemonize, default_log_path, run_mount
 
     daemon = ns.daemon or daemon_default
+    if daemon and config.settings.peers != "off":
+        raise UsageError(f"peers={config.settings.peers} runs under the job's launcher (mpiexec, srun), which waits "
+                         "for its ranks: mount in the foreground (tierfs mount, or add --foreground)")
     report = log_path = None
     terminal = ScanProgress(sys.stderr)  # (a foreground mount's; a daemon's parent shows its own)
     scan_progress = terminal.update

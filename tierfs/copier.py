@@ -11,6 +11,12 @@ the open brought), the reads (exactly the file's size: no read at EOF, the ``fst
 that grew) and one ``fstat`` -- on a network filesystem each is a request, and a latency-bound tier is paid
 per request.
 
+A copy may be offered a *peer* (peers.py, ``peers=mpi``): its bytes are then asked of the node that holds the
+file, for the version the tree knows, into the same temp file; whatever the peer does not give exactly (a miss)
+starts the copy over from the backing.  The backing file is opened and ``fstat``-ed after the bytes landed all
+the same: a peer's copy is renamed into place only if the backing file is still that version (a peer never
+makes a wrong byte possible), and the backing's bytes are not read.
+
 Copies run in batches, one after the other in one worker thread (:class:`CopyBatch`), watched from the trio
 thread: a copy whose backing call hangs can be *abandoned* (see staging.py).  An abandoned copy's thread stops
 after it, and the copy never lands -- it asks the batch immediately before its rename, and deletes its temp file
@@ -26,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import xxhash
 
@@ -35,7 +42,8 @@ from tierfs.cache import allocated, entry_name, temp_copy_name
 from tierfs.protocol import COPY_MTIME_NS
 from tierfs.tree import Fingerprint, fingerprint
 
-__all__ = ["CHUNK", "BackingChanged", "Copied", "CopyAbandoned", "CopyBatch", "copy_into_cache"]
+__all__ = ["CHUNK", "BackingChanged", "Copied", "CopyAbandoned", "CopyBatch", "PeerMissed", "PeerSource",
+           "copy_into_cache"]
 
 CHUNK = 1 << 20
 
@@ -52,6 +60,18 @@ class CopyAbandoned(Exception):
     """The stager gave the copy up while it waited on the backing: its temp file is deleted, never renamed."""
 
 
+class PeerMissed(Exception):
+    """A peer did not give the file (peers.py raises its ``PeerMiss``, a subclass): copy it from the backing."""
+
+
+class PeerSource(Protocol):
+    """One file to ask of a peer (peers.py's ``PeerFetch``), in the copy's worker thread."""
+
+    def fetch_into(self, dst: int, expected: Fingerprint, hasher: xxhash.xxh3_64 | None,
+                   alive: Callable[[], None]) -> int:
+        """Write the peer's bytes of version ``expected`` to ``dst``; their count, or :class:`PeerMissed`."""
+
+
 @dataclass(frozen=True)
 class Copied:
     name: str
@@ -59,18 +79,20 @@ class Copied:
     digest: int | None
     disk: int
     copy_id: tuple[int, int]
+    from_peer: bool = False  # the bytes came from a peer's cache, not the backing
 
 
 def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprint, data_fd: int, serial: int, *,
                     sparse: bool, hash_content: bool, throttle: Callable[[int], None] | None, block: int,
                     progress: Callable[[int], None] = lambda nbytes: None,
-                    may_commit: Callable[[], bool] = lambda: True) -> Copied:
+                    may_commit: Callable[[], bool] = lambda: True, peer: PeerSource | None = None) -> Copied:
     """Copy one backing file of fingerprint ``expected`` into ``data_fd`` (a worker thread).
 
     ``sparse``: the tree saw fewer blocks than bytes (its holes are looked for with ``SEEK_DATA``).
     ``progress(nbytes)`` is called after every read with the bytes it brought (whatever becomes of the copy:
     the backing served them), ``may_commit()`` right before the rename (False: the copy was
-    abandoned).  Raises :class:`BackingChanged` when the file is not ``expected`` after the copy,
+    abandoned).  ``peer``: ask it for the bytes first (the backing only if it misses).
+    Raises :class:`BackingChanged` when the file is not ``expected`` after the copy,
     :class:`CopyAbandoned`, ``OSError`` when it cannot be read or written.
     """
     size = expected[0]
@@ -80,8 +102,19 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                       dir_fd=data_fd)
         hasher = xxhash.xxh3_64() if hash_content else None
+        from_peer = False
         try:
-            total = _copy_data(src, dst, size, sparse, hasher, throttle, progress)
+            total = -1
+            if peer is not None:
+                try:
+                    total = peer.fetch_into(dst, expected, hasher, lambda: progress(0))
+                    from_peer = True
+                except PeerMissed:
+                    os.ftruncate(dst, 0)  # (what the peer sent goes: the backing's bytes from the start)
+                    os.lseek(dst, 0, os.SEEK_SET)
+                    hasher = xxhash.xxh3_64() if hash_content else None
+            if not from_peer:
+                total = _copy_data(src, dst, size, sparse, hasher, throttle, progress)
             os.utime(dst, ns=(COPY_MTIME_NS, COPY_MTIME_NS))
         finally:
             os.close(dst)
@@ -95,7 +128,7 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
         os.rename(tmp, name, src_dir_fd=data_fd, dst_dir_fd=data_fd)
         tmp = None
         cst = os.stat(name, dir_fd=data_fd, follow_symlinks=False)  # (after the rename: it moves ctime)
-        return Copied(name, expected, digest, allocated(cst, block), (cst.st_ino, cst.st_ctime_ns))
+        return Copied(name, expected, digest, allocated(cst, block), (cst.st_ino, cst.st_ctime_ns), from_peer)
     finally:
         os.close(src)
         if tmp is not None:

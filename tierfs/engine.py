@@ -59,6 +59,7 @@ from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
 from tierfs.options import LiveSettings, MountConfig, Settings, format_size
 from tierfs.pace import PaceWatch, Rates
+from tierfs.peers import PeerGroup, PeerLink, PeerServer, plan_owners
 from tierfs.pins import PinKeeper
 from tierfs.planner import Planner
 from tierfs.policy import POLICIES
@@ -80,8 +81,9 @@ _ARF_HISTORY_KEPT = 1000
 class Engine:
     """See the module docstring.  ``mount.py``: ``open()``, then ``run()`` beside ``pyfuse3.main()``, ``close()``."""
 
-    def __init__(self, config: MountConfig) -> None:
+    def __init__(self, config: MountConfig, link: PeerLink | None = None) -> None:
         self.config = config
+        self.link = link  # (peers=mpi: this node's place in its group, joined before the mount opens)
         self.live = LiveSettings(config.settings)  # the one holder of the settings in force: the parts read it
         self.cache = CacheStore(config.cache, config.capacity)
         self.cache_limiter = trio.CapacityLimiter(16)  # threads for cache-disk work (opens, hashes)
@@ -122,7 +124,10 @@ class Engine:
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)
             policy = POLICIES[s.policy]
             self.schedule = Schedule(tree, self.live, cfg.capacity, pos, disk, walks_plans=policy.walks_plans)
-            self.policy = policy(self.schedule, self.cache)
+            # Peers: who owns each file (staged it in epoch 0), the same on every node; kept beyond its mini-epochs
+            owners = plan_owners(disk, tree.groups, s, cfg.capacity) if self.link is not None else None
+            self.peers = PeerGroup(self.link, tree, owners=owners, settings=s)
+            self.policy = policy(self.schedule, self.cache, owned=self.peers.owned())
             self.policy.check_fits()
             self.cache.open(tree, need_digest=s.verify == "xxhash")
         except BaseException:
@@ -134,13 +139,14 @@ class Engine:
         self.backing = Backing(self.root_fd, backing, tree, self.live)
         self.arf = Arf(Arf.controller_for(s), pos.arf_history)
         self.stager = Stager(tree, self.cache, self.backing, schedule=self.schedule, policy=self.policy,
-                             settings=self.live, events=self)
+                             settings=self.live, events=self, peers=self.peers)
         # (the kernel's caches are reached once the mount is up: attach_kernel)
         self.pusher = Pusher(tree, self.cache, KernelCache(), schedule=self.schedule, stager=self.stager,
                              budget=push_budget(), verify=s.verify == "xxhash", events=self)
         self.versions = self.pusher.versions  # which version of each file the kernel holds
         self.reval = Revalidator(tree, self.backing, policy=self.policy, settings=self.live, events=self)
-        self.pins = PinKeeper(self.cache, self.stager)  # lent copies and the batch plans' pass pins
+        self.pins = PinKeeper(self.cache, self.stager)  # lent copies, the batch plans' pass pins, peers' sends
+        self.peer_server = PeerServer(self.peers, tree, self.cache, self.pins)
         self.data = DataPath(tree=tree, cache=self.cache, cache_limiter=self.cache_limiter, backing=self.backing,
                              reval=self.reval, stager=self.stager, pusher=self.pusher, schedule=self.schedule,
                              policy=self.policy, pins=self.pins, settings=self.live, events=self)
@@ -179,6 +185,8 @@ class Engine:
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
                 nursery.start_soon(supervised, "backing watch", self.backing.run)
                 nursery.start_soon(supervised, "staging watch", self.stager.watch)  # (readers' copies too)
+                if self.peers.enabled:
+                    nursery.start_soon(supervised, "peer server", self.peer_server.run)
                 if self.policy.walks_plans:
                     nursery.start_soon(supervised, "planner", self.planner.run)
                     nursery.start_soon(supervised, "pusher", self.pusher.run)
@@ -210,6 +218,8 @@ class Engine:
             self.save_journal()
             self.cache.save_index(self.tree)
         self.cache.close()
+        if self.link is not None:
+            self.link.close()
         if self.root_fd >= 0:
             os.close(self.root_fd)
             self.root_fd = -1
@@ -589,4 +599,5 @@ class Engine:
             last_error=self.last_error, tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
             substitution=self.names.substitution_statistics(),
             consumers=self.consumers.statistics(self.settings.consumer_timeout),
+            peers=self.peers.statistics(self.cache),
         )

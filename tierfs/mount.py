@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import logging
 import os
@@ -505,7 +506,19 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     before, after = raise_fd_limit()
     if after != before:
         log.info("file descriptor limit raised from %d to %d", before, after)
-    engine = Engine(config)
+    link = None
+    if config.settings.peers == "mpi":
+        from tierfs.peers import join_mpi_group
+
+        try:
+            link = join_mpi_group(config.settings.peer_addr)
+        except (ValueError, OSError) as exc:
+            raise MountError(str(exc)) from None
+        # (the rank and the job's size are MPI's: every node's plan is cut by them)
+        config = dataclasses.replace(config, settings=dataclasses.replace(
+            config.settings, rank=link.rank, world_size=link.world_size))
+        log.info("peers: rank %d of %d, serving at %s:%d", link.rank, link.world_size, *link.addresses[link.rank])
+    engine = Engine(config, link)
 
     def scanning(count: ScanCount) -> None:
         # a long first scan shows in ``systemctl status`` (and in the log every few seconds)

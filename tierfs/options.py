@@ -201,6 +201,25 @@ def _group(text: str) -> str:
     return text
 
 
+def parse_peer_addr(text: str) -> tuple[str, int]:
+    """``HOST`` or ``HOST:PORT`` (``[V6]:PORT``): where a peer listens and what it announces; empty: every
+    interface, an ephemeral port, announced as the host name's address (peers.py)."""
+    if not text:
+        return "", 0
+    host, sep, port = text.rpartition(":")
+    if not sep or "]" in port or (host.count(":") and not host.startswith("[")):
+        host, port = text, "0"
+    host = host.strip("[]")
+    if not host or not port.isdigit() or int(port) > 65535 or any(c.isspace() or c == "," for c in text):
+        raise ValueError(f"expected HOST or HOST:PORT (port 0-65535), got {text[:64]!r}")
+    return host, int(port)
+
+
+def _peer_addr(text: str) -> str:
+    parse_peer_addr(text)
+    return text
+
+
 def _bandwidth(text: str) -> int:
     v = parse_size(text)
     if v > _MAX_BANDWIDTH:
@@ -253,6 +272,12 @@ OPTIONS: dict[str, Option] = {
         Option("seed", _int_between(0, 2**63 - 1), False, "seed of every shuffle"),
         Option("rank", _int_between(0, 1_000_000), False, "this node's rank for node-level sharding"),
         Option("world_size", _int_between(1, 1_000_000), False, "number of nodes sharing the plan"),
+        Option("peers", _choice("off", "mpi"), False, "mpi: the daemons of one job (started by mpiexec or srun, one "
+               "rank per node) stage from each other's caches; rank and world_size come from MPI"),
+        Option("peer_addr", _peer_addr, False, "HOST or HOST:PORT this node's peers reach it at (peers=mpi); "
+               "empty: every interface, a free port, announced as the host name's address"),
+        Option("peer_timeout", _seconds, False, "seconds a peer may take to answer before the file is read from "
+               "the backing instead (peers=mpi)"),
         Option("view", _choice("mini-epoch", "full"), False, "what the root shows"),
         Option("listing", _choice("view", "all"), False, "what directories list: the view's files, or all files "
                "(the view, order and passes stay the mini-epoch's: for a dataset built once with MountSampler)"),
@@ -315,6 +340,9 @@ class Settings:
     seed: int = 0
     rank: int = 0
     world_size: int = 1
+    peers: str = "off"
+    peer_addr: str = ""
+    peer_timeout: float = 5.0
     view: str = "mini-epoch"
     listing: str = "view"
     substitute: bool = False
@@ -327,6 +355,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.rank >= self.world_size:
             raise ValueError(f"rank must be < world_size ({self.world_size}), got {self.rank}")
+        if self.peers != "off" and self.policy != "met":
+            raise ValueError(f"peers={self.peers} needs policy=met (peers own the files of the plans' first epoch)")
         if self.policy == "lru" and self.view != "full":
             # The LRU baseline has no mini-epochs to show; it always serves the whole tree.
             object.__setattr__(self, "view", "full")

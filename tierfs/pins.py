@@ -6,7 +6,8 @@ release.  Two kinds of reader open copies by path, and for them this one owner h
 * a **lease**: a copy lent to a direct reader (``DataPath.lend``, the ``user.tierfs.copy`` xattr) stays
   pinned :data:`LEND_SECONDS`, long enough for the reader to open it right after asking;
 * a **pass pin**: a copy a batch plan named (plans.py) stays pinned until the pass it was planned in ends (all
-  read, ``next-pass``, the root listed again, a switch), once however many plans of that pass name it.
+  read, ``next-pass``, the root listed again, a switch), once however many plans of that pass name it;
+* a **peer's pin**: a copy sent to a peer (peers.py) stays pinned while it is sent.
 
 An eviction or a change of the backing file meanwhile only *dooms* a pinned copy; its name (never reused) is
 unlinked on the last unpin.  An unpin that frees space wakes the stager.  :meth:`PinKeeper.run`, started in the
@@ -73,6 +74,17 @@ class PinKeeper:
                 continue
             await trio.sleep(max(0.0, self._leases[0][0] - time.monotonic()))
             self.return_leases()
+
+    # -------------------------------------------------------------------------------------- peers' pins
+
+    def for_peer(self, entry: CacheEntry) -> None:
+        """(PinsForPeers) Keep ``entry`` on disk while the peer server sends it."""
+        self.cache.pin(entry)
+
+    def peer_done(self, entry: CacheEntry) -> None:
+        """(PinsForPeers) Sent: unpin it (a copy evicted meanwhile goes now, and the stager may use the room)."""
+        if self.cache.unpin(entry):
+            self.stager.notify()
 
     # -------------------------------------------------------------------------------------- pass pins
 

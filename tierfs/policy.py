@@ -34,9 +34,11 @@ class CachePolicy:
     #: the mount walks the sampler's plans: a stager and a pusher run, passes switch mini-epochs
     walks_plans: bool
 
-    def __init__(self, schedule: Schedule, cache: CacheStore) -> None:
+    def __init__(self, schedule: Schedule, cache: CacheStore, *, owned: np.ndarray | None = None) -> None:
         self.schedule = schedule
         self.cache = cache
+        #: (met with peers) a mask of the files this node owns: their copies stay while the cap allows
+        self.owned = owned
 
     def check_fits(self) -> None:
         """``ValueError`` (naming the file or the fix) if this configuration cannot work."""
@@ -90,10 +92,13 @@ class MetPolicy(CachePolicy):
         return bool(self.schedule.wanted[fidx])  # the current and the next mini-epoch
 
     def drop_unwanted(self) -> bool:
-        return self.cache.evict_unwanted(self.schedule.wanted)
+        wanted = self.schedule.wanted
+        return self.cache.evict_unwanted(wanted if self.owned is None else wanted | self.owned)
 
     def make_room(self, size: int) -> bool:
         self.drop_unwanted()
+        if self.owned is not None and not self.cache.can_reserve(size):
+            self.cache.evict_lru(size, among=~self.schedule.wanted)  # (owned copies, for the mini-epochs' needs)
         return self.cache.can_reserve(size)
 
     def fetches_on_open(self, fidx: int) -> bool:

@@ -62,6 +62,7 @@ from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copier import BackingChanged, Copied, CopyBatch, copy_into_cache
 from tierfs.filequeue import FileQueue
 from tierfs.options import LiveSettings
+from tierfs.peers import PeerGroup
 from tierfs.policy import CachePolicy
 from tierfs.schedule import Schedule
 from tierfs.tree import Tree, fingerprint
@@ -204,10 +205,11 @@ class Stager:
     is read from them."""
 
     def __init__(self, tree: Tree, cache: CacheStore, backing: Backing, *, schedule: Schedule, policy: CachePolicy,
-                 settings: LiveSettings, events: StagerEvents) -> None:
+                 settings: LiveSettings, events: StagerEvents, peers: PeerGroup) -> None:
         self.tree = tree
         self.cache = cache
         self.backing = backing
+        self.peers = peers  # (peers=mpi: a copy asks the file's owner first; peers.py)
         self.schedule = schedule
         self.policy = policy
         self.settings = settings
@@ -444,11 +446,15 @@ class Stager:
             jobs = []
             for fidx, _ in batch:
                 node = self.tree.file_node(fidx)
-                jobs.append(None if not self.policy.keeps(fidx) else functools.partial(
+                sparse = node.st.st_blocks * 512 < node.st.st_size
+                wanted = self.policy.keeps(fidx)
+                jobs.append(None if not wanted else functools.partial(
                     copy_into_cache, self.backing.root_fd, self.backing.dev, node.path, fingerprint(node.st),
                     self.cache.data_fd, self.cache.next_serial(),
-                    sparse=node.st.st_blocks * 512 < node.st.st_size, hash_content=self.hash_content,
-                    throttle=self.backing.throttle_from_thread, block=self.cache.block))
+                    sparse=sparse, hash_content=self.hash_content,
+                    throttle=self.backing.throttle_from_thread, block=self.cache.block,
+                    # (a sparse file's holes are kept by the backing copy only: its reservation counts on them)
+                    peer=None if sparse else self.peers.source_for(fidx)))
             copies = CopyBatch(jobs, self.backing)
             cpu_s = time.thread_time() - cpu0
             copy_s = 0.0

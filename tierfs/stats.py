@@ -32,6 +32,7 @@ from tierfs.consumers import ConsumersStatistics
 from tierfs.following import LoaderStatistics
 from tierfs.opening import TreeStatistics
 from tierfs.pace import PaceStatistics
+from tierfs.peers import MISS_REASONS, PeerStatistics
 from tierfs.plans import PlanStatistics
 from tierfs.pusher import PusherStatistics
 from tierfs.revalidate import RevalidatorStatistics
@@ -150,6 +151,7 @@ class Status:
     loader: LoaderStatistics  # whether the loader follows the view (following.py)
     substitution: SubstitutionStatistics  # the substitute option (substitute.py)
     consumers: ConsumersStatistics  # the jobs reading the mount (consumers.py)
+    peers: PeerStatistics  # the other nodes of the job, with peers=mpi (peers.py)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -214,6 +216,10 @@ def _is(value: str) -> Callable[[str], bool]:
 
 
 _READS = "Opens of dataset files by where they were served from."
+
+
+def _miss_of(reason: str) -> Callable[[dict[str, int]], int]:
+    return lambda misses: misses[reason]
 
 #: every metric, in the order of the text (tests/engine/test_metrics.py checks it against the fields)
 METRICS: tuple[Metric, ...] = (
@@ -340,6 +346,19 @@ METRICS: tuple[Metric, ...] = (
           ("consumer_waiting", "gauge", "1 while the consumer waits for the others (it made its rf passes).",
            "waiting_s", lambda waited: waited is not None),
       )),
+    Metric("peer_fetched_files_total", "counter", "Copies staged from peers' caches (peers=mpi).",
+           ("peers.fetched_files",)),
+    Metric("peer_fetched_bytes_total", "counter", "Bytes staged from peers' caches instead of the slow tier.",
+           ("peers.fetched_bytes",)),
+    Metric("peer_served_files_total", "counter", "Copies this node sent its peers.", ("peers.served_files",)),
+    Metric("peer_served_bytes_total", "counter", "Bytes this node sent its peers.", ("peers.served_bytes",)),
+    *(Metric("peer_misses_total", "counter", "Files a peer did not give, by reason: read from the slow tier "
+             "instead.", ("peers.misses",), _miss_of(reason), constant=(("reason", reason),))
+      for reason in MISS_REASONS),
+    Metric("peers_alive", "gauge", "Peers whose last contact succeeded.", ("peers.alive",)),
+    Metric("owned_files", "gauge", "Files this node owns for its peers (staged in epoch 0), kept while the cap "
+           "allows.", ("peers.owned_files",)),
+    Metric("owned_cached_files", "gauge", "Owned files cached now.", ("peers.owned_cached_files",)),
     Metric("last_error", "gauge", "1 if a control write or staging error is on record.", ("last_error",),
            lambda error: error is not None),
 )
@@ -390,6 +409,8 @@ NOT_METRICS: dict[str, str] = {
     "consumers.timeout": _SETTING,
     "consumers.consumers[].drops": "per consumer; the mount's count is tierfs_consumer_drops_total",
     "consumers.consumers[].advance_vote": _DIAGNOSTIC,
+    "peers.enabled": _SETTING, "peers.rank": _SETTING, "peers.world_size": _SETTING, "peers.address": _TEXT,
+    "peers.peers[]": "per peer, status only: the node's totals are the tierfs_peer_* metrics",
 }
 
 
@@ -399,7 +420,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics,
                  loader: LoaderStatistics, substitution: SubstitutionStatistics,
-                 consumers: ConsumersStatistics) -> Status:
+                 consumers: ConsumersStatistics, peers: PeerStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -428,6 +449,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         handles=data.handles, plans=data.plans, fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=data.fd_budget, tree=tree, arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])),
         last_error=last_error, mountpoint=mountpoint, loader=loader, substitution=substitution, consumers=consumers,
+        peers=peers,
     )
 
 
