@@ -508,12 +508,13 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
         log.info("file descriptor limit raised from %d to %d", before, after)
     link = None
     if config.settings.peers == "mpi":
-        from tierfs.peers import join_mpi_group
+        from tierfs.peers import detach_from_launcher, join_mpi_group
 
         try:
             link = join_mpi_group(config.settings.peer_addr)
         except (ValueError, OSError) as exc:
             raise MountError(str(exc)) from None
+        detach_from_launcher(link)
         # (the rank and the job's size are MPI's: every node's plan is cut by them)
         config = dataclasses.replace(config, settings=dataclasses.replace(
             config.settings, rank=link.rank, world_size=link.world_size))

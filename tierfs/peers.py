@@ -33,8 +33,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hmac
 import logging
 import os
+import secrets
+import signal
 import socket
 import struct
 import threading
@@ -55,14 +58,15 @@ from tierfs.schedule import make_plan
 from tierfs.tree import Fingerprint, Tree
 
 __all__ = ["DOWN_S", "MISS_REASONS", "PeerFetch", "PeerGroup", "PeerLink", "PeerMiss", "PeerServer",
-           "PeerStatistics", "PeerStats", "PinsForPeers", "join_mpi_group", "listen", "plan_owners"]
+           "PeerStatistics", "PeerStats", "PinsForPeers", "detach_from_launcher", "join_mpi_group", "listen",
+           "plan_owners"]
 
 log = logging.getLogger("tierfs")
 
 DOWN_S = 5.0  # seconds a peer that refused or timed out is not asked again
 CHUNK = 1 << 20
 _MAGIC = b"TFP1"
-_REQUEST = struct.Struct("!4sIQQ4q")  # magic, requester's rank, file index, path hash, fingerprint
+_REQUEST = struct.Struct("!4s16sIQQ4q")  # magic, the job's token, requester's rank, file index, path hash, fingerprint
 _ANSWER = struct.Struct("!4sBQ4qQB")  # magic, status, size, fingerprint of the copy, digest, has digest
 _OK, _NOT_HELD, _OTHER_VERSION, _UNKNOWN = 0, 1, 2, 3
 #: why a peer did not give a file (status ``peers.misses``): ``down`` -- not asked, it refused or timed out
@@ -82,12 +86,15 @@ class PeerMiss(PeerMissed):
 
 @dataclass
 class PeerLink:
-    """This node's place in the group: its rank, everyone's address (by rank), and its listening socket."""
+    """This node's place in the group: its rank, everyone's address (by rank), its listening socket, and the
+    job's token (random, drawn by rank 0 and given to every rank with the addresses): a request without it is
+    not answered, so the port serves the job's nodes, not whoever on the network connects to it."""
 
     rank: int
     world_size: int
     addresses: list[tuple[str, int]]
     listener: socket.socket | None
+    token: bytes = dataclasses.field(repr=False)
 
     def close(self) -> None:
         if self.listener is not None:
@@ -120,14 +127,43 @@ def join_mpi_group(peer_addr: str) -> PeerLink:
     except (OSError, ValueError) as exc:
         mine = f"rank {comm.Get_rank()} cannot listen on peer_addr={peer_addr or '(any)'}: {exc}"
     everyone = comm.allgather(mine)
+    token = comm.bcast(secrets.token_bytes(16) if comm.Get_rank() == 0 else None, root=0)
     rank, size = comm.Get_rank(), comm.Get_size()
     MPI.Finalize()  # (membership only: nothing of MPI is used again, so a dead rank can hang nothing)
+    # mpiexec (hydra, with -disable-auto-cleanup) tells the ranks left when one dies with SIGUSR1, whose default
+    # action ends the process: here a dead peer is a peer miss, so this daemon goes on serving.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     failed = [a for a in everyone if isinstance(a, str)]
     if failed:
         if sock is not None:
             sock.close()
         raise ValueError(f"peers=mpi: {failed[0]}")
-    return PeerLink(rank, size, [tuple(a) for a in everyone], sock)  # type: ignore[misc]
+    return PeerLink(rank, size, [tuple(a) for a in everyone], sock, token)  # type: ignore[misc]
+
+
+def detach_from_launcher(link: PeerLink) -> None:
+    """(``peers=mpi``, once the group is joined) Serve from a child in a session of its own; the rank's process
+    stays the launcher's, forwards SIGTERM/SIGINT/SIGHUP to it and exits with its status.
+
+    When one rank dies, mpiexec (hydra) kills the processes of the other ranks -- even with
+    ``-disable-auto-cleanup`` it does so for some of them, by a race -- while here a dead peer must be a peer
+    miss for the others.  The launcher's kill reaches only the process it started: the mount goes on in the
+    child, which a job's end (``scancel``: every process of the job; Ctrl-C at mpiexec: forwarded) still
+    stops."""
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        return
+    link.close()  # (the child serves on it)
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    _, status = os.waitpid(pid, 0)  # (a forwarded signal's handler runs; the wait goes on: PEP 475)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
 def plan_owners(disk_sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacity: int) -> np.ndarray:
@@ -168,6 +204,7 @@ class PeerStatistics:
     served_bytes: int
     misses: dict[str, int]  # files a peer did not give, by reason (MISS_REASONS): copied from the backing
     alive: int  # peers whose last contact succeeded
+    strangers: int  # connections turned away: no (or another job's) token
     owned_files: int  # files this node owns (staged in epoch 0) and keeps while its cap allows
     owned_cached_files: int  # of those, cached now
     peers: tuple[PeerStats, ...]
@@ -198,6 +235,7 @@ class PeerGroup:
         self.peers = {r: _Peer(r, a) for r, a in enumerate(link.addresses) if r != self.rank} if link else {}
         self._lock = threading.Lock()
         self._misses = dict.fromkeys(MISS_REASONS, 0)
+        self._strangers = 0
 
     @property
     def enabled(self) -> bool:
@@ -239,6 +277,11 @@ class PeerGroup:
             peer.fetched_bytes += nbytes
             peer.last_contact, peer.alive = time.time(), True
 
+    def stranger(self) -> None:
+        """A connection without this job's token was turned away."""
+        with self._lock:
+            self._strangers += 1
+
     def served(self, rank: int, nbytes: int) -> None:
         """The server sent a copy of ``nbytes`` to ``rank``."""
         peer = self.peers.get(rank)
@@ -257,14 +300,14 @@ class PeerGroup:
             peers = tuple(PeerStats(p.rank, f"{p.address[0]}:{p.address[1]}", p.alive and p.down_until <= now,
                                     p.last_contact, p.fetched_files, p.fetched_bytes, p.served_files,
                                     p.served_bytes, p.misses) for p in self.peers.values())
-            misses = dict(self._misses)
+            misses, strangers = dict(self._misses), self._strangers
         link = self.link
         return PeerStatistics(
             enabled=self.enabled, rank=self.rank, world_size=link.world_size if link else 1,
             address=f"{link.addresses[link.rank][0]}:{link.addresses[link.rank][1]}" if link else "",
             fetched_files=sum(p.fetched_files for p in peers), fetched_bytes=sum(p.fetched_bytes for p in peers),
             served_files=sum(p.served_files for p in peers), served_bytes=sum(p.served_bytes for p in peers),
-            misses=misses, alive=sum(p.alive for p in peers), owned_files=owned_files,
+            misses=misses, alive=sum(p.alive for p in peers), strangers=strangers, owned_files=owned_files,
             owned_cached_files=owned_cached, peers=peers)
 
 
@@ -310,7 +353,9 @@ class PeerFetch:
     def _fetch(self, dst: int, expected: Fingerprint, hasher: xxhash.xxh3_64 | None,
                alive: Callable[[], None]) -> int:
         with socket.create_connection(self.peer.address, timeout=self.group.timeout) as sock:
-            sock.sendall(_REQUEST.pack(_MAGIC, self.group.rank, self.fidx, self.path_hash, *expected))
+            assert self.group.link is not None
+            sock.sendall(_REQUEST.pack(_MAGIC, self.group.link.token, self.group.rank, self.fidx, self.path_hash,
+                                       *expected))
             magic, status, size, *rest = _ANSWER.unpack(_recv_exactly(sock, _ANSWER.size))
             fp, digest, has_digest = tuple(rest[:4]), rest[4], rest[5]
             if magic != _MAGIC:
@@ -387,10 +432,12 @@ class PeerServer:
         with conn:
             conn.settimeout(self.group.timeout)
             try:
-                magic, rank, fidx, path_hash, *fp = _REQUEST.unpack(_recv_exactly(conn, _REQUEST.size))
+                magic, token, rank, fidx, path_hash, *fp = _REQUEST.unpack(_recv_exactly(conn, _REQUEST.size))
             except (PeerMiss, OSError, struct.error):
                 return
-            if magic != _MAGIC:
+            link = self.group.link
+            if magic != _MAGIC or link is None or not hmac.compare_digest(token, link.token):
+                self.group.stranger()
                 return
             try:
                 lent = trio.from_thread.run_sync(self._lend, fidx, path_hash, tuple(fp), trio_token=self._token)

@@ -356,6 +356,8 @@ METRICS: tuple[Metric, ...] = (
              "instead.", ("peers.misses",), _miss_of(reason), constant=(("reason", reason),))
       for reason in MISS_REASONS),
     Metric("peers_alive", "gauge", "Peers whose last contact succeeded.", ("peers.alive",)),
+    Metric("peer_strangers_total", "counter", "Connections to the peer port turned away: no token of this job.",
+           ("peers.strangers",)),
     Metric("owned_files", "gauge", "Files this node owns for its peers (staged in epoch 0), kept while the cap "
            "allows.", ("peers.owned_files",)),
     Metric("owned_cached_files", "gauge", "Owned files cached now.", ("peers.owned_cached_files",)),
@@ -410,7 +412,7 @@ NOT_METRICS: dict[str, str] = {
     "consumers.consumers[].drops": "per consumer; the mount's count is tierfs_consumer_drops_total",
     "consumers.consumers[].advance_vote": _DIAGNOSTIC,
     "peers.enabled": _SETTING, "peers.rank": _SETTING, "peers.world_size": _SETTING, "peers.address": _TEXT,
-    "peers.peers[]": "per peer, status only: the node's totals are the tierfs_peer_* metrics",
+    "peers.peers": "per peer, status only: the node's totals are the tierfs_peer_* metrics",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tierfs import peers
 from tierfs.copier import copy_into_cache
 from tierfs.engine import Engine
 from tierfs.options import MountConfig, Settings
@@ -38,8 +40,9 @@ def pair(tmp_path, dataset):
     def factory(addresses=None, capacity=None, **settings) -> list[Engine]:
         socks = [listen("127.0.0.1") for _ in range(2)]
         addrs = addresses or [a for _, a in socks]
+        token = secrets.token_bytes(16)  # (the job's: rank 0 draws it, MPI gives it to every rank)
         for r, (sock, _) in enumerate(socks):
-            link = PeerLink(r, 2, list(addrs), sock)
+            link = PeerLink(r, 2, list(addrs), sock, token)
             cfg = MountConfig(backing=os.fspath(backing), mountpoint=os.fspath(tmp_path / f"mnt{r}"),
                               cache=os.fspath(tmp_path / f"cache{r}"),
                               capacity=capacity or int(_disk_total(backing) * 0.8),
@@ -122,6 +125,36 @@ def test_a_peer_holding_another_version_is_refused_and_the_backing_copied(pair, 
         assert Path(b.cache.data_path, copied.name).read_bytes() == new != old
         assert b.peers.statistics(b.cache).misses["other_version"] == 1
         assert b.peers.statistics(b.cache).fetched_files == 0
+
+    t.run(main)
+
+
+def test_a_request_without_the_jobs_token_gets_no_byte(pair, t):
+    a, b = pair()
+
+    def ask(token: bytes) -> bytes:
+        """Ask ``a`` for a file it holds, as a peer would, with ``token``; what came back."""
+        fidx = int(next(f for f in a.schedule.current if a.cache.get(int(f)) is not None))
+        request = peers._REQUEST.pack(peers._MAGIC, token, 1, fidx, a.tree.path_hash_of(fidx),
+                                      *fingerprint(a.tree.file_node(fidx).st))
+        with socket.create_connection(a.peers.link.addresses[0], timeout=10) as sock:
+            sock.sendall(request)
+            got = bytearray()
+            while chunk := sock.recv(1 << 16):
+                got += chunk
+        return bytes(got)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for e in (a, b):
+                await n.start(e.run)
+            await _settled([a, b], t)
+            stranger = await trio.to_thread.run_sync(ask, bytes(16))
+            member = await trio.to_thread.run_sync(ask, a.peers.link.token)
+            n.cancel_scope.cancel()
+        assert stranger == b""  # (not even a "not held")
+        assert len(member) > peers._ANSWER.size  # the header and the bytes: the same request with the token
+        assert a.peers.statistics(a.cache).strangers == 1
 
     t.run(main)
 

@@ -83,6 +83,21 @@ def _mini_epoch(mnts: list[Path], backing: Path, at: tuple[int, int]) -> None:
         (m / ".tierfs" / "control").write_text("advance\n")
 
 
+def _processes_of_rank(job: MpiJob, rank: int) -> list[int]:
+    """Every process of ``rank``: the one the launcher started and the daemon it forked."""
+    job.track()
+    pids = []
+    for pid in job.seen:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in environ:
+            pids.append(pid)
+    assert len(pids) == 2, pids
+    return pids
+
+
 def _disk(cache: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in (cache / "data").iterdir())
 
@@ -110,7 +125,8 @@ def test_a_killed_peer_is_a_miss_and_the_others_finish_from_the_slow_tier(group)
         _mini_epoch(mnts, backing, (0, me))
     _mini_epoch(mnts, backing, (1, 0))
     before = [_at(m, (1, 1))["backing_bytes_read"] for m in mnts[:3]]
-    os.kill(job.rank_pids()[3], signal.SIGKILL)  # mid-epoch: rank 3's cache is gone for the others
+    for pid in _processes_of_rank(job, 3):  # mid-epoch: rank 3's daemon (and its rank's process) die
+        os.kill(pid, signal.SIGKILL)
     alive = mnts[:3]
     for epoch, me in [(1, 1), (1, 2), (1, 3), (2, 0), (2, 1)]:
         _mini_epoch(alive, backing, (epoch, me))  # correct bytes, every read within its deadline
