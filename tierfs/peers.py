@@ -64,6 +64,7 @@ __all__ = ["DOWN_S", "MISS_REASONS", "PeerFetch", "PeerGroup", "PeerLink", "Peer
 log = logging.getLogger("tierfs")
 
 DOWN_S = 5.0  # seconds a peer that refused or timed out is not asked again
+SERVING = 16  # requests served at once; more wait to be accepted (each thread holds a copy's descriptor)
 CHUNK = 1 << 20
 _MAGIC = b"TFP1"
 _REQUEST = struct.Struct("!4s16sIQQ4q")  # magic, the job's token, requester's rank, file index, path hash, fingerprint
@@ -402,6 +403,7 @@ class PeerServer:
     def __init__(self, group: PeerGroup, tree: Tree, cache: CacheStore, pins: PinsForPeers) -> None:
         self.group, self.tree, self.cache, self.pins = group, tree, cache, pins
         self._token: trio.lowlevel.TrioToken | None = None
+        self._slots = threading.BoundedSemaphore(SERVING)
 
     async def run(self) -> None:
         """Accept connections in a thread until cancelled (the listening socket then closes)."""
@@ -421,11 +423,19 @@ class PeerServer:
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
+            self._slots.acquire()  # (released as a request's thread ends: a deadline bounds each)
             try:
                 conn, _ = listener.accept()
             except OSError:
+                self._slots.release()
                 return  # closed: the mount ends
-            threading.Thread(target=self._serve, args=(conn,), name="tierfs-peer", daemon=True).start()
+            threading.Thread(target=self._serve_in_slot, args=(conn,), name="tierfs-peer", daemon=True).start()
+
+    def _serve_in_slot(self, conn: socket.socket) -> None:
+        try:
+            self._serve(conn)
+        finally:
+            self._slots.release()
 
     def _serve(self, conn: socket.socket) -> None:
         """(a thread) One request: the copy, or why not."""
