@@ -160,9 +160,11 @@ class Engine:
         log.info("tierfs: %d files, %s in the backing dir; %d copies kept in the cache",
                  tree.n_files, format_size(int(tree.sizes.sum())), len(self.cache.entries))
 
-    def attach_kernel(self, kernel: KernelCache) -> None:
-        """The mount is up (fs.init): pushes and invalidations now reach the kernel."""
+    def attach_kernel(self, kernel: KernelCache, *, caches_listings: bool = False) -> None:
+        """The mount is up (fs.init): pushes and invalidations now reach the kernel, and it may cache listings if
+        pyfuse3 can ask it to."""
         self.pusher.kernel = kernel
+        self.names.listings.available = caches_listings
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stage, push, revalidate, rescan, watch for a lost backing and for stuck copies, and return leases in the
@@ -589,4 +591,5 @@ class Engine:
             last_error=self.last_error, tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
             substitution=self.names.substitution_statistics(),
             consumers=self.consumers.statistics(self.settings.consumer_timeout),
+            listings=self.names.listings.statistics(),
         )

@@ -30,6 +30,7 @@ from tierfs import __version__
 from tierfs.backing import BackingStatistics
 from tierfs.consumers import ConsumersStatistics
 from tierfs.following import LoaderStatistics
+from tierfs.namespace import ListingStatistics
 from tierfs.opening import TreeStatistics
 from tierfs.pace import PaceStatistics
 from tierfs.plans import PlanStatistics
@@ -150,6 +151,7 @@ class Status:
     loader: LoaderStatistics  # whether the loader follows the view (following.py)
     substitution: SubstitutionStatistics  # the substitute option (substitute.py)
     consumers: ConsumersStatistics  # the jobs reading the mount (consumers.py)
+    listings: ListingStatistics  # directories opened, listings the kernel cached (namespace.py)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -388,6 +390,8 @@ NOT_METRICS: dict[str, str] = {
     "loader.warning": _TEXT,
     "substitution.enabled": _SETTING, "substitution.rounds": _DIAGNOSTIC,
     "consumers.timeout": _SETTING,
+    "listings.kernel_cache": "whether pyfuse3 can ask for the kernel's readdir cache, found at mount",
+    "listings.opened": _DIAGNOSTIC, "listings.kept": _DIAGNOSTIC, "listings.readdirs": _DIAGNOSTIC,
     "consumers.consumers[].drops": "per consumer; the mount's count is tierfs_consumer_drops_total",
     "consumers.consumers[].advance_vote": _DIAGNOSTIC,
 }
@@ -399,7 +403,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics,
                  loader: LoaderStatistics, substitution: SubstitutionStatistics,
-                 consumers: ConsumersStatistics) -> Status:
+                 consumers: ConsumersStatistics, listings: ListingStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -428,6 +432,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         handles=data.handles, plans=data.plans, fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=data.fd_budget, tree=tree, arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])),
         last_error=last_error, mountpoint=mountpoint, loader=loader, substitution=substitution, consumers=consumers,
+        listings=listings,
     )
 
 
