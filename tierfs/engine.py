@@ -55,6 +55,7 @@ from tierfs.control import Arf, ControlWriter, apply_control
 from tierfs.datapath import DataPath
 from tierfs.following import LoaderWatch
 from tierfs.journal import JournalWriter, Position, load_position
+from tierfs.memory import HeapTrimmer
 from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
 from tierfs.options import LiveSettings, MountConfig, Settings, format_size
@@ -146,6 +147,7 @@ class Engine:
                              policy=self.policy, pins=self.pins, settings=self.live, events=self)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
         self.consumers = Consumers(self.schedule)
+        self.trimmer = HeapTrimmer()  # the heap's freed memory back to the system after the peaks
         self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, events=self,
                                substitute=s.substitute and policy.walks_plans)
         self.planner = Planner(self.schedule, self.cache, events=self)
@@ -179,6 +181,7 @@ class Engine:
                 nursery.start_soon(supervised, "journal writer", functools.partial(self.journal.run,
                                                                                    self.cache_limiter))
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
+                nursery.start_soon(supervised, "heap trimmer", self.trimmer.run)
                 nursery.start_soon(supervised, "backing watch", self.backing.run)
                 nursery.start_soon(supervised, "staging watch", self.stager.watch)  # (readers' copies too)
                 if self.policy.walks_plans:
@@ -591,5 +594,5 @@ class Engine:
             last_error=self.last_error, tree=self.trees.statistics(), loader=self.loader_watch.statistics(),
             substitution=self.names.substitution_statistics(),
             consumers=self.consumers.statistics(self.settings.consumer_timeout),
-            listings=self.names.listings.statistics(),
+            listings=self.names.listings.statistics(), memory=self.trimmer.statistics(),
         )

@@ -30,6 +30,7 @@ from tierfs import __version__
 from tierfs.backing import BackingStatistics
 from tierfs.consumers import ConsumersStatistics
 from tierfs.following import LoaderStatistics
+from tierfs.memory import MemoryStatistics
 from tierfs.namespace import ListingStatistics
 from tierfs.opening import TreeStatistics
 from tierfs.pace import PaceStatistics
@@ -152,6 +153,7 @@ class Status:
     substitution: SubstitutionStatistics  # the substitute option (substitute.py)
     consumers: ConsumersStatistics  # the jobs reading the mount (consumers.py)
     listings: ListingStatistics  # directories opened, listings the kernel cached (namespace.py)
+    memory: MemoryStatistics  # the daemon's resident bytes, the heap trims (memory.py)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -319,6 +321,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("open_handles", "gauge", "Dataset files open now.", ("handles",)),
     Metric("open_fds", "gauge", "File descriptors the daemon holds.", ("fds",)),
     Metric("fd_limit", "gauge", "The daemon's descriptor limit.", ("fd_limit",)),
+    Metric("resident_bytes", "gauge", "The daemon's resident memory after its last heap trim.", ("memory.rss_bytes",)),
     Metric("fd_refused_total", "counter",
            "Opens refused with EMFILE because their user held its share of the descriptors.",
            ("fd_budget.refused",)),
@@ -391,6 +394,7 @@ NOT_METRICS: dict[str, str] = {
     "substitution.enabled": _SETTING, "substitution.rounds": _DIAGNOSTIC,
     "consumers.timeout": _SETTING,
     "listings.kernel_cache": "whether pyfuse3 can ask for the kernel's readdir cache, found at mount",
+    "memory.trims": _DIAGNOSTIC, "memory.returned_bytes": _DIAGNOSTIC,
     "listings.opened": _DIAGNOSTIC, "listings.kept": _DIAGNOSTIC, "listings.readdirs": _DIAGNOSTIC,
     "consumers.consumers[].drops": "per consumer; the mount's count is tierfs_consumer_drops_total",
     "consumers.consumers[].advance_vote": _DIAGNOSTIC,
@@ -403,7 +407,8 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics,
                  loader: LoaderStatistics, substitution: SubstitutionStatistics,
-                 consumers: ConsumersStatistics, listings: ListingStatistics) -> Status:
+                 consumers: ConsumersStatistics, listings: ListingStatistics,
+                 memory: MemoryStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -432,7 +437,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         handles=data.handles, plans=data.plans, fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=data.fd_budget, tree=tree, arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])),
         last_error=last_error, mountpoint=mountpoint, loader=loader, substitution=substitution, consumers=consumers,
-        listings=listings,
+        listings=listings, memory=memory,
     )
 
 
