@@ -8,6 +8,9 @@ The names come from the :class:`~tierfs.namespace.Namespace` (``engine.names``),
 Caveats worth knowing:
 
 * Names that do not exist get negative entries with the same timeout (the tree is fixed for a mount's life).
+* With a pyfuse3 that passes ``cache_readdir`` (``CACHES_LISTINGS``: the build of scripts/pyfuse3), ``opendir``
+  also tells the kernel whether it may cache the listing and keep what it cached; the namespace's
+  :class:`~tierfs.namespace.KernelListings` decides (``view=full`` directories but the root, per view).
 * Dataset files get long entry and attribute timeouts and ``keep_cache`` (the kernel page cache stays valid
   across opens); when the engine finds a backing file changed on open it invalidates the inode, so the next
   read sees the new size and bytes.
