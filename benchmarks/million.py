@@ -6,7 +6,12 @@ Builds (once, kept for later runs) ``--dirs`` x ``--files-per-dir`` files of ``-
 * ``mount_s``     from starting the daemon until ``/.tierfs/status`` answers (the scan of a first mount);
 * ``rss_mount``   the daemon's VmRSS then, in bytes per file (``/proc/PID/status``);
 * ``find_ratio``  ``find MOUNT | wc -l`` against ``find BACKING | wc -l``, each run once to warm (the backing's
-  dentries, the mount's kernel entries) and then timed: both warm, best of ``--repeat``;
+  dentries, the mount's kernel entries and, with pyfuse3 built by scripts/pyfuse3, its cached listings) and then
+  timed: both warm, best of ``--repeat``, the mount's once the daemon is idle (both mini-epochs staged, the
+  pushes the first ``find`` started done: the ``find`` against the backing's, not against staging for two
+  cores); ``find_mount_first_s`` the warming one of the mount (every listing from the daemon, beside staging),
+  ``listings`` status's (the READDIRs the daemon answered), ``daemon_cpu_finds_s`` the daemon's CPU seconds
+  from the mount's first ``find`` to its last (staging and pushes included);
 * ``rss_find``    VmRSS after those finds, bytes per file (``VmHWM``: the peak, scan included);
 * ``tree_bin``    bytes per file of the saved tree in the cache dir (written after the scan).
 
@@ -168,15 +173,38 @@ def rss(pid: int) -> dict[str, int]:
     return out
 
 
-def timed_find(path: str, repeat: int) -> tuple[float, int]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def settled(m) -> None:
+    """Wait until the daemon has nothing left to do but answer: both mini-epochs staged, no push queued (a
+    ``find`` that makes the kernel learn the staged files' inodes starts their pushes)."""
+    def idle() -> bool:
+        st = m.status()
+        return all(st[k]["files_done"] == st[k]["files_total"] for k in ("prefetch", "current_staging")) \
+            and st["push"]["queued"] == 0
+
+    wait_until(idle, timeout=900, what="staging and pushes done")
+    time.sleep(2)  # (the last push's reply, the journal write)
+
+
+def timed_find(path: str, repeat: int, settle=lambda: None) -> tuple[float, float, int]:
+    """(the first ``find``'s seconds, the best of ``repeat`` more after ``settle()``, the count)."""
+    t0 = time.perf_counter()
     subprocess.run(f"find {path} | wc -l", shell=True, check=True, capture_output=True)  # warm
+    first = time.perf_counter() - t0
+    settle()
     best, count = float("inf"), 0
     for _ in range(repeat):
         t0 = time.perf_counter()
         out = subprocess.run(f"find {path} | wc -l", shell=True, check=True, capture_output=True, text=True)
         best = min(best, time.perf_counter() - t0)
         count = int(out.stdout)
-    return best, count
+    return first, best, count
 
 
 def main() -> None:
@@ -215,9 +243,12 @@ def main() -> None:
             wait_until(tree_bin.exists, timeout=300, what="tree.bin")
             if args.profile:
                 _report(pid, base, 1)
-            t_backing, c_backing = timed_find(str(backing), args.repeat)
-            t_mount, c_mount = timed_find(str(mnt), args.repeat)
+            _, t_backing, c_backing = timed_find(str(backing), args.repeat)
+            cpu0 = cpu_seconds(pid)
+            first_mount, t_mount, c_mount = timed_find(str(mnt), args.repeat, settle=lambda: settled(m))
+            daemon_cpu = cpu_seconds(pid) - cpu0
             after_find = rss(pid)
+            listings = m.status().get("listings")  # (None from a tierfs before the kernel's readdir cache)
             if args.profile:
                 _report(pid, base, 2)
             result = {
@@ -227,6 +258,8 @@ def main() -> None:
                 "peak_B_per_file": round(after_find["VmHWM"] / n),
                 "find_backing_s": round(t_backing, 3), "find_mount_s": round(t_mount, 3),
                 "find_ratio": round(t_mount / t_backing, 2), "find_counts": [c_backing, c_mount],
+                "find_mount_first_s": round(first_mount, 3), "listings": listings,
+                "daemon_cpu_finds_s": round(daemon_cpu, 2),
                 "tree_bin_B_per_file": round(tree_bin.stat().st_size / n),
                 "load": [round(x, 2) for x in os.getloadavg()],
                 "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),

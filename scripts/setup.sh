@@ -8,7 +8,7 @@ cd "$root"
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-apt_pkgs=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv iproute2 rsync strace util-linux)
+apt_pkgs=(fuse3 libfuse3-dev pkg-config gcc patch python3-dev python3-venv iproute2 rsync strace util-linux)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,6 +24,9 @@ if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
     "$py" -m venv .venv
 fi
+# pyfuse3 with the kernel's readdir cache first (scripts/pyfuse3/README.md): the project's own install below keeps
+# it, since 3.5.0+tierfs1 satisfies its pyfuse3 requirement
+bash scripts/pyfuse3/install.sh .venv/bin/python
 stamp=.venv/.tierfs-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing the project into .venv"

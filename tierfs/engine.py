@@ -55,6 +55,7 @@ from tierfs.control import Arf, ControlWriter, apply_control
 from tierfs.datapath import DataPath
 from tierfs.following import LoaderWatch
 from tierfs.journal import JournalWriter, Position, load_position
+from tierfs.memory import HeapTrimmer
 from tierfs.namespace import Namespace
 from tierfs.opening import TreeKeeper, check_dirs, once, supervised
 from tierfs.options import LiveSettings, MountConfig, Settings, format_size
@@ -152,6 +153,7 @@ class Engine:
                              policy=self.policy, pins=self.pins, settings=self.live, events=self)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
         self.consumers = Consumers(self.schedule)
+        self.trimmer = HeapTrimmer()  # the heap's freed memory back to the system after the peaks
         self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, events=self,
                                substitute=s.substitute and policy.walks_plans)
         self.planner = Planner(self.schedule, self.cache, events=self)
@@ -166,9 +168,11 @@ class Engine:
         log.info("tierfs: %d files, %s in the backing dir; %d copies kept in the cache",
                  tree.n_files, format_size(int(tree.sizes.sum())), len(self.cache.entries))
 
-    def attach_kernel(self, kernel: KernelCache) -> None:
-        """The mount is up (fs.init): pushes and invalidations now reach the kernel."""
+    def attach_kernel(self, kernel: KernelCache, *, caches_listings: bool = False) -> None:
+        """The mount is up (fs.init): pushes and invalidations now reach the kernel, and it may cache listings if
+        pyfuse3 can ask it to."""
         self.pusher.kernel = kernel
+        self.names.listings.available = caches_listings
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stage, push, revalidate, rescan, watch for a lost backing and for stuck copies, and return leases in the
@@ -183,6 +187,7 @@ class Engine:
                 nursery.start_soon(supervised, "journal writer", functools.partial(self.journal.run,
                                                                                    self.cache_limiter))
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
+                nursery.start_soon(supervised, "heap trimmer", self.trimmer.run)
                 nursery.start_soon(supervised, "backing watch", self.backing.run)
                 nursery.start_soon(supervised, "staging watch", self.stager.watch)  # (readers' copies too)
                 if self.peers.enabled:
@@ -600,4 +605,5 @@ class Engine:
             substitution=self.names.substitution_statistics(),
             consumers=self.consumers.statistics(self.settings.consumer_timeout),
             peers=self.peers.statistics(self.cache),
+            listings=self.names.listings.statistics(), memory=self.trimmer.statistics(),
         )

@@ -8,6 +8,9 @@ The names come from the :class:`~tierfs.namespace.Namespace` (``engine.names``),
 Caveats worth knowing:
 
 * Names that do not exist get negative entries with the same timeout (the tree is fixed for a mount's life).
+* With a pyfuse3 that passes ``cache_readdir`` (``CACHES_LISTINGS``: the build of scripts/pyfuse3), ``opendir``
+  also tells the kernel whether it may cache the listing and keep what it cached; the namespace's
+  :class:`~tierfs.namespace.KernelListings` decides (``view=full`` directories but the root, per view).
 * Dataset files get long entry and attribute timeouts and ``keep_cache`` (the kernel page cache stays valid
   across opens); when the engine finds a backing file changed on open it invalidates the inode, so the next
   read sees the new size and bytes.
@@ -71,6 +74,10 @@ READDIR_CHUNK = 256
 #: FUSE allows (1 MiB) and keep a few in flight.  Only root may set it; otherwise the default stays.
 READ_AHEAD_KB = 4096
 
+#: pyfuse3 passes an opendir's ``cache_readdir`` to the kernel (the build of scripts/pyfuse3; stock 3.5 does not):
+#: the kernel may then keep a listing and serve the next ones itself (see :class:`~tierfs.namespace.KernelListings`)
+CACHES_LISTINGS = hasattr(pyfuse3.FileInfo(), "cache_readdir")
+
 _CTL_DIR = CONTROL_INODES[b".tierfs"]
 _CTL_CONTROL = CONTROL_INODES[b"control"]
 _CTL_PLAN = CONTROL_INODES[b"plan"]
@@ -129,7 +136,7 @@ class TierOperations(pyfuse3.Operations):
         super().__init__()
         self.engine = engine
         self._handles: dict[int, FileHandle | _Virtual] = {}
-        self._dirs: dict[int, tuple[int, Listing]] = {}
+        self._dirs: dict[int, tuple[int, Listing, bool]] = {}  # (inode, listing, kernel may cache it)
         self._fh = itertools.count(1)
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -137,7 +144,7 @@ class TierOperations(pyfuse3.Operations):
     def init(self) -> None:
         # Only now is there a kernel to notify (engine tests without a mount keep a KernelCache of no-ops).
         # Both calls can wait on the kernel's page locks: KernelCache makes them from a thread of its own.
-        self.engine.attach_kernel(KernelCache(pyfuse3))
+        self.engine.attach_kernel(KernelCache(pyfuse3), caches_listings=CACHES_LISTINGS)
         # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
         with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)
             trio.lowlevel.spawn_system_task(self._widen_read_ahead)
@@ -230,15 +237,19 @@ class TierOperations(pyfuse3.Operations):
     # =============================================================================== directories
 
     @_errors
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        listing = await self.engine.names.open_dir(inode, ctx.uid, ctx.pid)
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int | pyfuse3.FileInfo:
+        names = self.engine.names
+        listing = await names.open_dir(inode, ctx.uid, ctx.pid)
         fh = next(self._fh)
-        self._dirs[fh] = (inode, listing)
-        return fh
+        cache, keep = names.listings.opened(inode, listing)
+        self._dirs[fh] = (inode, listing, cache)
+        if not names.listings.available:
+            return fh  # (stock pyfuse3 takes a handle only)
+        return pyfuse3.FileInfo(fh=fh, cache_readdir=cache, keep_cache=keep)
 
     @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        dir_inode, listing = self._dirs[fh]
+        dir_inode, listing, _ = self._dirs[fh]
         if start_id >= len(listing):
             return
         if dir_inode == _CTL_DIR or self.engine.versions.versions_held:
@@ -285,7 +296,9 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def releasedir(self, fh: int) -> None:
-        self._dirs.pop(fh, None)
+        opened = self._dirs.pop(fh, None)
+        if opened is not None:
+            self.engine.names.listings.released(*opened)
 
     # ===================================================================================== files
 

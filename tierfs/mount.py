@@ -27,7 +27,6 @@ position is lost, as after a crash).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import errno
 import logging
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from tierfs.memory import trim_heap, tune_malloc
 from tierfs.mounts import mount_at
 from tierfs.options import MountConfig, check_layout, format_size
 from tierfs.textfile import mountpoint_file_name
@@ -460,39 +460,6 @@ async def _serve(config: MountConfig, engine, pyfuse3, on_ready: Callable[[], No
         nursery.cancel_scope.cancel()
 
 
-_M_MMAP_THRESHOLD = -3  # mallopt parameters (glibc's malloc.h)
-_M_ARENA_MAX = -8
-_MMAP_THRESHOLD = 128 << 10  # glibc's default
-
-
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None  # not glibc: its own defaults
-
-
-def tune_malloc() -> None:
-    """Make freed numpy arrays leave the daemon's memory.  By default glibc serves an allocation of 128 KiB or
-    more by a mapping of its own only until one is freed, then raises that threshold to the freed size (up to
-    32 MiB): the scan's and each plan's temporaries -- tens of MB at a million files -- then come from the
-    heap, and the holes they leave stay resident (~80 bytes a file after a first mount).  A fixed threshold
-    keeps every big array in its own mapping, returned when freed; two arenas keep the worker threads'
-    small allocations from spreading over one heap each."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-        libc.mallopt(_M_ARENA_MAX, 2)
-
-
-def trim_malloc() -> None:
-    """Give the heap's free pages back (after the scan: its small pieces are freed in the middle of the heap,
-    where glibc never trims by itself)."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
 def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: None,
               scan_progress: Callable[[ScanCount], None] = lambda count: None) -> None:
     """Mount and serve until unmounted or signalled.  Raises :class:`MountError` with a one-line reason.
@@ -531,7 +498,7 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     except (ValueError, OSError) as exc:
         engine.close()
         raise MountError(str(exc)) from None
-    trim_malloc()
+    trim_heap()  # (the scan's small pieces, freed in the middle of the heap: HeapTrimmer does it from now on)
 
     ops = TierOperations(engine)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -25,7 +26,7 @@ from tierfs.substitute import Substitutions, SubstitutionStatistics
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
 from tierfs.users import OWNER_UID
 
-__all__ = ["Listing", "Namespace", "NamespaceEvents"]
+__all__ = ["KernelListings", "Listing", "ListingStatistics", "Namespace", "NamespaceEvents"]
 
 _CTL_DIR = CONTROL_INODES[b".tierfs"]
 
@@ -47,8 +48,11 @@ class Listing(Sequence[tuple[bytes, int]]):
     of a million files is listed without a Python object per entry, each ``readdir`` makes the names it sends."""
 
     def __init__(self, inodes: np.ndarray, *, tree: Tree | None = None, nodes: np.ndarray | None = None,
-                 names: list[bytes] | None = None) -> None:
+                 names: list[bytes] | None = None, key: int | None = None) -> None:
         self.inodes = inodes
+        #: the same for every listing of this directory with the same entries at the same offsets (the view's
+        #: serial), so the kernel may serve one from what it cached of another; None: never cached
+        self.key = key
         self._tree, self._nodes = tree, nodes  # the entries' tree nodes, named when sent
         self._names = names  # (or their names, for a listing that is not the tree's: /.tierfs)
 
@@ -69,6 +73,71 @@ class Listing(Sequence[tuple[bytes, int]]):
         return self.names(i, i + 1)[0], int(self.inodes[i])
 
 
+@dataclass(frozen=True)
+class ListingStatistics:
+    """``status``'s ``listings``: whether the kernel may cache listings (pyfuse3 with ``cache_readdir``,
+    scripts/pyfuse3), directories opened, how many of those kept the listing the kernel had cached, and the
+    READDIR requests answered (what the kernel did not take from its cache)."""
+
+    kernel_cache: bool = False
+    opened: int = 0
+    kept: int = 0
+    readdirs: int = 0
+
+
+class KernelListings:
+    """Which directory listings the kernel may cache (``FOPEN_CACHE_DIR``) and keep (``FOPEN_KEEP_CACHE``).
+
+    The kernel caches one listing per directory inode, filled by whichever open handle reads at the cache's end,
+    and serves it to every later open that keeps it: so every handle that may fill or read it must list the same
+    entries at the same offsets.  A listing's ``key`` says which (the view's serial; the root and ``/.tierfs`` have
+    none: the root's listing is per consumer and pass).  Per directory this remembers the key the kernel's cache
+    was filled from and how many handles of that key are open: an open of the same key keeps the cache; one of
+    another key drops it (no ``keep_cache``: the kernel empties it) when no handle of the old key is open, and is
+    left uncached otherwise (the two would fill one cache with two orders).  Every open still reaches the daemon
+    (a listing of the root still starts and ends passes).  Two small arrays per directory, made at the first
+    cacheable open."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        #: pyfuse3 can ask for the kernel's readdir cache (fs.py finds out at init; off in engine tests)
+        self.available = False
+        self._key = np.zeros(0, np.int64)  # per dir slot: the key the kernel's cache holds (0: none)
+        self._open = np.zeros(0, np.int32)  # per dir slot: open handles that may fill or read that cache
+        self._opened = self._kept = self._readdirs = 0
+
+    def opened(self, inode: int, listing: Listing) -> tuple[bool, bool]:
+        """(cache, keep) for an opendir of ``inode`` that got ``listing``; :meth:`released` when it closes."""
+        self._opened += 1
+        if not self.available or listing.key is None:
+            return False, False
+        if not self._key.size:
+            self._key = np.zeros(self.tree.n_dir_slots, np.int64)
+            self._open = np.zeros(self.tree.n_dir_slots, np.int32)
+        s = self.tree.dir_slot(inode - 1)
+        if self._key[s] == listing.key:
+            self._open[s] += 1
+            self._kept += 1
+            return True, True
+        if self._open[s]:
+            return False, True  # (the other key's handles may still fill the cache: leave it and them alone)
+        self._key[s], self._open[s] = listing.key, 1
+        return True, False
+
+    def released(self, inode: int, listing: Listing, cached: bool) -> None:
+        """The handle of an :meth:`opened` that answered ``cached`` closed."""
+        if cached:
+            self._open[self.tree.dir_slot(inode - 1)] -= 1
+
+    def answered(self) -> None:
+        """A READDIR was answered (the kernel filled its cache, or listed without one)."""
+        self._readdirs += 1
+
+    def statistics(self) -> ListingStatistics:
+        return ListingStatistics(kernel_cache=self.available, opened=self._opened, kept=self._kept,
+                                 readdirs=self._readdirs)
+
+
 class Namespace:
     """See the module docstring.  Inodes are tree node + 1 (the root is 1); ``.tierfs`` and its files have
     fixed inodes above the tree's (``CONTROL_INODES``).  In a view that shares hard links (``view=full``) the
@@ -85,6 +154,7 @@ class Namespace:
         #: ``substitute``: file names resolve per pass to view files (substitute.py); the kernel must not keep
         #: a file's entry (fs.py gives it an entry timeout of 0)
         self.substitutions = Substitutions(schedule) if substitute else None
+        self.listings = KernelListings(tree)  # which listings the kernel may cache
 
     def substitution_statistics(self) -> SubstitutionStatistics:
         subs = self.substitutions
@@ -167,7 +237,10 @@ class Namespace:
         if self._shares_links():  # (a file's other names show its first name's inode)
             files = tree.kinds[nodes] == KIND_FILE
             inodes[files] = tree.first_name_of(nodes[files] - 1) + 2
-        return Listing(inodes, tree=tree, nodes=nodes)
+        # The kernel may cache a directory of the whole tree (view=full: its entries are the backing's, only
+        # their order is the view's) but never the root, whose listings start and end passes per consumer.
+        key = view.serial if view.hard_links and inode != 1 else None
+        return Listing(inodes, tree=tree, nodes=nodes, key=key)
 
     def attributes_of(self, inodes: np.ndarray) -> tuple[np.ndarray, ...]:
         """:meth:`attributes` of tree inodes, made at once for a listing's entries: (mode, nlink, uid, gid, rdev)
@@ -180,6 +253,7 @@ class Namespace:
 
     def listed(self, dir_inode: int) -> None:
         """The kernel got this directory's entries (readdirplus): push what lacked an inode."""
+        self.listings.answered()
         view = self.schedule.view
         if view is not None:
             mask = view.mask

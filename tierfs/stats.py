@@ -30,6 +30,8 @@ from tierfs import __version__
 from tierfs.backing import BackingStatistics
 from tierfs.consumers import ConsumersStatistics
 from tierfs.following import LoaderStatistics
+from tierfs.memory import MemoryStatistics
+from tierfs.namespace import ListingStatistics
 from tierfs.opening import TreeStatistics
 from tierfs.pace import PaceStatistics
 from tierfs.peers import MISS_REASONS, PeerStatistics
@@ -152,6 +154,8 @@ class Status:
     substitution: SubstitutionStatistics  # the substitute option (substitute.py)
     consumers: ConsumersStatistics  # the jobs reading the mount (consumers.py)
     peers: PeerStatistics  # the other nodes of the job, with peers=mpi (peers.py)
+    listings: ListingStatistics  # directories opened, listings the kernel cached (namespace.py)
+    memory: MemoryStatistics  # the daemon's resident bytes, the heap trims (memory.py)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -323,6 +327,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("open_handles", "gauge", "Dataset files open now.", ("handles",)),
     Metric("open_fds", "gauge", "File descriptors the daemon holds.", ("fds",)),
     Metric("fd_limit", "gauge", "The daemon's descriptor limit.", ("fd_limit",)),
+    Metric("resident_bytes", "gauge", "The daemon's resident memory after its last heap trim.", ("memory.rss_bytes",)),
     Metric("fd_refused_total", "counter",
            "Opens refused with EMFILE because their user held its share of the descriptors.",
            ("fd_budget.refused",)),
@@ -409,6 +414,9 @@ NOT_METRICS: dict[str, str] = {
     "loader.warning": _TEXT,
     "substitution.enabled": _SETTING, "substitution.rounds": _DIAGNOSTIC,
     "consumers.timeout": _SETTING,
+    "listings.kernel_cache": "whether pyfuse3 can ask for the kernel's readdir cache, found at mount",
+    "memory.trims": _DIAGNOSTIC, "memory.returned_bytes": _DIAGNOSTIC,
+    "listings.opened": _DIAGNOSTIC, "listings.kept": _DIAGNOSTIC, "listings.readdirs": _DIAGNOSTIC,
     "consumers.consumers[].drops": "per consumer; the mount's count is tierfs_consumer_drops_total",
     "consumers.consumers[].advance_vote": _DIAGNOSTIC,
     "peers.enabled": _SETTING, "peers.rank": _SETTING, "peers.world_size": _SETTING, "peers.address": _TEXT,
@@ -422,7 +430,8 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                  pusher: PusherStatistics, backing: BackingStatistics, revalidation: RevalidatorStatistics,
                  pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics,
                  loader: LoaderStatistics, substitution: SubstitutionStatistics,
-                 consumers: ConsumersStatistics, peers: PeerStatistics) -> Status:
+                 consumers: ConsumersStatistics, peers: PeerStatistics, listings: ListingStatistics,
+                 memory: MemoryStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -452,6 +461,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         fd_budget=data.fd_budget, tree=tree, arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])),
         last_error=last_error, mountpoint=mountpoint, loader=loader, substitution=substitution, consumers=consumers,
         peers=peers,
+        listings=listings, memory=memory,
     )
 
 

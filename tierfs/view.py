@@ -12,12 +12,16 @@ show its inode, see ``Namespace``).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from sampler.plan import serving_order
 from tierfs.tree import KIND_DIR, KIND_FILE, Tree
 
 __all__ = ["View"]
+
+_serials = itertools.count(1)
 
 
 class View:
@@ -29,6 +33,9 @@ class View:
         self.pass_index = pass_index
         self.hard_links = hard_links  # the other names of a file in view are listed, showing its inode
         self.lists_all = lists_all  # (listing=all) files out of view are listed too, after the view's
+        #: tells views apart for the mount's life (never reused, unlike ``id``): a directory's listing is the
+        #: same for the same view, so the kernel may keep one it cached from this serial (namespace.py)
+        self.serial = next(_serials)
         self.order = serving_order(files, seed=seed, epoch=epoch, mini_epoch=mini_epoch, pass_index=pass_index)
         self.mask = np.zeros(tree.n_files, dtype=bool)
         self.mask[files] = True

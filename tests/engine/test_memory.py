@@ -114,3 +114,48 @@ def test_a_revalidation_round_makes_no_node_per_file(open_engine, tmp_path, t):
     assert e.tree.nodes.resident == 0
     assert 700 in e.versions.changed_files and e.reval.statistics().changed >= 1
     assert (e.reval.confirmed[np.arange(e.tree.n_files) != 700] > -np.inf).all()
+
+
+def test_the_heap_trimmer_gives_freed_memory_back():
+    """A peak of small blocks freed around a few that stay (a scan, a ``find``) leaves the heap full of free pages
+    it cannot shrink from the top; a trim makes them not resident (tierfs.memory)."""
+    from tierfs.memory import HeapTrimmer, resident_bytes
+
+    blocks = [bytes([i & 255]) * 2000 for i in range(40_000)]  # ~80 MB through malloc (over pymalloc's 512 B)
+    kept = blocks[::16]  # one in 16 stays: free runs of 30 KB between them
+    del blocks
+    before = resident_bytes()
+    trimmer = HeapTrimmer()
+    trio.run(trimmer.trim)
+    st = trimmer.statistics()
+    assert st.trims == 1 and st.rss_bytes <= resident_bytes() + (1 << 20)
+    assert before - st.rss_bytes > 40 << 20, (before, st)  # most of the 75 MB freed is handed back
+    assert st.returned_bytes > 40 << 20
+    assert len(kept) == 2500
+
+
+def test_a_cached_copy_keeps_no_int_object_per_number():
+    """The cache's index holds one entry per copy, 62,500 of them at a million files (two mini-epochs of
+    ``nm=32``): its fixed numbers are packed, not eight int objects of ~32 bytes each (issue 22, 7).  What one
+    entry keeps, its name aside (shared here), measured by tracemalloc: ~226 bytes (464 kept as ints)."""
+    import tracemalloc
+
+    from tierfs.cache import CacheEntry
+
+    n, name = 10_000, "0123456789abcdef-0123456789abcdef-1f"
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        entries = [CacheEntry(100_000 + i, name, 512 + i, 4096 + i, (512 + i, 1_700_000_000_000_000_000 + i,
+                                                                    10_000_000 + i, 1_700_000_000_000_000_001 + i),
+                              None, (20_000_000 + i, 1_700_000_000_000_000_002 + i)) for i in range(n)]
+        per_entry = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    assert per_entry < 260, per_entry
+    e = entries[7]
+    assert (e.fidx, e.size, e.disk, e.fp, e.copy_id) == (
+        100_007, 519, 4103, (519, 1_700_000_000_000_000_007, 10_000_007, 1_700_000_000_000_000_008),
+        (20_000_007, 1_700_000_000_000_000_009))
+    big = CacheEntry(1, name, 1, 4096, (1, -5, 2**64 - 1, 0), 2**64 - 1, (2**63 + 5, 3))  # (64-bit inodes)
+    assert big.fp == (1, -5, 2**64 - 1, 0) and big.copy_id == (2**63 + 5, 3) and big.digest == 2**64 - 1

@@ -326,3 +326,36 @@ def test_an_open_listing_holds_no_python_object_per_entry(open_engine, tmp_path)
         tracemalloc.stop()
     assert len(listing) == 20_000
     assert held / 20_000 <= 24, f"{held / 20_000:.0f} bytes an entry"
+
+
+def test_the_kernel_keeps_a_listing_only_while_every_handle_that_fills_it_lists_the_same_order(tmp_path):
+    """KernelListings' answers (cache, keep) per opendir: the same view keeps the kernel's copy; another view
+    drops it when no handle of the old one is open, and is not cached while one is (one cache, two orders)."""
+    import numpy as np
+
+    from tierfs.namespace import KernelListings, Listing
+    from tierfs.testing import synthetic_tree
+
+    tree = synthetic_tree(tmp_path, dirs=3, per_dir=2, size=1)
+    d1, d2 = (int(i) + 1 for i in tree.children(0)[:2])  # two directories' inodes
+    lists = KernelListings(tree)
+
+    def listing(key: int | None) -> Listing:
+        return Listing(np.zeros(0, np.int64), names=[], key=key)
+
+    a, b, never = listing(7), listing(8), listing(None)
+    assert lists.opened(d1, a) == (False, False)  # (stock pyfuse3: nothing asked of the kernel)
+    lists.available = True
+    assert lists.opened(d1, never) == (False, False)  # the root, /.tierfs, a view=mini-epoch directory
+    assert lists.opened(d1, a) == (True, False)  # the first of its view: filled afresh
+    assert lists.opened(d1, a) == (True, True)  # the same view: what the kernel holds is kept
+    assert lists.opened(d2, b) == (True, False)  # (per directory)
+    assert lists.opened(d1, b) == (False, True)  # two of view 7 still open: not cached, nothing dropped
+    lists.released(d1, b, False)
+    lists.released(d1, a, True)
+    assert lists.opened(d1, b) == (False, True)  # one of view 7 still open
+    lists.released(d1, a, True)
+    assert lists.opened(d1, b) == (True, False)  # none open: view 8 fills it afresh
+    assert lists.opened(d1, a) == (False, True)
+    st = lists.statistics()
+    assert (st.kernel_cache, st.opened, st.kept, st.readdirs) == (True, 9, 1, 0)
