@@ -6,7 +6,9 @@ switches.  It writes ``next-pass`` ``--passes`` times, ``--gap`` seconds apart (
 the FUSE write handler does (``Engine.control_write``, on the trio thread), while a heartbeat task measures the
 longest time the trio thread did not answer (what every other reader of the mount would have waited).  If the
 engine has a planner (issue 22) it runs as ``Engine.run`` starts it; the rest of ``run`` does not (its rescan
-would find none of the synthetic files).  Per request: its time, and the planning done inside it.
+would find none of the synthetic files).  Per request: its time, and the planning done inside it; then the
+largest of them (what a reader's FUSE request waited at most across the boundaries, the longest stall besides)
+and how many of the passes' views were made ahead (issue 25) or inside the request.
 
     .venv/bin/python benchmarks/epoch_boundary.py [--files 2000000] [--passes 5] [--gap 3]
 """
@@ -107,7 +109,11 @@ def main() -> None:
     print("|---|---|---:|---:|")
     for a, b, took, inline in rows:
         print(f"| {a} | {b} | {took:.3f} | {inline:.3f} |")
-    print(f"longest time the trio thread did not answer: {stall[0]:.3f} s")
+    print(f"largest request: {max(took for _, _, took, _ in rows):.3f} s; "
+          f"longest time the trio thread did not answer: {stall[0]:.3f} s")
+    sch = e.schedule.statistics()
+    if hasattr(sch, "views_ahead"):  # (older commits make every view inside the request)
+        print(f"views made ahead: {sch.views_ahead}, inside the request: {sch.views_inline}")
 
 
 if __name__ == "__main__":
