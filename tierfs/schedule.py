@@ -417,11 +417,13 @@ class Schedule:
             self.next_files = self.plans[self.next_coords[0]][self.next_coords[1]]
         self.next_mask[:] = False
         self.next_mask[self.next_files] = True
-        self.wanted = self.current_mask | self.next_mask
-        # (masks, not the files: a switch makes these from millions of files while every reader waits)
+        # (masks, not the files: a switch makes these from millions of files while every reader waits; written
+        # into the arrays the last switch left, not into fresh pages; only this schedule reads them)
+        np.logical_or(self.current_mask, self.next_mask, out=self.wanted)
         held, sizes = cached.held(self.tree.n_files), self.tree.sizes
-        self.pending_next = Pending(sizes, self.next_mask & ~held)
-        self.pending_current = Pending(sizes, self.current_mask & ~held if self.walks_plans else None)
+        self.pending_next = Pending(sizes, np.greater(self.next_mask, held, out=self.pending_next.mask))  # (& ~held)
+        self.pending_current = Pending(sizes, np.greater(self.current_mask, held, out=self.pending_current.mask)
+                                       if self.walks_plans else None)
         if not keep_view:
             self.new_view()
         self._drop_unwanted_views()  # (a replan, a plan landed: the next mini-epoch may be another now)
