@@ -17,6 +17,7 @@ import trio
 
 import tierfs.schedule
 from sampler.plan import serving_order
+from tierfs.consumers import ANONYMOUS
 from tierfs.journal import load_position
 from tierfs.opening import TREE_NAME
 from tierfs.testing import synthetic_tree
@@ -129,6 +130,7 @@ def test_ending_passes_mini_epochs_and_an_epoch_at_2m_files_makes_no_view_in_the
                 assert (*e.current_mini_epoch, sch.pos.pass_index) == expected
                 assert trio_thread not in view_threads + plan_threads, "the request made a view or a plan"
                 assert _is_the_pass_view(sch)
+                assert e.consumers.view_of(ANONYMOUS) is sch.view  # (an unnamed reader's listing: no view made)
             n.cancel_scope.cancel()
         stats = sch.statistics()
         assert (stats.views_ahead, stats.views_inline) == (4, 0)
@@ -284,3 +286,12 @@ def test_a_plan_that_cannot_be_made_is_reported_and_made_once_it_can(open_engine
         assert e.status().last_error is None
 
     t.run(main)
+
+
+def test_an_unnamed_reader_that_has_opened_nothing_lists_the_mounts_pass(open_engine):
+    """A reader not counted yet joins at the mount's pass: its listing is the mount's view, made ahead -- not a
+    view of the pass it was first seen in, made in its listing's request (a permutation of the mini-epoch)."""
+    e = open_engine(capacity=1 << 20, nm=2, rf=2, advance="strict")
+    e.control_write(b"next-pass\n")  # (written by the unnamed consumer, which opened nothing: it is not live)
+    assert e.schedule.pos.pass_index == 1 and e.consumers.get(ANONYMOUS).state == "new"
+    assert e.consumers.view_of(ANONYMOUS) is e.schedule.view
