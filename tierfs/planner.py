@@ -88,5 +88,6 @@ class Planner:
             if sch.adopt(job, plan, note, self.cache):
                 while sch.pos.switch_due and await self._make_view():
                     pass  # (the switch plan_landed makes now takes its view ready-made)
-                self.events.plan_landed()
+                if sch.next_coords is not None:  # (else a replan meanwhile dropped it: the next job plans again)
+                    self.events.plan_landed()
                 self._views_wake.notify()

@@ -295,3 +295,36 @@ def test_an_unnamed_reader_that_has_opened_nothing_lists_the_mounts_pass(open_en
     e.control_write(b"next-pass\n")  # (written by the unnamed consumer, which opened nothing: it is not live)
     assert e.schedule.pos.pass_index == 1 and e.consumers.get(ANONYMOUS).state == "new"
     assert e.consumers.view_of(ANONYMOUS) is e.schedule.view
+
+
+def test_a_replan_while_the_view_of_a_due_switch_is_made_plans_again_and_switches_then(open_engine, t, monkeypatch):
+    """Between a plan landing and the switch it allows, the planner makes the switch's view (an await): new
+    settings written meanwhile drop that plan, and the switch waits for the next one."""
+    e = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
+    sch = e.schedule
+    sch.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
+    e.control_write(b"next-pass\n")
+    e.control_write(b"next-pass\n")
+    assert e.current_mini_epoch == (0, 1) and sch.pos.switch_due
+    started, release = threading.Event(), threading.Event()
+    real = tierfs.schedule.ViewJob.make
+
+    def held(job):
+        if job.key[1:] == (1, 0, 0):
+            started.set()
+            assert release.wait(60), "the test never released the view"
+        return real(job)
+
+    monkeypatch.setattr(tierfs.schedule.ViewJob, "make", held)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(e.planner.run)
+            await _until("the view of the switch under way", started.is_set)
+            e.control_write(b"nm=4\n")  # epoch 1's plan is dropped: it is planned again with nm=4
+            release.set()
+            await _until("the switch", lambda: e.current_mini_epoch == (1, 0))
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert len(sch.plans[1]) == 4 and not sch.pos.switch_due and _is_the_pass_view(sch)
