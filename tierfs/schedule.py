@@ -450,7 +450,9 @@ class Schedule:
         with its seed, a consumer's with its (consumers.py)."""
         whole = self.settings.view == "full" or not self.walks_plans
         epoch, me = (self.pos.epoch, self.pos.mini_epoch) if self.walks_plans else (0, 0)
-        return self._view_job(epoch, me, pass_index, seed=seed, files=None if whole else self.current).make()
+        mask = self.view.mask if whole and self.view is not None else None  # (the whole tree's: always the same)
+        return self._view_job(epoch, me, pass_index, seed=seed, files=None if whole else self.current,
+                              mask=mask).make()
 
     def _view_job(self, epoch: int, me: int, pass_index: int, *, seed: int, files: np.ndarray | None,
                   mask: np.ndarray | None = None) -> ViewJob:
