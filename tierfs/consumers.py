@@ -223,10 +223,12 @@ class Consumers:
         if sch.view is None or (c is None and name == ANONYMOUS):
             return sch.view
         c = c or self.get(name)
-        if c.seed == sch.settings.seed and c.passes == sch.pos.pass_index:
-            return sch.view  # (the anonymous consumer in step with the mount: the very same view)
-        if c.view is None:
-            c.view = sch.view_for(seed=c.seed, pass_index=c.passes)
+        # (one that is not live yet joins at the mount's pass: its count may be a pass the mount has left)
+        passes = sch.pos.pass_index if c.state == NEW else c.passes
+        if c.seed == sch.settings.seed and passes == sch.pos.pass_index:
+            return sch.view  # (the anonymous consumer in step with the mount: the very same view, made ahead)
+        if c.view is None or c.view.pass_index != passes:
+            c.view = sch.view_for(seed=c.seed, pass_index=passes)
         return c.view
 
     def opened(self, c: Consumer, fidx: int, in_view: bool) -> bool:

@@ -308,6 +308,7 @@ class Engine:
                 and self._switch_when_planned()):
             return
         sch.new_view()
+        self.planner.notify()  # (the view of the pass after this one: made ahead)
         self.consumers.mount_pass_over()
         self._wake_waiters()
         self.save_journal()

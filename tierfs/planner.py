@@ -6,6 +6,11 @@ on the trio thread, inside the request that ended a pass, it held every reader o
 from the moment an epoch starts); this job makes it with ``trio.to_thread.run_sync`` (the sampler is pure numpy
 and the job's inputs are not written meanwhile) and hands it back (``adopt``), which keeps it unless the
 settings changed meanwhile -- then the next job plans with the new ones.
+
+It makes the views the next pass may show the same way, in a second loop (``view_job``, ``adopt_view``): a view
+is 20-30 ms a million files, needed at the end of the pass shown now, while a plan may take seconds.  A plan that
+lands while a switch waits for it (``pos.switch_due``) gets its first view made before the engine hears of it,
+so the switch it makes then only flips to what is ready.
 """
 
 from __future__ import annotations
@@ -36,14 +41,36 @@ class Planner:
         self.cache = cache
         self.events = events
         self._wake = Wakeup()
+        self._views_wake = Wakeup()
         self.made = 0  # plans made in a worker thread (the trio thread makes none while this runs)
 
     def notify(self) -> None:
+        """The schedule may lack a plan or a view now (a new pass, mini-epoch, settings, a changed file)."""
         self._wake.notify()
+        self._views_wake.notify()
 
     async def run(self) -> None:
-        """Make each plan the schedule lacks, until cancelled (the engine sets ``plans_ahead`` before it starts
-        this, so no request plans on the trio thread meanwhile)."""
+        """Make each plan and view the schedule lacks, until cancelled (the engine sets ``plans_ahead`` before it
+        starts this, so no request plans on the trio thread meanwhile)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._make_views)
+            await self._make_plans()
+
+    async def _make_views(self) -> None:
+        while True:
+            if not await self._make_view():
+                await self._views_wake.wait()
+
+    async def _make_view(self) -> bool:
+        """Make one view the schedule lacks; False if it lacks none."""
+        job = self.schedule.view_job()
+        if job is None:
+            return False
+        view = await trio.to_thread.run_sync(job.make, abandon_on_cancel=True)
+        self.schedule.adopt_view(job, view)  # (not kept if it is no longer wanted: the next job is another)
+        return True
+
+    async def _make_plans(self) -> None:
         sch = self.schedule
         while True:
             job = sch.plan_job()
@@ -59,4 +86,8 @@ class Planner:
                 continue
             self.made += 1
             if sch.adopt(job, plan, note, self.cache):
-                self.events.plan_landed()
+                while sch.pos.switch_due and await self._make_view():
+                    pass  # (the switch plan_landed makes now takes its view ready-made)
+                if sch.next_coords is not None:  # (else a replan meanwhile dropped it: the next job plans again)
+                    self.events.plan_landed()
+                self._views_wake.notify()

@@ -17,6 +17,13 @@ worker thread and hands back (``adopt``).  Until it lands, the next mini-epoch o
 (``pos.switch_due``, journalled) and made by the engine when the plan lands or at the end of the pass shown
 meanwhile.  Before the mount serves (``start``) and where no planner runs (engine tests), a missing plan is made
 at once.
+
+The views the next pass may show -- this mini-epoch's next pass, the next mini-epoch's first -- are made ahead
+the same way (``view_job``, ``adopt_view``): a view of a million files is a permutation and a mask, 20-30 ms on
+the trio thread inside the request that ended the pass.  That request takes the view ready-made; if a reader
+raced through the pass before it was, it is made there, as before, and counted (``views_inline``).  Under
+``view=full`` (and ``lru``) the view is the whole tree and is still made in the request: a second order of every
+file is the 4 bytes a file the memory budget of a whole-tree mount has no room for.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from tierfs.options import LiveSettings, Settings, format_size, format_size_at_l
 from tierfs.tree import Tree, index_dtype
 from tierfs.view import View
 
-__all__ = ["HeldCopies", "Pending", "PlanJob", "Schedule", "ScheduleStatistics", "check_fits", "make_plan"]
+__all__ = ["HeldCopies", "Pending", "PlanJob", "Schedule", "ScheduleStatistics", "ViewJob", "check_fits",
+           "make_plan"]
 
 class HeldCopies(Protocol):
     """Which files have a copy in the cache (the :class:`~tierfs.cache.CacheStore` answers)."""
@@ -101,6 +109,8 @@ class ScheduleStatistics:
     current_bytes: int = 0
     current_pending: int = 0  # files of it not cached yet (right after a mount, a switch)
     current_pending_bytes: int = 0
+    views_ahead: int = 0  # passes whose view was made ahead, in a worker thread
+    views_inline: int = 0  # passes whose view the request that began them made (not ready, or view=full)
 
 
 def _budget(settings: Settings, capacity: int) -> tuple[int, int | None]:
@@ -186,6 +196,38 @@ class PlanJob:
         return make_plan(self.sizes, self.groups, self.settings, self.capacity, self.epoch)
 
 
+#: which view: (plan generation, epoch, mini-epoch, pass) -- the seed and listing are no live settings
+ViewKey = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class ViewJob:
+    """One pass's view, made where it is needed or ahead in a worker thread: ``files`` is a plan's array (or the
+    tree's first names), never written; ``mask`` the current view's when the files are its own (the next
+    pass); the tree's sizes are only read (a change meanwhile is caught by ``sizes_version``)."""
+
+    tree: Tree
+    files: np.ndarray
+    seed: int
+    epoch: int
+    mini_epoch: int
+    pass_index: int
+    hard_links: bool
+    lists_all: bool
+    mask: np.ndarray | None
+    generation: int
+    sizes_version: int
+
+    @property
+    def key(self) -> ViewKey:
+        return self.generation, self.epoch, self.mini_epoch, self.pass_index
+
+    def make(self) -> View:
+        return View(self.tree, self.files, seed=self.seed, epoch=self.epoch, mini_epoch=self.mini_epoch,
+                    pass_index=self.pass_index, hard_links=self.hard_links, lists_all=self.lists_all,
+                    mask=self.mask)
+
+
 class Schedule:
     """See the module docstring.  ``pos`` is the journalled position (owned here from now on); ``live`` the
     mount's settings (read as they are now: :attr:`settings`)."""
@@ -207,6 +249,10 @@ class Schedule:
         self._sums: tuple[int, int, int] | None = None  # _bytes(), until the next mini-epoch or changed file
         self._generation = 0  # bumped by a replan: plans made from older settings are not kept
         self._sizes_lent = False  # disk_sizes is read by a plan job (copy before writing)
+        self._sizes_version = 0  # bumped by a changed file: a view made from older sizes has the wrong bytes
+        self._views: dict[ViewKey, View] = {}  # made ahead (adopt_view), until a pass takes or no longer wants one
+        self.views_ahead = 0
+        self.views_inline = 0
         n = tree.n_files
         self.current = np.zeros(0, np.int64)
         self.current_mask = np.zeros(n, bool)
@@ -308,6 +354,7 @@ class Schedule:
             self.disk_sizes = self.disk_sizes.astype(np.int64 if size >= 2**31 else self.disk_sizes.dtype)
             self._sizes_lent = False
         self.disk_sizes[fidx] = size
+        self._sizes_version += 1
         self._sums = None  # (the tree took the file's new size first: Engine.changed)
 
     def coords_after(self, epoch: int, me: int) -> tuple[int, int] | None:
@@ -353,10 +400,14 @@ class Schedule:
         """Make (epoch, me) current and recompute next, wanted and pending; a new view unless ``keep_view``
         (a plan change keeps the view and pass it is in).  The one way into a mini-epoch."""
         if not keep_view:
-            self.pos.epoch, self.pos.mini_epoch = epoch, me
             self.current = self.plans[epoch][me]
-            self.current_mask[:] = False
-            self.current_mask[self.current] = True
+            if (epoch, me) == self.next_coords and self.next_files is self.current:
+                # (a switch: the next mini-epoch's mask is made; the old current one's array takes the next's)
+                self.current_mask, self.next_mask = self.next_mask, self.current_mask
+            else:
+                self.current_mask[:] = False
+                self.current_mask[self.current] = True
+            self.pos.epoch, self.pos.mini_epoch = epoch, me
         self._awaited = None
         self._sums = None
         self.next_coords = self.coords_after(self.pos.epoch, self.pos.mini_epoch)
@@ -366,13 +417,16 @@ class Schedule:
             self.next_files = self.plans[self.next_coords[0]][self.next_coords[1]]
         self.next_mask[:] = False
         self.next_mask[self.next_files] = True
-        self.wanted = self.current_mask | self.next_mask
-        # (masks, not the files: a switch makes these from millions of files while every reader waits)
+        # (masks, not the files: a switch makes these from millions of files while every reader waits; written
+        # into the arrays the last switch left, not into fresh pages; only this schedule reads them)
+        np.logical_or(self.current_mask, self.next_mask, out=self.wanted)
         held, sizes = cached.held(self.tree.n_files), self.tree.sizes
-        self.pending_next = Pending(sizes, self.next_mask & ~held)
-        self.pending_current = Pending(sizes, self.current_mask & ~held if self.walks_plans else None)
+        self.pending_next = Pending(sizes, np.greater(self.next_mask, held, out=self.pending_next.mask))  # (& ~held)
+        self.pending_current = Pending(sizes, np.greater(self.current_mask, held, out=self.pending_current.mask)
+                                       if self.walks_plans else None)
         if not keep_view:
             self.new_view()
+        self._drop_unwanted_views()  # (a replan, a plan landed: the next mini-epoch may be another now)
 
     def switch(self, cached: HeldCopies) -> None:
         """The next mini-epoch takes over (it must be known: ``next_coords``)."""
@@ -394,24 +448,73 @@ class Schedule:
     def view_for(self, *, seed: int, pass_index: int) -> View:
         """The view of the current mini-epoch in the order of (``seed``, ``pass_index``): the mount's own pass
         with its seed, a consumer's with its (consumers.py)."""
-        s = self.settings
-        whole = s.view == "full" or not self.walks_plans
+        whole = self.settings.view == "full" or not self.walks_plans
+        epoch, me = (self.pos.epoch, self.pos.mini_epoch) if self.walks_plans else (0, 0)
+        mask = self.view.mask if whole and self.view is not None else None  # (the whole tree's: always the same)
+        return self._view_job(epoch, me, pass_index, seed=seed, files=None if whole else self.current,
+                              mask=mask).make()
+
+    def _view_job(self, epoch: int, me: int, pass_index: int, *, seed: int, files: np.ndarray | None,
+                  mask: np.ndarray | None = None) -> ViewJob:
+        """The view of pass ``pass_index`` of (epoch, me) in ``seed``'s order: of ``files`` (a mini-epoch's), or
+        of the whole tree (None)."""
+        whole = files is None
         # (the whole tree looks like the backing: a hard-linked file is one file, shown under each of its names)
-        files = self.tree.first_names() if whole else self.current
-        if not self.walks_plans:
-            return View(self.tree, files, seed=seed, epoch=0, mini_epoch=0, pass_index=pass_index, hard_links=whole)
-        return View(self.tree, files, seed=seed, epoch=self.pos.epoch, mini_epoch=self.pos.mini_epoch,
-                    pass_index=pass_index, hard_links=whole, lists_all=s.listing == "all")
+        files = self.tree.first_names() if files is None else files
+        return ViewJob(self.tree, files, seed, epoch, me, pass_index, hard_links=whole,
+                       lists_all=self.settings.listing == "all" and self.walks_plans, mask=mask,
+                       generation=self._generation, sizes_version=self._sizes_version)
 
     def new_view(self) -> None:
         pos = self.pos
-        self.view = self.view_for(seed=self.settings.seed,
-                                  pass_index=pos.pass_index if self.walks_plans else pos.passes_total)
+        view = self._views.pop(self._view_key(pos.epoch, pos.mini_epoch, pos.pass_index), None)
+        if view is not None:
+            self.views_ahead += 1
+        else:
+            view = self.view_for(seed=self.settings.seed,
+                                 pass_index=pos.pass_index if self.walks_plans else pos.passes_total)
+            if self.plans_ahead:  # (the mount serves: a request waited for it)
+                self.views_inline += 1
+        self.view = view
+        self._drop_unwanted_views()
         self._read_mark[:] = False
         self._unread = len(self.view)
         self.reads_in_pass = 0
         self._pass_started = None
         self._pass_opened = 0.0
+
+    def _view_key(self, epoch: int, me: int, pass_index: int) -> ViewKey:
+        return self._generation, epoch, me, pass_index
+
+    def _views_wanted(self) -> list[tuple[ViewKey, np.ndarray]]:
+        """The views a pass may show next, with their files: this mini-epoch's next pass, the next one's first
+        (none where the view is the whole tree: see the module docstring)."""
+        if not self.walks_plans or self.settings.view == "full" or self.view is None:
+            return []
+        pos = self.pos
+        wanted = [(self._view_key(pos.epoch, pos.mini_epoch, pos.pass_index + 1), self.current)]
+        if self.next_coords is not None and self.next_coords != (pos.epoch, pos.mini_epoch):
+            wanted.append((self._view_key(*self.next_coords, 0), self.next_files))
+        return wanted
+
+    def _drop_unwanted_views(self) -> None:
+        wanted = {key for key, _ in self._views_wanted()}
+        self._views = {key: v for key, v in self._views.items() if key in wanted}
+
+    def view_job(self) -> ViewJob | None:
+        """A view the next pass may show that is not made yet, to make off the trio thread (no side effect)."""
+        for key, files in self._views_wanted():
+            if key not in self._views:
+                mask = self.view.mask if files is self.current else None  # (the next pass: the same files)
+                return self._view_job(*key[1:], seed=self.settings.seed, files=files, mask=mask)
+        return None
+
+    def adopt_view(self, job: ViewJob, view: View) -> bool:
+        """Keep a view made from ``job`` if a pass may still show it and no file changed size meanwhile."""
+        if job.sizes_version != self._sizes_version or job.key not in {k for k, _ in self._views_wanted()}:
+            return False
+        self._views[job.key] = view
+        return True
 
     def staging_order(self) -> np.ndarray:
         """What the stager should copy, in order: what the current mini-epoch lacks, then the next one."""
@@ -452,7 +555,8 @@ class Schedule:
             next_pending_bytes=self.pending_next.bytes,
             consumption_bytes_per_s=self.consumption_bps, current_files=len(self.current),
             current_bytes=current_bytes, current_pending=len(self.pending_current),
-            current_pending_bytes=self.pending_current.bytes,
+            current_pending_bytes=self.pending_current.bytes, views_ahead=self.views_ahead,
+            views_inline=self.views_inline,
         )
 
     # ============================================================================================ passes

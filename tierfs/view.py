@@ -1,6 +1,7 @@
 """The view: which files the mount shows during one pass, in which order, and how each directory lists.
 
-A :class:`View` is built once per pass (the serving order is reshuffled every pass) and never changes; a
+A :class:`View` is built once per pass (the serving order is reshuffled every pass) and never changes -- so it is
+made ahead, in a worker thread, from the plan's immutable arrays (``Schedule.view_job``); a
 directory listing is a snapshot taken from it at ``opendir``.  Directories and symlinks are always listed
 (class folders keep their names, so label indices derived from sorted folder names never shift); regular
 files only when they are in the view, in serving order.  FIFOs, sockets and device nodes are listed like
@@ -26,7 +27,9 @@ _serials = itertools.count(1)
 
 class View:
     def __init__(self, tree: Tree, files: np.ndarray, *, seed: int, epoch: int, mini_epoch: int,
-                 pass_index: int, hard_links: bool = False, lists_all: bool = False) -> None:
+                 pass_index: int, hard_links: bool = False, lists_all: bool = False,
+                 mask: np.ndarray | None = None) -> None:
+        """``mask``: the files' mask if another view of the same files has one (shared, never written)."""
         self.tree = tree
         self.epoch = epoch
         self.mini_epoch = mini_epoch
@@ -37,8 +40,10 @@ class View:
         #: same for the same view, so the kernel may keep one it cached from this serial (namespace.py)
         self.serial = next(_serials)
         self.order = serving_order(files, seed=seed, epoch=epoch, mini_epoch=mini_epoch, pass_index=pass_index)
-        self.mask = np.zeros(tree.n_files, dtype=bool)
-        self.mask[files] = True
+        if mask is None:
+            mask = np.zeros(tree.n_files, dtype=bool)
+            mask[files] = True
+        self.mask = mask
         self.bytes = int(tree.sizes[files].sum()) if files.size else 0
         # (``files`` is not kept: ``order`` holds the same indices, and a whole-tree view's are its own array)
         self._by_dir: np.ndarray | None = None  # the order grouped by directory (made at the first listing)
