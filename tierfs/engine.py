@@ -379,6 +379,9 @@ class Engine:
             worth = self.tree.n_files if self.names.substitutions is not None else len(sch.view)
             self.loader_watch.opened(in_view, sch.pos.passes_total, worth * readers)
         sch.record_open(fidx, size / readers)  # (consumption: one consumer's pass per pass of the mount)
+        if sch.whole_view_due():
+            sch.want_whole_view(self.rf_now())
+            self.planner.notify()  # (view=full: the next pass's order, made ahead while this pass ends)
         c = self.consumers.get(who)
         if self.consumers.opened(c, fidx, in_view):
             self._consumer_pass_over(c)

@@ -22,8 +22,10 @@ The views the next pass may show -- this mini-epoch's next pass, the next mini-e
 the same way (``view_job``, ``adopt_view``): a view of a million files is a permutation and a mask, 20-30 ms on
 the trio thread inside the request that ended the pass.  That request takes the view ready-made; if a reader
 raced through the pass before it was, it is made there, as before, and counted (``views_inline``).  Under
-``view=full`` (and ``lru``) the view is the whole tree and is still made in the request: a second order of every
-file is the 4 bytes a file the memory budget of a whole-tree mount has no room for.
+``view=full`` the view is the whole tree in a new order each pass: a second order of every file is 4 bytes a
+file, which the memory budget of a whole-tree mount has no room for all the time, so the next pass's is made
+only once the pass is in its last eighth (``whole_view_due``, ``want_whole_view``) and lives until the pass
+ends.  (Under ``lru`` the view is still made in the request.)
 """
 
 from __future__ import annotations
@@ -251,6 +253,7 @@ class Schedule:
         self._sizes_lent = False  # disk_sizes is read by a plan job (copy before writing)
         self._sizes_version = 0  # bumped by a changed file: a view made from older sizes has the wrong bytes
         self._views: dict[ViewKey, View] = {}  # made ahead (adopt_view), until a pass takes or no longer wants one
+        self._whole_next: ViewKey | None = None  # (view=full) the next pass's, once this one is in its last eighth
         self.views_ahead = 0
         self.views_inline = 0
         n = tree.n_files
@@ -467,6 +470,7 @@ class Schedule:
 
     def new_view(self) -> None:
         pos = self.pos
+        self._whole_next = None
         view = self._views.pop(self._view_key(pos.epoch, pos.mini_epoch, pos.pass_index), None)
         if view is not None:
             self.views_ahead += 1
@@ -486,11 +490,13 @@ class Schedule:
     def _view_key(self, epoch: int, me: int, pass_index: int) -> ViewKey:
         return self._generation, epoch, me, pass_index
 
-    def _views_wanted(self) -> list[tuple[ViewKey, np.ndarray]]:
+    def _views_wanted(self) -> list[tuple[ViewKey, np.ndarray | None]]:
         """The views a pass may show next, with their files: this mini-epoch's next pass, the next one's first
-        (none where the view is the whole tree: see the module docstring)."""
-        if not self.walks_plans or self.settings.view == "full" or self.view is None:
+        (under ``view=full``: the one :meth:`want_whole_view` named; see the module docstring)."""
+        if not self.walks_plans or self.view is None:
             return []
+        if self.settings.view == "full":
+            return [(self._whole_next, None)] if self._whole_next is not None else []
         pos = self.pos
         wanted = [(self._view_key(pos.epoch, pos.mini_epoch, pos.pass_index + 1), self.current)]
         if self.next_coords is not None and self.next_coords != (pos.epoch, pos.mini_epoch):
@@ -505,7 +511,8 @@ class Schedule:
         """A view the next pass may show that is not made yet, to make off the trio thread (no side effect)."""
         for key, files in self._views_wanted():
             if key not in self._views:
-                mask = self.view.mask if files is self.current else None  # (the next pass: the same files)
+                # (the next pass: the same files; a whole-tree view: the tree's)
+                mask = self.view.mask if files is self.current or files is None else None
                 return self._view_job(*key[1:], seed=self.settings.seed, files=files, mask=mask)
         return None
 
@@ -592,6 +599,22 @@ class Schedule:
             self._unread -= 1
             return self._unread == 0
         return False
+
+    def whole_view_due(self) -> bool:
+        """(``view=full``, after an open) Whether that open brought the pass into its last eighth: the moment to
+        make the next pass's order of the whole tree ahead (see the module docstring)."""
+        return (self.walks_plans and self.settings.view == "full" and self.view is not None
+                and self._whole_next is None and self._unread == len(self.view) // 8)
+
+    def want_whole_view(self, rf: int) -> None:
+        """(``view=full``) Have the next pass's view made ahead: this mini-epoch's next pass while ``rf`` passes
+        are not made, else the next mini-epoch's first (a guess: a switch may come sooner or later; the pass
+        then makes its view in the request, as without)."""
+        pos = self.pos
+        if pos.pass_index + 1 < rf or self.next_coords is None:
+            self._whole_next = self._view_key(pos.epoch, pos.mini_epoch, pos.pass_index + 1)
+        else:
+            self._whole_next = self._view_key(*self.next_coords, 0)
 
     def staging_ahead(self, rf: int) -> bool:
         """Whether staging may yield to readers: the next mini-epoch (as a fraction of its files) is staged

@@ -161,11 +161,31 @@ def test_a_pass_whose_view_is_not_made_yet_gets_it_made_in_the_request_and_count
     assert sch.view_job().key[1:] == (0, 1, 1)  # (epoch 1 is not planned yet: no next mini-epoch's view)
 
 
-def test_a_whole_tree_view_is_not_made_ahead(open_engine):
-    """Under ``view=full`` a view is every file of the tree: a second order of it kept ahead is the 4 bytes a
-    file the memory budget of a whole-tree mount (test_memory.py) has no room for."""
+def test_a_whole_tree_view_is_made_ahead_only_in_the_last_eighth_of_a_pass(open_engine):
+    """Under ``view=full`` a view is every file of the tree in the pass's order: a second order kept ahead all
+    the time is 4 bytes a file the memory budget of a whole-tree mount (test_memory.py) has no room for, so the
+    next pass's is wanted only once the pass is in its last eighth -- and then the request that ends the pass
+    takes it, as under ``view=mini-epoch``."""
     e = open_engine(capacity=1 << 20, nm=2, rf=2, view="full")
-    assert e.schedule.view_job() is None
+    sch = e.schedule
+    sch.plans_ahead = True  # as while the engine runs
+    order = sch.view.order.tolist()
+    first_of_tail = len(order) - len(order) // 8
+    assert len(order) >= 16
+    for fidx in order[:first_of_tail - 1]:
+        e.file_opened(fidx, 0, os.getuid())
+        assert sch.view_job() is None  # (no second order of the tree before the pass's tail)
+    e.file_opened(order[first_of_tail - 1], 0, os.getuid())  # into the last eighth
+    job = sch.view_job()
+    assert job is not None and job.key[1:] == (0, 0, 1) and job.mask is sch.view.mask
+    made = job.make()
+    assert sch.adopt_view(job, made) and sch.view_job() is None
+    for fidx in order[first_of_tail:]:
+        e.file_opened(fidx, 0, os.getuid())
+    assert sch.pos.pass_index == 1 and sch.view is made  # the pass ended: it took the view made ahead
+    assert (sch.statistics().views_ahead, sch.statistics().views_inline) == (1, 0)
+    assert len(made) == len(order) and sorted(made.order.tolist()) == sorted(order)
+    assert sch.view_job() is None  # the new pass: nothing ahead until its own last eighth
 
 
 def test_a_switch_at_2m_files_makes_no_python_object_per_file(open_engine, tmp_path, dataset):
