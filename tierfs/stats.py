@@ -127,6 +127,8 @@ class Status:
     cache_capacity: int
     cache_repairs: int
     next_ready: bool
+    views_ahead: int  # passes that began with the view the planner made ahead (a worker thread)
+    views_inline: int  # passes whose view the request that began them made (it was not ready)
     prefetch: Prefetch
     current_staging: Prefetch
     staging: StagerStatistics
@@ -253,6 +255,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("cache_repairs_total", "counter", "Cached copies found damaged or missing (cache misses).",
            ("cache_repairs",)),
     Metric("next_ready", "gauge", "1 if the next mini-epoch is staged.", ("next_ready",)),
+    Metric("views_ahead_total", "counter", "Passes that began with a view made ahead, off the FUSE requests.",
+           ("views_ahead",)),
+    Metric("views_inline_total", "counter", "Passes whose view the request that began them made (not ready).",
+           ("views_inline",)),
     Metric("prefetch_files", "gauge", "Files of the mini-epoch being staged.", ("prefetch.files_total",)),
     Metric("prefetch_done_files", "gauge", "Files of the mini-epoch being staged that are cached.",
            ("prefetch.files_done",)),
@@ -444,6 +450,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         dataset_files=sch.dataset_files, dataset_bytes=sch.dataset_bytes,
         cache_bytes=cache.disk_bytes, cache_logical_bytes=cache.logical_bytes, cache_files=cache.files,
         cache_capacity=cache.capacity, cache_repairs=cache.repairs, next_ready=next_ready,
+        views_ahead=sch.views_ahead, views_inline=sch.views_inline,
         prefetch=Prefetch(files_done=sch.next_files - sch.next_pending, files_total=sch.next_files,
                           bytes_done=sch.next_bytes - sch.next_pending_bytes, bytes_total=sch.next_bytes,
                           bytes_per_s=stager.bytes_per_s,
