@@ -73,14 +73,16 @@ def peer_network(rate: str) -> Iterator[list[tuple[str, str]]]:
     bridge = f"pbbr{tag}"[:15]
     nodes = [(f"pb{tag}-{k}", f"10.214.{tag % 250}.{k + 1}") for k in range(N)]
     made: list[str] = []
+    veths: list[str] = []
     try:
         _run("ip", "link", "add", bridge, "type", "bridge")
         _run("ip", "link", "set", bridge, "up")
         for k, (ns, addr) in enumerate(nodes):
-            host, inside = f"pbh{tag}{k}"[-15:], f"pbn{tag}{k}"[-15:]
+            host, inside = f"pbh{tag}{k}", f"pbn{tag}{k}"  # (a pid has at most 7 digits: 11 of 15 characters)
             _run("ip", "netns", "add", ns)
             made.append(ns)
             _run("ip", "link", "add", host, "type", "veth", "peer", "name", inside)
+            veths.append(host)
             _run("ip", "link", "set", inside, "netns", ns)
             _run("ip", "link", "set", host, "master", bridge)
             _run("ip", "link", "set", host, "up")
@@ -94,7 +96,9 @@ def peer_network(rate: str) -> Iterator[list[tuple[str, str]]]:
         yield nodes
     finally:
         for ns in made:
-            _run("ip", "netns", "del", ns, check=False)  # (its veth goes with it)
+            _run("ip", "netns", "del", ns, check=False)  # (its veth goes with it ...)
+        for host in veths:
+            _run("ip", "link", "del", host, check=False)  # (... unless it never got there)
         _run("ip", "link", "del", bridge, check=False)
 
 
