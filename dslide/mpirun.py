@@ -74,14 +74,16 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _mpmd_arguments(n: int, argv: Sequence[str], rank_argv: dict[int, Sequence[str]]) -> list[str]:
-    """``-n N python ARGV``, or runs of ranks with the same arguments joined by ``:`` (ranks are numbered in
+def _mpmd_arguments(n: int, argv: Sequence[str], rank_argv: dict[int, Sequence[str]],
+                    rank_prefix: dict[int, Sequence[str]]) -> list[str]:
+    """``-n N python ARGV``, or runs of ranks with the same command joined by ``:`` (ranks are numbered in
     that order)."""
-    if any(not 0 <= r < n for r in rank_argv):
-        raise ValueError(f"rank_argv names ranks {sorted(rank_argv)}, the job has {n}")
+    for name, given in (("rank_argv", rank_argv), ("rank_prefix", rank_prefix)):
+        if any(not 0 <= r < n for r in given):
+            raise ValueError(f"{name} names ranks {sorted(given)}, the job has {n}")
     runs: list[tuple[int, list[str]]] = []
     for r in range(n):
-        command = [sys.executable, *map(str, rank_argv.get(r, argv))]
+        command = [*map(str, rank_prefix.get(r, ())), sys.executable, *map(str, rank_argv.get(r, argv))]
         if runs and runs[-1][1] == command:
             runs[-1] = (runs[-1][0] + 1, command)
         else:
@@ -106,8 +108,10 @@ class MpiJob:
 
     Hydra runs more ranks than cores without a flag (oversubscription), so ``-n 4`` works on 2 cores.
     ``rank_argv`` gives some ranks arguments of their own (an MPMD launch, ``-n 3 python A : -n 1 python B``):
-    how a test gives one rank a fault the others do not have, as one node of a real job may.  ``launcher_args``
-    go to mpiexec itself (``-disable-auto-cleanup``: a rank that dies leaves the others running).
+    how a test gives one rank a fault the others do not have, as one node of a real job may.  ``rank_prefix``
+    puts a command before some ranks' ``python`` (``nsenter --net=/run/netns/NODE``: a benchmark's node in a
+    network namespace of its own).  ``launcher_args`` go to mpiexec itself (``-disable-auto-cleanup``: a rank
+    that dies leaves the others running).
     """
 
     def __init__(
@@ -118,10 +122,11 @@ class MpiJob:
         cwd: Path | None = None,
         rank_argv: dict[int, Sequence[str]] | None = None,
         launcher_args: Sequence[str] = (),
+        rank_prefix: dict[int, Sequence[str]] | None = None,
     ) -> None:
         if MPIEXEC is None:
             raise FileNotFoundError("mpiexec not found next to the interpreter or on PATH")
-        self.argv = [MPIEXEC, *launcher_args, *_mpmd_arguments(n, argv, rank_argv or {})]
+        self.argv = [MPIEXEC, *launcher_args, *_mpmd_arguments(n, argv, rank_argv or {}, rank_prefix or {})]
         # Files, not pipes: a chatty job must never block on a full pipe while the test polls it.
         self._stdout = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115

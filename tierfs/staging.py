@@ -51,6 +51,7 @@ import itertools
 import os
 import stat
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -233,6 +234,9 @@ class Stager:
         self._files = 0
         self._busy = 0.0
         self._since: float | None = None
+        # (bytes, files, busy seconds) staged by the last two switches: the rate is measured since the one before
+        # last (see :meth:`rate`)
+        self._marks: deque[tuple[int, int, float]] = deque(maxlen=2)
         self._readers_at = -1e9  # monotonic time of the last open a reader made
         self._cpu_debt = 0.0  # copy CPU seconds not yet paid for while readers are active
         self._paid_at = time.monotonic()
@@ -242,6 +246,7 @@ class Stager:
 
     def reset(self, files: np.ndarray) -> None:
         """Stage these files, in this order, instead of whatever was queued (copies in flight go on)."""
+        self._marks.append((self._bytes, self._files, self._busy_s()))
         self.queue = FileQueue(files[~self.cache.cached(files)])
         self.failed.clear()
         self.unstaged = {f: why for f, why in self.unstaged.items() if self.policy.keeps(f)}  # (what status names)
@@ -566,12 +571,27 @@ class Stager:
 
     # ------------------------------------------------------------------------------------------- figures
 
+    def _busy_s(self) -> float:
+        """Seconds with a copy in flight since the mount."""
+        return self._busy + (time.monotonic() - self._since if self._since is not None else 0.0)
+
+    def rate(self) -> tuple[float, float]:
+        """(bytes/s, files/s) staged of late: over the seconds a copy was in flight since the switch before last,
+        i.e. the staging of this mini-epoch and the last -- the tier the next one comes from now, which may not be
+        the first epoch's (with peers, after the first epoch a node stages from the others' caches: a mount's
+        average would keep the slow tier's rate, and ``rf=auto`` its rf, for as many epochs again).  The mount's
+        average while nothing has landed since that switch."""
+        busy = self._busy_s()
+        b0, f0, t0 = self._marks[0] if self._marks else (0, 0, 0.0)
+        if self._bytes > b0 and busy > t0:
+            return (self._bytes - b0) / (busy - t0), (self._files - f0) / (busy - t0)
+        return (self._bytes / busy, self._files / busy) if busy > 0 else (0.0, 0.0)
+
     def bytes_per_s(self) -> float:
-        busy = self._busy + (time.monotonic() - self._since if self._since is not None else 0.0)
-        return self._bytes / busy if busy > 0 else 0.0
+        return self.rate()[0]
 
     def statistics(self) -> StagerStatistics:
-        busy = self._busy + (time.monotonic() - self._since if self._since is not None else 0.0)
+        bytes_per_s, files_per_s = self.rate()
         return StagerStatistics(
             streams=self.tuner.streams,
             streams_limit="auto" if self.tuner.auto else self.tuner.limit,
@@ -580,8 +600,8 @@ class Stager:
             failed=len(self.failed),
             bytes_staged=self._bytes,
             files_staged=self._files,
-            bytes_per_s=self._bytes / busy if busy > 0 else 0.0,
-            files_per_s=self._files / busy if busy > 0 else 0.0,
+            bytes_per_s=bytes_per_s,
+            files_per_s=files_per_s,
             yielded_seconds=round(self.yielded_s, 3),
             skipped=self.skipped,
             unstaged=tuple(Unstaged(os.fsdecode(self.tree.file_path(f)), why)

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tierfs.client import Client
 from tierfs.mount import abort_connection as abort_fuse_connection
@@ -87,6 +87,17 @@ def force_unmount(path: str | os.PathLike[str]) -> None:
     """Lazy unmount if still mounted; never raises."""
     if is_mounted(path):
         subprocess.run(["fusermount3", "-uz", os.fspath(path)], capture_output=True, check=False)
+
+
+def end_mount_job(job: Any, mountpoints: Sequence[str | os.PathLike[str]]) -> None:
+    """Stop ``job`` (a :class:`dslide.mpirun.MpiJob` of daemons: every process it started, by pid) and take down
+    every mount it left: aborted (a daemon killed mid-request leaves its readers waiting), then unmounted."""
+    job.stop()
+    for m in mountpoints:
+        if is_mounted(m):
+            abort_connection(m)
+        force_unmount(m)
+    job.__exit__(None, None, None)
 
 
 @dataclass

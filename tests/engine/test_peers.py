@@ -20,6 +20,7 @@ from tierfs.copier import copy_into_cache
 from tierfs.engine import Engine
 from tierfs.options import MountConfig, Settings
 from tierfs.peers import PeerLink, listen
+from tierfs.testing import make_dataset
 from tierfs.tree import fingerprint
 
 
@@ -31,13 +32,13 @@ def _disk_total(backing) -> int:
 
 @pytest.fixture
 def pair(tmp_path, dataset):
-    """Factory: ``pair(addresses=None, **settings)`` -> [engine of rank 0, engine of rank 1], opened, each
-    listening on 127.0.0.1; ``addresses`` replaces the group's (a dead or stalled peer).  Caps: together they
-    hold the data set, singly its half plus two mini-epochs' shares."""
-    backing, _ = dataset
+    """Factory: ``pair(addresses=None, capacity=None, backing=..., **settings)`` -> [engine of rank 0, engine of
+    rank 1], opened, each listening on 127.0.0.1; ``addresses`` replaces the group's (a dead or stalled peer);
+    ``backing`` the data set (default: the ``dataset`` fixture's).  Caps: together they hold the data set,
+    singly its half plus two mini-epochs' shares."""
     made: list[Engine] = []
 
-    def factory(addresses=None, capacity=None, **settings) -> list[Engine]:
+    def factory(addresses=None, capacity=None, backing=dataset[0], **settings) -> list[Engine]:
         socks = [listen("127.0.0.1") for _ in range(2)]
         addrs = addresses or [a for _, a in socks]
         token = secrets.token_bytes(16)  # (the job's: rank 0 draws it, MPI gives it to every rank)
@@ -225,5 +226,29 @@ def test_a_cap_too_small_for_the_owned_share_gives_up_owned_copies_for_the_mini_
                 p = e.peers.statistics(e.cache)
                 assert 0 < p.owned_cached_files < p.owned_files
             n.cancel_scope.cancel()
+
+    t.run(main)
+
+
+def test_after_the_first_epoch_the_staging_rate_is_the_peers_not_the_slow_tiers(pair, t, tmp_path):
+    # The slow tier: backing reads capped at 32 kB/s (a peer's bytes are not: they are not the backing's), so the
+    # first epoch's 256 KiB a node took at least 7 s.  What rf=auto reads (``rf_wanted``: consumption over this
+    # rate) must be the rate the next mini-epochs stage at now, from the peer: a mount's average kept the slow
+    # tier's (here at most twice the cap after epoch 1, and about as many epochs again to forget it).
+    slow = 32_000
+    backing = tmp_path / "big"
+    make_dataset(backing, dirs=4, files_per_dir=8, min_size=16 << 10, max_size=16 << 10, seed=4)
+    engines = pair(backing=backing, bandwidth=slow)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for e in engines:
+                await n.start(e.run)
+            await _walk(engines, t, (1, 3))
+            n.cancel_scope.cancel()
+        for e in engines:
+            assert e.peers.statistics(e.cache).fetched_files > 0
+            assert e.stager.bytes_per_s() > 4 * slow, (e.stager.bytes_per_s(), e.stager.statistics())
+            assert e.status().staging.bytes_per_s == pytest.approx(e.stager.bytes_per_s(), rel=0.2)
 
     t.run(main)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dslide.mpirun import MpiJob
-from tierfs.testing import abort_connection, force_unmount, is_mounted, make_dataset, within
+from tierfs.testing import end_mount_job, is_mounted, make_dataset, within
 
 N, NM, FILES, SIZE = 4, 4, 64, 16 << 10  # 16 KiB files: whole blocks, so the caps below are exact
 
@@ -44,12 +44,7 @@ def group(tmp_path):
         job.track()
         yield backing, mnts, job, capacity
     finally:
-        job.stop()
-        for m in mnts:
-            if is_mounted(m):
-                abort_connection(m)
-            force_unmount(m)
-        job.__exit__(None, None, None)
+        end_mount_job(job, mnts)
 
 
 def _status(m: Path) -> dict:
