@@ -33,8 +33,9 @@ together); and for the sampler at ``nm`` > 1 a third side, the **plain dir in pa
 plain dir, each DataLoader epoch a random ``nm``-th of it, :class:`PassSized`): its ratio to the plain dir is what
 the pipeline draining at every pass boundary costs by itself, the mount's ratio to it what the mount costs beyond
 that.  ``--pin on`` models a node with a core to spare for the daemon, applied alike to both sides: the loop (this
-process and its workers) on every CPU but the first, the daemon (``taskset``) on the first; ``--pin both`` runs
-each pair both ways.  ``--files`` sets the data set's size (a pass is ``files / nm`` samples; 20,480 files make
+process and its workers) on every CPU but the first, the daemon (``taskset``) on the first, ahead of the box's
+other processes there (``nice`` ``DAEMON_NICE``: as near a core of its own as a shared box gets); ``--pin both``
+runs each pair both ways.  ``--files`` sets the data set's size (a pass is ``files / nm`` samples; 20,480 files make
 20 batches of 64 a pass at ``nm`` 16); ``--data DIR`` keeps the data set for the next run.
 
 ``python benchmarks/loop.py`` is the full run (writes bench-out/loop.json and loop.png; ``--out``/``--plot`` into
@@ -337,14 +338,22 @@ def cpu_sets() -> tuple[set[int], set[int]]:
     return allowed - daemon, daemon
 
 
+#: ``--pin``: the daemon's nice value on its CPU.  On a shared box other processes run on that CPU too, and the
+#: daemon, waiting its turn among them, would serve each request late; ahead of them it has the CPU whenever a
+#: request comes, as a core of its own would give it.  The loop keeps its priority on both sides.
+DAEMON_NICE = -10
+
+
 @contextmanager
 def _pinned(pin: bool, everything: set[int]) -> Iterator[tuple[str, ...]]:
     """Run the loop (this process and the workers it forks) on the loop's CPUs under ``pin``, else on every
-    CPU; yields the daemon's ``mounted(wrapper=...)``: ``taskset`` onto the daemon's CPU under ``pin``."""
+    CPU; yields the daemon's ``mounted(wrapper=...)``: under ``pin`` ``taskset`` onto the daemon's CPU, at
+    ``DAEMON_NICE``."""
     loop_cpus, daemon_cpus = cpu_sets() if pin else (everything, everything)
     os.sched_setaffinity(0, loop_cpus)
     try:
-        yield ("taskset", "-c", ",".join(map(str, sorted(daemon_cpus)))) if pin else ()
+        yield (("taskset", "-c", ",".join(map(str, sorted(daemon_cpus))), "nice", "-n", str(DAEMON_NICE))
+               if pin else ())
     finally:
         os.sched_setaffinity(0, everything)
 
@@ -365,8 +374,8 @@ def _status(m: Any) -> dict:
         return json.loads(f.read())
 
 
-def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk: int) -> list[dict]:
-    rows = []
+def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk: int) -> Iterator[dict]:
+    """Each pair's row as it is measured."""
     everything = os.sched_getaffinity(0)
     for rnd in range(args.rounds):
         for nm in args.nm:
@@ -385,7 +394,7 @@ def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk
                                "cpu_ratio": plain["cpu_ms_per_sample"] / mount["cpu_ms_per_sample"],
                                "status": {k: st.get(k) for k in ("epoch", "mini_epoch", "pass", "passes_total",
                                                                   "hits", "misses", "backing_bytes_read")}}
-                        rows.append(row)
+                        yield row
                         if "passes" in sides:  # (the drain alone; the mount against the same epochs)
                             row["drain_ratio"] = sides["passes"]["samples_per_s"] / plain["samples_per_s"]
                             row["ratio_to_passes"] = mount["samples_per_s"] / sides["passes"]["samples_per_s"]
@@ -400,7 +409,6 @@ def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk
                                  f"{row['drain_ratio']:.3f}, mount / it {row['ratio_to_passes']:.3f})"
                                  if "passes" in sides else "")
                               + f"  load {min(loads):.1f}-{max(loads):.1f}", flush=True)
-    return rows
 
 
 _PIN = {False: "unpinned", True: "pinned"}
@@ -572,15 +580,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.chunks} alternating chunks of a data set's samples per side, {args.rounds} rounds, "
                 f"{os.cpu_count()} CPUs, pinned {args.pin}")
         print(head, flush=True)
-        t0 = time.time()
-        rows = measure(args, data, work, args.files, disk)
+        t0, rows = time.time(), []
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        for row in measure(args, data, work, args.files, disk):
+            rows.append(row)  # (written after every pair: a run cut short keeps what it measured; --replot)
+            args.out.write_text(json.dumps({
+                "setup": head, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
+                "minutes": (time.time() - t0) / 60, "uptime_load": os.getloadavg(),
+                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "summary": summary(rows), "rows": rows}, indent=1) + "\n")
         summ = summary(rows)
         print(table(summ))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"setup": head, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
-                                        "minutes": (time.time() - t0) / 60, "args": {
-                                            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                                        "summary": summ, "rows": rows}, indent=1) + "\n")
         plot(summ, args.plot, _title(args.files))
     finally:
         shutil.rmtree(work, ignore_errors=True)
