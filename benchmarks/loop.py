@@ -239,6 +239,7 @@ class _Side:
         self.daemon = daemon
         self.samples = self.passes = 0
         self.seconds = self.cpu_s = self.stall_s = self.daemon_cpu_s = 0.0
+        self.chunk_rates: list[float] = []  # (samples/s of each chunk: paired with the other sides' in the JSON)
         self.loads: list[float] = []
         self.started = False
 
@@ -259,7 +260,9 @@ class _Side:
                     self.stall_s += time.perf_counter() - asked
                     first = False
             self.passes += 1
-        self.seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.seconds += seconds
+        self.chunk_rates.append(samples / seconds)
         self.cpu_s += _cpu() - cpu0
         self.daemon_cpu_s += _proc_cpu(self.daemon) - daemon0
         self.samples += samples
@@ -269,7 +272,7 @@ class _Side:
         return {"samples": self.samples, "passes": self.passes, "seconds": self.seconds,
                 "samples_per_s": self.samples / self.seconds, "cpu_s": self.cpu_s,
                 "stall_s": self.stall_s, "stall_share": self.stall_s / self.seconds,
-                "daemon_cpu_ms_per_sample": 1e3 * self.daemon_cpu_s / self.samples,
+                "daemon_cpu_ms_per_sample": 1e3 * self.daemon_cpu_s / self.samples, "chunk_rates": self.chunk_rates,
                 "cpu_ms_per_sample": 1e3 * self.cpu_s / self.samples, "loads": self.loads}
 
 
@@ -386,10 +389,14 @@ def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk
                 for workers in args.workers:
                     for pin in args.pin:
                         with _pinned(pin, everything) as wrapper, _mount(data, work, way, nm, cap, wrapper) as m:
+                            cpus = {"loop": sorted(os.sched_getaffinity(0)),
+                                    "daemon": sorted(os.sched_getaffinity(m.process.pid)),
+                                    "daemon_nice": os.getpriority(os.PRIO_PROCESS, m.process.pid)}
                             sides = run_pair(way, data, m, args, workers, n_files, nm)
                             st = _status(m)
                         plain, mount = sides["plain"], sides["mount"]
-                        row = {"round": rnd, "nm": nm, "way": way, "workers": workers, "pinned": pin, **sides,
+                        row = {"round": rnd, "nm": nm, "way": way, "workers": workers, "pinned": pin, "cpus": cpus,
+                               **sides,
                                "ratio": mount["samples_per_s"] / plain["samples_per_s"],
                                "cpu_ratio": plain["cpu_ms_per_sample"] / mount["cpu_ms_per_sample"],
                                "status": {k: st.get(k) for k in ("epoch", "mini_epoch", "pass", "passes_total",
