@@ -477,7 +477,7 @@ def table(summ: list[dict]) -> str:
     for s in summ:
         out.append(f"| {s['way']} | {s['workers']} | {_PIN[s['pinned']]} | {s['nm']} | {s['plain']:,.0f} | "
                    f"{s['mount']:,.0f} | **{s['ratio']:.2f}** | {s['ratio_min']:.2f}–{s['ratio_max']:.2f} | "
-                   f"{s['plain_cpu_ms']:.2f} / {s['mount_cpu_ms']:.2f} ({s['daemon_cpu_ms']:.2f}) | "
+                   f"{s['plain_cpu_ms']:.2f} / {s['mount_cpu_ms']:.2f} ({_fmt(s['daemon_cpu_ms'])}) | "
                    f"{s['cpu_ratio']:.2f} ({_fmt(s['loop_cpu_ratio'])}) | "
                    f"{100 * s['plain_stall']:.1f} % / {100 * s['mount_stall']:.1f} % | "
                    f"{_fmt(s['drain'])} | {_fmt(s['to_passes'])} | "
@@ -498,7 +498,8 @@ def plot(summ: list[dict], path: Path, title: str) -> None:
     nms = sorted({s["nm"] for s in summ})
     fig, axes = plt.subplots(2, len(columns), figsize=(5.5 * len(columns), 7.5), sharex=True, squeeze=False)
     colors = {"relist": "#c66", "minepoch": "#da3", "sampler": "#2a6", "substitute": "#69c"}
-    rows = (("ratio", "samples/s, mount / plain dir"), ("cpu_ratio", "CPU per sample, plain dir / mount"))
+    rows = (("ratio", "samples/s, mount / plain dir"),
+            ("cpu_ratio", "CPU per sample, plain dir / mount\n(dashed: the daemon's left out)"))
     for (key, label), line in zip(rows, axes, strict=True):
         for ax, (w, pinned) in zip(line, columns, strict=True):
             for way in WAYS:
@@ -508,6 +509,9 @@ def plot(summ: list[dict], path: Path, title: str) -> None:
                 med = np.array([s[key] for s in ss])
                 err = np.array([med - [s[f"{key}_min"] for s in ss], [s[f"{key}_max"] for s in ss] - med])
                 ax.errorbar([s["nm"] for s in ss], med, yerr=err, marker="o", capsize=3, label=way,
+                            color=colors[way])
+                if key == "cpu_ratio":  # (what a CPU-bound loop whose daemon has a core of its own would see)
+                    ax.plot([s["nm"] for s in ss], [s["loop_cpu_ratio"] for s in ss], ls="--", marker=".",
                             color=colors[way])
             ax.axhline(1.0, color="k", lw=0.8)
             ax.axhline(0.95, color="k", lw=0.8, ls="--")
