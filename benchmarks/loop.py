@@ -26,8 +26,21 @@ change of the box's load hits both alike.  The clock runs over the chunks only: 
 batch (its workers' first start) nor the mount's first pass (the first mini-epoch, staged as it mounted).  The
 load average is recorded with every chunk: the box is shared, so only the paired ratios mean much.
 
+What the mount costs, taken apart: the mount's daemon CPU per sample (beside the CPU of the whole loop); the
+**epoch-boundary stall** of each side (from the start of each DataLoader epoch to its first batch, summed, as a
+share of the loop: with as many workers as batches in a pass it is most of the pass, as the workers deliver
+together); and for the sampler at ``nm`` > 1 a third side, the **plain dir in passes** (the same loop over the
+plain dir, each DataLoader epoch a random ``nm``-th of it, :class:`PassSized`): its ratio to the plain dir is what
+the pipeline draining at every pass boundary costs by itself, the mount's ratio to it what the mount costs beyond
+that.  ``--pin on`` models a node with a core to spare for the daemon, applied alike to both sides: the loop (this
+process and its workers) on every CPU but the first, the daemon (``taskset``) on the first, ahead of the box's
+other processes there (``nice`` ``DAEMON_NICE``: as near a core of its own as a shared box gets); ``--pin both``
+runs each pair both ways.  ``--files`` sets the data set's size (a pass is ``files / nm`` samples; 20,480 files make
+20 batches of 64 a pass at ``nm`` 16); ``--data DIR`` keeps the data set for the next run.
+
 ``python benchmarks/loop.py`` is the full run (writes bench-out/loop.json and loop.png; ``--out``/``--plot`` into
-docs/img on purpose);
+docs/img on purpose); docs/benchmarks.md's headline is ``--files 20480 --nm 6,16,1 --ways sampler,substitute
+--rounds 1 --chunks 1`` (passes of 20 and 53 batches; ~45 min on a loaded 2-core box);
 ``--quick`` is a short one (fewer files, one worker count, one round: a look, not a figure).  Needs torch and PIL.
 """
 
@@ -160,8 +173,29 @@ def _loader(ds: Any, args: argparse.Namespace, workers: int, **kw: Any) -> Any:
     return DataLoader(ds, batch_size=args.batch, num_workers=workers, **kw)
 
 
-def _epochs(way: str, root: Path, mounted_: bool, args: argparse.Namespace, workers: int) -> Iterator[Any]:
-    """The loop of ``way``: yields one iterable of batches per DataLoader epoch (a pass on the mount)."""
+class PassSized:
+    """A sampler over a plain dir's dataset whose every ``iter()`` is one ``nm``-th of the data set (the next
+    slice of a shuffle drawn every ``nm`` epochs): the sampler's loop with the mount's pass-sized DataLoader
+    epochs and no mount -- what the pipeline draining at every epoch boundary costs by itself."""
+
+    def __init__(self, n: int, nm: int, seed: int) -> None:
+        self.n, self.nm, self.seed, self.epoch = n, nm, seed, 0
+
+    def __iter__(self) -> Iterator[int]:
+        order = np.random.default_rng((self.seed, self.epoch // self.nm)).permutation(self.n)
+        part = np.array_split(order, self.nm)[self.epoch % self.nm]
+        self.epoch += 1
+        return iter(part.tolist())
+
+    def __len__(self) -> int:
+        return len(np.array_split(np.arange(self.n), self.nm)[self.epoch % self.nm])
+
+
+def _epochs(way: str, root: Path, mounted_: bool, args: argparse.Namespace, workers: int,
+            pass_sized: int = 0) -> Iterator[Any]:
+    """The loop of ``way``: yields one iterable of batches per DataLoader epoch (a pass on the mount);
+    ``pass_sized``: the sampler's loop on the plain dir in epochs of a ``pass_sized``-th of the data
+    (:class:`PassSized`)."""
     import torch
 
     gen = torch.Generator().manual_seed(args.seed)
@@ -183,8 +217,10 @@ def _epochs(way: str, root: Path, mounted_: bool, args: argparse.Namespace, work
         if way == "sampler" and mounted_:
             from tierfs.torch import MountSampler
 
-            sampler = MountSampler(ds)
-            loader = _loader(ds, args, workers, sampler=sampler, persistent_workers=True)
+            loader = _loader(ds, args, workers, sampler=MountSampler(ds), persistent_workers=True)
+        elif pass_sized:
+            loader = _loader(ds, args, workers, sampler=PassSized(len(ds), pass_sized, args.seed),
+                             persistent_workers=True)
         else:  # the plain dir's loop for both, and substitution's on the mount: no change to the script
             loader = _loader(ds, args, workers, shuffle=True, generator=gen, persistent_workers=True)
         while True:
@@ -192,12 +228,19 @@ def _epochs(way: str, root: Path, mounted_: bool, args: argparse.Namespace, work
 
 
 class _Side:
-    """One side of a pair (the plain dir or the mount): its loop, and the samples and seconds timed so far."""
+    """One side of a pair (the plain dir or the mount): its loop, and the samples and seconds timed so far.
 
-    def __init__(self, way: str, root: Path, mounted_: bool, args: argparse.Namespace, workers: int) -> None:
-        self.epochs = _epochs(way, root, mounted_, args, workers)
+    ``stall_s``: the seconds from the start of each timed DataLoader epoch (right after the last batch of the one
+    before, or the start of a chunk) to its first batch -- the pipeline refilling at every epoch boundary, a
+    tierfs pass on the mount, a whole data set on the plain dir."""
+
+    def __init__(self, way: str, root: Path, mounted_: bool, args: argparse.Namespace, workers: int, *,
+                 daemon: int | None = None, pass_sized: int = 0) -> None:
+        self.epochs = _epochs(way, root, mounted_, args, workers, pass_sized)
+        self.daemon = daemon
         self.samples = self.passes = 0
-        self.seconds = self.cpu_s = 0.0
+        self.seconds = self.cpu_s = self.stall_s = self.daemon_cpu_s = 0.0
+        self.chunk_rates: list[float] = []  # (samples/s of each chunk: paired with the other sides' in the JSON)
         self.loads: list[float] = []
         self.started = False
 
@@ -205,26 +248,45 @@ class _Side:
         """Whole DataLoader epochs until ``budget`` samples; timed from the start of the chunk, except the very
         first chunk: from its first batch (the workers' first start is not counted)."""
         self.loads.append(os.getloadavg()[0])
-        cpu0, t0, samples = _cpu(), time.perf_counter(), 0
+        cpu0, daemon0, t0, samples = _cpu(), _proc_cpu(self.daemon), time.perf_counter(), 0
         while samples < budget:
+            asked, first = time.perf_counter(), True
             for x, _y in next(self.epochs):
                 if not self.started:
                     self.started, t0 = True, time.perf_counter()
+                    first = False
                 else:
                     samples += len(x)
+                if first:
+                    self.stall_s += time.perf_counter() - asked
+                    first = False
             self.passes += 1
-        self.seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.seconds += seconds
+        self.chunk_rates.append(samples / seconds)
         self.cpu_s += _cpu() - cpu0
+        self.daemon_cpu_s += _proc_cpu(self.daemon) - daemon0
         self.samples += samples
 
     def result(self) -> dict:
         self.epochs.close()  # (a loop's loader and its persistent workers go with it)
         return {"samples": self.samples, "passes": self.passes, "seconds": self.seconds,
                 "samples_per_s": self.samples / self.seconds, "cpu_s": self.cpu_s,
+                "stall_s": self.stall_s, "stall_share": self.stall_s / self.seconds,
+                "daemon_cpu_ms_per_sample": 1e3 * self.daemon_cpu_s / self.samples, "chunk_rates": self.chunk_rates,
                 "cpu_ms_per_sample": 1e3 * self.cpu_s / self.samples, "loads": self.loads}
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int | None) -> float:
+    """CPU seconds of process ``pid`` (all its threads; 0 for None)."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def _cpu() -> float:
@@ -250,30 +312,64 @@ def _cpu() -> float:
     return total
 
 
-def run_pair(way: str, data: Path, mnt: Path, args: argparse.Namespace, workers: int, n_files: int) -> tuple[
-        dict, dict]:
-    """The loop of ``way`` over the plain dir and over the mount, ``args.chunks`` times each, alternating
+def run_pair(way: str, data: Path, m: Any, args: argparse.Namespace, workers: int, n_files: int, nm: int) -> dict[
+        str, dict]:
+    """The loop of ``way`` over the plain dir and over the mount ``m``, ``args.chunks`` times each, alternating
     (plain, mount, plain, ...), each chunk a data set's worth of samples in whole DataLoader epochs; the mount's
-    first pass (the first mini-epoch staged at the start) is not timed."""
+    first pass (the first mini-epoch staged at the start) is not timed.  The sampler's at ``nm`` > 1 has a third
+    side between them, ``passes``: the plain dir in the mount's pass-sized epochs (:class:`PassSized`)."""
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: on purpose
-    plain, mount = _Side(way, data, False, args, workers), _Side(way, mnt, True, args, workers)
-    for _batch in next(mount.epochs):  # the first pass (staged as the mount started; the workers start)
+    sides = {"plain": _Side(way, data, False, args, workers)}
+    if way == "sampler" and nm > 1:
+        sides["passes"] = _Side(way, data, False, args, workers, pass_sized=nm)
+    sides["mount"] = _Side(way, Path(m.mountpoint), True, args, workers, daemon=m.process.pid)
+    for _batch in next(sides["mount"].epochs):  # the first pass (staged as the mount started; the workers start)
         pass
-    mount.started = True
+    sides["mount"].started = True
     for _ in range(args.chunks):
-        plain.chunk(n_files)
-        mount.chunk(n_files)
-    return plain.result(), mount.result()
+        for side in sides.values():
+            side.chunk(n_files)
+    return {name: side.result() for name, side in sides.items()}
+
+
+def cpu_sets() -> tuple[set[int], set[int]]:
+    """``--pin``'s CPU sets: (the loop's -- this process, its DataLoader workers --, the daemon's): the daemon
+    one CPU of its own, the loop the others (on a 2-core box {1} and {0})."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        raise SystemExit(f"--pin needs 2 CPUs or more, this process may run on {len(allowed)}")
+    daemon = {min(allowed)}
+    return allowed - daemon, daemon
+
+
+#: ``--pin``: the daemon's nice value on its CPU.  On a shared box other processes run on that CPU too, and the
+#: daemon, waiting its turn among them, would serve each request late; ahead of them it has the CPU whenever a
+#: request comes, as a core of its own would give it.  The loop keeps its priority on both sides.
+DAEMON_NICE = -10
 
 
 @contextmanager
-def _mount(data: Path, work: Path, way: str, nm: int, cap: int) -> Iterator[Any]:
+def _pinned(pin: bool, everything: set[int]) -> Iterator[tuple[str, ...]]:
+    """Run the loop (this process and the workers it forks) on the loop's CPUs under ``pin``, else on every
+    CPU; yields the daemon's ``mounted(wrapper=...)``: under ``pin`` ``taskset`` onto the daemon's CPU, at
+    ``DAEMON_NICE``."""
+    loop_cpus, daemon_cpus = cpu_sets() if pin else (everything, everything)
+    os.sched_setaffinity(0, loop_cpus)
+    try:
+        yield (("taskset", "-c", ",".join(map(str, sorted(daemon_cpus))), "nice", "-n", str(DAEMON_NICE))
+               if pin else ())
+    finally:
+        os.sched_setaffinity(0, everything)
+
+
+@contextmanager
+def _mount(data: Path, work: Path, way: str, nm: int, cap: int, wrapper: tuple[str, ...]) -> Iterator[Any]:
     mnt, cache = work / "mnt", work / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     mnt.mkdir(exist_ok=True)
     cache.mkdir()
-    with mounted(data, mnt, cache, str(cap), timeout=120, env={"PYTHONPATH": str(ROOT)}, nm=nm, rf=4,
-                 **MOUNT_OPTIONS[way]) as m:
+    with mounted(data, mnt, cache, str(cap), timeout=120, env={"PYTHONPATH": str(ROOT)}, wrapper=wrapper, nm=nm,
+                 rf=4, **MOUNT_OPTIONS[way]) as m:
         yield m
 
 
@@ -282,8 +378,9 @@ def _status(m: Any) -> dict:
         return json.loads(f.read())
 
 
-def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk: int) -> list[dict]:
-    rows = []
+def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk: int) -> Iterator[dict]:
+    """Each pair's row as it is measured."""
+    everything = os.sched_getaffinity(0)
     for rnd in range(args.rounds):
         for nm in args.nm:
             # (a mini-epoch must fit in half the cache: at nm 1 the cache holds twice the data; copies of small
@@ -291,32 +388,65 @@ def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk
             cap = int(disk * max(args.cap_fraction, 2 / nm) * 1.15)
             for way in args.ways:
                 for workers in args.workers:
-                    with _mount(data, work, way, nm, cap) as m:
-                        plain, mount = run_pair(way, data, Path(m.mountpoint), args, workers, n_files)
-                        st = _status(m)
-                    row = {"round": rnd, "nm": nm, "way": way, "workers": workers, "plain": plain, "mount": mount,
-                           "ratio": mount["samples_per_s"] / plain["samples_per_s"],
-                           "cpu_ratio": plain["cpu_ms_per_sample"] / mount["cpu_ms_per_sample"],
-                           "status": {k: st.get(k) for k in ("epoch", "mini_epoch", "pass", "passes_total",
-                                                              "hits", "misses", "backing_bytes_read")}}
-                    rows.append(row)
-                    loads = plain["loads"] + mount["loads"]
-                    print(f"round {rnd} nm {nm:2d} {way:10s} w{workers}: plain {plain['samples_per_s']:7.0f}  "
-                          f"mount {mount['samples_per_s']:7.0f}  ratio {row['ratio']:.3f}  CPU ms/sample "
-                          f"{plain['cpu_ms_per_sample']:.2f} / {mount['cpu_ms_per_sample']:.2f}  "
-                          f"load {min(loads):.1f}-{max(loads):.1f}", flush=True)
-    return rows
+                    for pin in args.pin:
+                        with _pinned(pin, everything) as wrapper, _mount(data, work, way, nm, cap, wrapper) as m:
+                            cpus = {"loop": sorted(os.sched_getaffinity(0)),
+                                    "daemon": sorted(os.sched_getaffinity(m.process.pid)),
+                                    "daemon_nice": os.getpriority(os.PRIO_PROCESS, m.process.pid)}
+                            sides = run_pair(way, data, m, args, workers, n_files, nm)
+                            st = _status(m)
+                        plain, mount = sides["plain"], sides["mount"]
+                        row = {"round": rnd, "nm": nm, "way": way, "workers": workers, "pinned": pin, "cpus": cpus,
+                               **sides,
+                               "ratio": mount["samples_per_s"] / plain["samples_per_s"],
+                               "cpu_ratio": plain["cpu_ms_per_sample"] / mount["cpu_ms_per_sample"],
+                               "status": {k: st.get(k) for k in ("epoch", "mini_epoch", "pass", "passes_total",
+                                                                  "hits", "misses", "backing_bytes_read")}}
+                        if "passes" in sides:  # (the drain alone; the mount against the same epochs)
+                            row["drain_ratio"] = sides["passes"]["samples_per_s"] / plain["samples_per_s"]
+                            row["ratio_to_passes"] = mount["samples_per_s"] / sides["passes"]["samples_per_s"]
+                        loads = plain["loads"] + mount["loads"]
+                        print(f"round {rnd} nm {nm:2d} {way:10s} w{workers} {_PIN[pin]:8s}: plain "
+                              f"{plain['samples_per_s']:7.0f}  mount {mount['samples_per_s']:7.0f}  ratio "
+                              f"{row['ratio']:.3f}  CPU ms/sample {plain['cpu_ms_per_sample']:.2f} / "
+                              f"{mount['cpu_ms_per_sample']:.2f}  stall {100 * plain['stall_share']:.1f} % / "
+                              f"{100 * mount['stall_share']:.1f} %  daemon "
+                              f"{mount['daemon_cpu_ms_per_sample']:.2f} ms/sample"
+                              + (f"  plain in passes {sides['passes']['samples_per_s']:.0f} (drain "
+                                 f"{row['drain_ratio']:.3f}, mount / it {row['ratio_to_passes']:.3f})"
+                                 if "passes" in sides else "")
+                              + f"  load {min(loads):.1f}-{max(loads):.1f}", flush=True)
+                        yield row
+
+
+_PIN = {False: "unpinned", True: "pinned"}
+
+
+def _key(r: dict) -> tuple[str, int, bool, int]:
+    return r["way"], r["workers"], r.get("pinned", False), r["nm"]  # (rows of runs before --pin: unpinned)
+
+
+def _loop_cpu_ratio(row: dict) -> float | None:
+    """Plain / mount CPU per sample, the mount's without its daemon's (None for rows from before it was kept)."""
+    daemon = row["mount"].get("daemon_cpu_ms_per_sample")
+    return None if daemon is None else row["plain"]["cpu_ms_per_sample"] / (row["mount"]["cpu_ms_per_sample"] - daemon)
+
+
+def _median(xs: Iterator[float | None]) -> float:
+    """The median of the figures a row has (nan if none: a way or a run without them)."""
+    have = [x for x in xs if x is not None]
+    return statistics.median(have) if have else float("nan")
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Median and spread of each (way, workers, nm) over the rounds."""
+    """Median and spread of each (way, workers, pinned, nm) over the rounds."""
     out = []
-    keys = sorted({(r["way"], r["workers"], r["nm"]) for r in rows}, key=lambda k: (WAYS.index(k[0]), k[1], k[2]))
-    for way, workers, nm in keys:
-        rs = [r for r in rows if (r["way"], r["workers"], r["nm"]) == (way, workers, nm)]
+    keys = sorted({_key(r) for r in rows}, key=lambda k: (WAYS.index(k[0]), *k[1:]))
+    for way, workers, pinned, nm in keys:
+        rs = [r for r in rows if _key(r) == (way, workers, pinned, nm)]
         ratios = [r["ratio"] for r in rs]
         loads = [x for r in rs for x in r["plain"]["loads"] + r["mount"]["loads"]]
-        out.append({"way": way, "workers": workers, "nm": nm, "rounds": len(rs),
+        out.append({"way": way, "workers": workers, "pinned": pinned, "nm": nm, "rounds": len(rs),
                     "plain": statistics.median(r["plain"]["samples_per_s"] for r in rs),
                     "mount": statistics.median(r["mount"]["samples_per_s"] for r in rs),
                     "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -324,18 +454,33 @@ def summary(rows: list[dict]) -> list[dict]:
                     "mount_cpu_ms": statistics.median(r["mount"]["cpu_ms_per_sample"] for r in rs),
                     "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rs),
                     "cpu_ratio_min": min(r["cpu_ratio"] for r in rs), "cpu_ratio_max": max(r["cpu_ratio"] for r in rs),
+                    "drain": _median(r.get("drain_ratio") for r in rs),
+                    "to_passes": _median(r.get("ratio_to_passes") for r in rs),
+                    "daemon_cpu_ms": _median(r["mount"].get("daemon_cpu_ms_per_sample") for r in rs),
+                    # what a CPU-bound loop whose daemon has a core of its own would see: the loop's CPU alone
+                    "loop_cpu_ratio": _median(_loop_cpu_ratio(r) for r in rs),
+                    "plain_stall": statistics.median(r["plain"].get("stall_share", np.nan) for r in rs),
+                    "mount_stall": statistics.median(r["mount"].get("stall_share", np.nan) for r in rs),
                     "load_min": min(loads), "load_max": max(loads)})
     return out
 
 
+def _fmt(x: float) -> str:
+    return "" if np.isnan(x) else f"{x:.2f}"
+
+
 def table(summ: list[dict]) -> str:
-    out = ["| way | workers | nm | plain dir samples/s | mount samples/s | mount / plain (median) | "
-           "spread over rounds | CPU ms per sample, plain / mount | plain / mount CPU | load |",
-           "|---|---:|---:|---:|---:|---:|---|---|---:|---|"]
+    out = ["| way | workers | CPUs | nm | plain dir samples/s | mount samples/s | mount / plain (median) | "
+           "spread over rounds | CPU ms per sample, plain / mount (daemon) | plain / mount CPU (daemon apart) | "
+           "epoch-boundary stall, plain / mount | plain in passes / plain | mount / plain in passes | load |",
+           "|---|---:|---|---:|---:|---:|---:|---|---|---:|---|---:|---:|---|"]
     for s in summ:
-        out.append(f"| {s['way']} | {s['workers']} | {s['nm']} | {s['plain']:,.0f} | {s['mount']:,.0f} | "
-                   f"**{s['ratio']:.2f}** | {s['ratio_min']:.2f}–{s['ratio_max']:.2f} | "
-                   f"{s['plain_cpu_ms']:.2f} / {s['mount_cpu_ms']:.2f} | {s['cpu_ratio']:.2f} | "
+        out.append(f"| {s['way']} | {s['workers']} | {_PIN[s['pinned']]} | {s['nm']} | {s['plain']:,.0f} | "
+                   f"{s['mount']:,.0f} | **{s['ratio']:.2f}** | {s['ratio_min']:.2f}–{s['ratio_max']:.2f} | "
+                   f"{s['plain_cpu_ms']:.2f} / {s['mount_cpu_ms']:.2f} ({_fmt(s['daemon_cpu_ms'])}) | "
+                   f"{s['cpu_ratio']:.2f} ({_fmt(s['loop_cpu_ratio'])}) | "
+                   f"{100 * s['plain_stall']:.1f} % / {100 * s['mount_stall']:.1f} % | "
+                   f"{_fmt(s['drain'])} | {_fmt(s['to_passes'])} | "
                    f"{s['load_min']:.1f}–{s['load_max']:.1f} |")
     return "\n".join(out)
 
@@ -349,27 +494,31 @@ def plot(summ: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workers = sorted({s["workers"] for s in summ})
+    columns = sorted({(s["workers"], s["pinned"]) for s in summ})
     nms = sorted({s["nm"] for s in summ})
-    fig, axes = plt.subplots(2, len(workers), figsize=(5.5 * len(workers), 7.5), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(2, len(columns), figsize=(5.5 * len(columns), 7.5), sharex=True, squeeze=False)
     colors = {"relist": "#c66", "minepoch": "#da3", "sampler": "#2a6", "substitute": "#69c"}
-    rows = (("ratio", "samples/s, mount / plain dir"), ("cpu_ratio", "CPU per sample, plain dir / mount"))
+    rows = (("ratio", "samples/s, mount / plain dir"),
+            ("cpu_ratio", "CPU per sample, plain dir / mount\n(dashed: the daemon's left out)"))
     for (key, label), line in zip(rows, axes, strict=True):
-        for ax, w in zip(line, workers, strict=True):
+        for ax, (w, pinned) in zip(line, columns, strict=True):
             for way in WAYS:
-                ss = [s for s in summ if s["way"] == way and s["workers"] == w]
+                ss = [s for s in summ if s["way"] == way and (s["workers"], s["pinned"]) == (w, pinned)]
                 if not ss:
                     continue
                 med = np.array([s[key] for s in ss])
                 err = np.array([med - [s[f"{key}_min"] for s in ss], [s[f"{key}_max"] for s in ss] - med])
                 ax.errorbar([s["nm"] for s in ss], med, yerr=err, marker="o", capsize=3, label=way,
                             color=colors[way])
+                if key == "cpu_ratio":  # (what a CPU-bound loop whose daemon has a core of its own would see)
+                    ax.plot([s["nm"] for s in ss], [s["loop_cpu_ratio"] for s in ss], ls="--", marker=".",
+                            color=colors[way])
             ax.axhline(1.0, color="k", lw=0.8)
             ax.axhline(0.95, color="k", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
             ax.set_xticks(nms, [str(n) for n in nms])
             ax.set_ylabel(label)
-            ax.set_title(f"{w} workers, batch 64")
+            ax.set_title(f"{w} workers, batch 64, " + ("daemon on a CPU of its own" if pinned else "CPUs shared"))
             ax.grid(alpha=0.3)
         line[-1].legend(loc="upper right", fontsize=8)
     for ax in axes[-1]:
@@ -383,9 +532,21 @@ def _title(files: int) -> str:
     return f"DataLoader over a tierfs mount against the plain dir ({files:,} JPEGs, benchmarks/loop.py)"
 
 
+def _data(folder: Path, args: argparse.Namespace) -> Path:
+    """``folder``/data: the data set, made unless ``folder``/made.json says it holds these files already."""
+    made, want = folder / "made.json", {"files": args.files, "transform": args.transform, "seed": args.seed}
+    if made.exists() and json.loads(made.read_text()) == want:
+        return folder / "data"
+    shutil.rmtree(folder / "data", ignore_errors=True)
+    make_data(folder / "data", args.files, seed=args.seed)
+    made.write_text(json.dumps(want) + "\n")
+    return folder / "data"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--files", type=int, default=3072)
+    ap.add_argument("--files", type=int, default=3072, help="the data set's size; a pass is files / nm samples "
+                    "(20480: 20 batches of 64 a pass at nm 16, a real data set's thousands drain far less often)")
     ap.add_argument("--nm", default="1,6,16", help="comma-separated")
     ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated, of " + ", ".join(WAYS))
     ap.add_argument("--workers", default="4,8", help="comma-separated DataLoader worker counts")
@@ -400,7 +561,12 @@ def main(argv: list[str] | None = None) -> int:
                     "a random 128 px crop and flip (0.8-1 ms of CPU a sample); imagenet: 500 x 375 JPEGs, "
                     "ImageNet's training transform (random-resized crop to 224, flip, normalise)")
     ap.add_argument("--quick", action="store_true", help="1,536 files, 4 workers, 1 round (a few minutes)")
+    ap.add_argument("--pin", choices=["off", "on", "both"], default="both", help="on: the loop (this process, its "
+                    "workers) on every CPU but one, the daemon on that one -- a node whose daemon has a core of its "
+                    "own; off: all share every CPU; both: each pair run both ways, side by side")
     ap.add_argument("--tmp", type=Path, default=None, help="where the data and the mount go")
+    ap.add_argument("--data", type=Path, default=None, help="keep the data set in this folder and use it again "
+                    "when its files, transform and seed match (made there if not); else made in --tmp and removed")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "loop.json", help="docs/img/loop.json: on purpose")
     ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "loop.png", help="docs/img/loop.png: on purpose")
     ap.add_argument("--replot", action="store_true", help="draw --plot and print the table from --out's rows")
@@ -418,28 +584,34 @@ def main(argv: list[str] | None = None) -> int:
     args.nm = [int(x) for x in args.nm.split(",")]
     args.workers = [int(x) for x in args.workers.split(",")]
     args.ways = args.ways.split(",")
+    args.pin = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
+    if True in args.pin:
+        cpu_sets()  # (2 CPUs at least: say so now, not after making the data)
     if bad := set(args.ways) - set(WAYS):
         ap.error(f"--ways: unknown {', '.join(sorted(bad))} (of {', '.join(WAYS)})")
     work = Path(tempfile.mkdtemp(prefix="loop-", dir=args.tmp))
     try:
-        data = work / "data"
-        total = make_data(data, args.files)
+        data = _data(args.data or work, args)
+        total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
         disk = sum(p.stat().st_blocks * 512 for p in data.rglob("*") if p.is_file())
+        per_pass = ", ".join(f"{args.files / nm / args.batch:.1f} at nm {nm}" for nm in args.nm)
         head = (f"{args.files} JPEGs ({total / 2**20:.0f} MiB, transform {args.transform}) in 10 class folders, "
-                f"batch {args.batch}, "
+                f"batch {args.batch} (batches a pass: {per_pass}), "
                 f"workers {args.workers}, nm {args.nm}, rf 4, cap {args.cap_fraction:.2f} of the data, "
                 f"{args.chunks} alternating chunks of a data set's samples per side, {args.rounds} rounds, "
-                f"{os.cpu_count()} CPUs")
+                f"{os.cpu_count()} CPUs, pinned {args.pin}")
         print(head, flush=True)
-        t0 = time.time()
-        rows = measure(args, data, work, args.files, disk)
+        t0, rows = time.time(), []
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        for row in measure(args, data, work, args.files, disk):
+            rows.append(row)  # (written after every pair: a run cut short keeps what it measured; --replot)
+            args.out.write_text(json.dumps({
+                "setup": head, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
+                "minutes": (time.time() - t0) / 60, "uptime_load": os.getloadavg(),
+                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "summary": summary(rows), "rows": rows}, indent=1) + "\n")
         summ = summary(rows)
         print(table(summ))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"setup": head, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
-                                        "minutes": (time.time() - t0) / 60, "args": {
-                                            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                                        "summary": summ, "rows": rows}, indent=1) + "\n")
         plot(summ, args.plot, _title(args.files))
     finally:
         shutil.rmtree(work, ignore_errors=True)
