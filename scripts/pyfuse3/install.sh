@@ -23,5 +23,7 @@ fi
 # (setuptools_scm takes the version from the environment: the local label marks the build)
 SETUPTOOLS_SCM_PRETEND_VERSION=$local_version \
     "$py" -m pip wheel -q --no-deps -w "$work/wheel" "$work/pyfuse3-$version"
-"$py" -m pip install -q --no-deps --force-reinstall "$work"/wheel/pyfuse3-*.whl
+wheel=$(echo "$work"/wheel/pyfuse3-*.whl)
+"$py" -m pip install -q --no-deps --force-reinstall "$wheel"
+"$py" -m pip install -q "$wheel"  # (its dependencies, trio: in a new venv they come now, before the project)
 "$py" -c "$check" || { echo "setup: the patched pyfuse3 does not import" >&2; exit 1; }
