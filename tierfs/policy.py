@@ -22,9 +22,12 @@ from tierfs.cache import CacheStore
 from tierfs.options import format_size, format_size_at_least
 from tierfs.schedule import Schedule
 
-__all__ = ["ADVISE_WHOLE", "POLICIES", "CachePolicy", "LruPolicy", "MetPolicy"]
+__all__ = ["ADVISE_WHOLE", "POLICIES", "REVALIDATE_AHEAD_MIN", "CachePolicy", "LruPolicy", "MetPolicy"]
 
 ADVISE_WHOLE = 1 << 20  # a copy up to this size is read ahead whole on open; an lru miss over it is copied beside
+#: the fewest unread files of the view whose fingerprints are renewed ahead of the readers (a rate of opens not
+#: measured yet, a slow reader): 8,192 ``lstat`` a round at most beside the next mini-epoch's copies
+REVALIDATE_AHEAD_MIN = 8192
 
 
 class CachePolicy:
@@ -64,8 +67,9 @@ class CachePolicy:
         """Whether an uncached open of this size is served from the backing while its copy is made."""
         return False
 
-    def revalidation_candidates(self) -> np.ndarray:
-        """The files whose fingerprints are worth renewing ahead of the readers, most urgent first."""
+    def revalidation_candidates(self, ahead_s: float) -> np.ndarray:
+        """The files whose fingerprints are worth renewing ahead of the readers, most urgent first: those the
+        readers may open within ``ahead_s`` seconds."""
         raise NotImplementedError
 
 
@@ -104,13 +108,17 @@ class MetPolicy(CachePolicy):
     def fetches_on_open(self, fidx: int) -> bool:
         return bool(self.schedule.current_mask[fidx])
 
-    def revalidation_candidates(self) -> np.ndarray:
-        """The view's unread files in serving order, then the cached copies of the next mini-epoch."""
+    def revalidation_candidates(self, ahead_s: float) -> np.ndarray:
+        """The view's unread files in serving order that the readers may reach within ``ahead_s`` at their
+        rate of opens (at least :data:`REVALIDATE_AHEAD_MIN`), then the cached copies of the next mini-epoch.
+        (Not the whole view: under ``view=full`` at a million files that was a million ``lstat`` every
+        ``revalidate / 2`` seconds, a core's worth of the daemon and of the backing's server, for files nobody
+        was about to open; one opened beyond the window gets its own check, as ever.)"""
         sch = self.schedule
         if sch.view is None:
             return np.zeros(0, np.int64)
         nxt = sch.next_files[self.cache.cached(sch.next_files)]
-        unread = sch.unread()
+        unread = sch.unread()[:max(REVALIDATE_AHEAD_MIN, int(sch.opens_per_s() * ahead_s))]
         return np.concatenate([unread, nxt.astype(unread.dtype)])  # (int32 file indices: see tree.index_dtype)
 
 
@@ -138,7 +146,7 @@ class LruPolicy(CachePolicy):
         # the reader would otherwise wait for the whole copy before its first byte
         return size > ADVISE_WHOLE
 
-    def revalidation_candidates(self) -> np.ndarray:
+    def revalidation_candidates(self, ahead_s: float) -> np.ndarray:
         """Every cached copy (there is no serving order to read ahead of)."""
         return np.fromiter(self.cache.entries.keys(), np.int64, len(self.cache.entries))
 

@@ -185,7 +185,8 @@ class Revalidator:
     def _due(self, now: float, horizon: float) -> np.ndarray:
         """The candidates confirmed longer than ``horizon`` ago (the candidates themselves -- a whole view of
         file indices -- are not kept while those are checked)."""
-        cand = self.policy.revalidation_candidates()
+        # (ahead: what the readers may open before the next round comes back to it, twice over)
+        cand = self.policy.revalidation_candidates(4 * horizon)
         return cand[now - self.confirmed[cand] > horizon] if cand.size else cand
 
     async def _check(self, batch: list[int], slots: trio.Semaphore) -> None:

@@ -276,6 +276,7 @@ class Schedule:
         self._unread = 0
         self.reads_in_pass = 0
         self._pass_started: float | None = None
+        self._opens_per_s = 0.0  # the last pass's (see opens_per_s)
         self._pass_opened = 0.0
         self._prev_pass: tuple[float, float] | None = None  # (first open, bytes opened) of the pass just ended
         self._consumption_measured = False
@@ -568,6 +569,14 @@ class Schedule:
 
     # ============================================================================================ passes
 
+    def opens_per_s(self) -> float:
+        """Opens per second in this pass so far, or in the one before (0.0 before any pass was read)."""
+        if self._pass_started is not None and self.reads_in_pass:
+            elapsed = time.monotonic() - self._pass_started
+            if elapsed > 1.0:
+                return self.reads_in_pass / elapsed
+        return self._opens_per_s
+
     def unread(self) -> np.ndarray:
         """Files of the view not opened yet this pass, in serving order (what readers open next)."""
         assert self.view is not None
@@ -632,6 +641,8 @@ class Schedule:
         """Count the pass that just ended; True if it reached ``rf`` passes (a switch is due)."""
         self.last_pass = (self.pos.epoch, self.pos.mini_epoch)
         now = time.monotonic()
+        if self._pass_started is not None and now > self._pass_started:
+            self._opens_per_s = self.reads_in_pass / (now - self._pass_started)
         if self._pass_started is not None and self._pass_opened:
             self._prev_pass = (self._pass_started, self._pass_opened)
             if not self._consumption_measured and now > self._pass_started:

@@ -13,10 +13,12 @@ import subprocess
 import pytest
 import trio
 
+import tierfs.policy
 from tierfs.backing import BackingError
 from tierfs.mount import WholeLineHandler
 from tierfs.options import OPTIONS
 from tierfs.staging import StreamTuner
+from tierfs.testing import make_dataset
 
 
 async def _staged(e, t):
@@ -133,6 +135,35 @@ def test_the_revalidator_renews_fingerprints_ahead_of_the_readers(open_engine, t
         assert await t.read_file(e, f) == b"changed behind our back"
 
     t.run(main)
+
+
+def test_a_round_renews_what_the_readers_may_reach_not_the_whole_view(open_engine, tmp_path, t, monkeypatch):
+    """Under ``view=full`` a round re-stated every unread file of the tree -- a million ``lstat`` every
+    ``revalidate / 2`` seconds at a million files, a core of the daemon's and of the backing server's, for files
+    nobody was about to open (docs/benchmarks.md, "A million files").  Now it renews those the readers may reach
+    before the next round at their rate (at least REVALIDATE_AHEAD_MIN, 100 here); the rest, if opened, get the
+    open's own check."""
+    monkeypatch.setattr(tierfs.policy, "REVALIDATE_AHEAD_MIN", 100)
+    backing = tmp_path / "many"
+    make_dataset(backing, dirs=4, files_per_dir=300, max_size=64)
+    e = open_engine(backing_dir=backing, view="full", revalidate="0.2")
+    before = e.reval.confirmed.copy()
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(e.reval.run)
+            with trio.fail_after(30):
+                while e.reval.checked < 300:  # three rounds of the window
+                    await trio.sleep(0.02)
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    order = e.schedule.unread()
+    renewed = e.reval.confirmed > before
+    assert len(order) == e.tree.n_files == 1200
+    assert not e.cache.cached(e.schedule.next_files).any()  # (no copy of the next mini-epoch to renew besides)
+    assert renewed[order[:100]].all()
+    assert not renewed[order[100:]].any()
 
 
 def test_fuzzed_control_writes_fail_cleanly_and_change_nothing(open_engine):
