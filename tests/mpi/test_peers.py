@@ -5,6 +5,7 @@ cleanup stops the job and aborts and unmounts every mount left."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,7 +95,12 @@ def _processes_of_rank(job: MpiJob, rank: int) -> list[int]:
 
 
 def _disk(cache: Path) -> int:
-    return sum(p.stat().st_blocks * 512 for p in (cache / "data").iterdir())
+    """The cache's data on disk (a copy being staged is renamed, or dropped, between the listing and its stat)."""
+    total = 0
+    for p in (cache / "data").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            total += p.stat().st_blocks * 512
+    return total
 
 
 def test_after_the_first_epoch_the_slow_tier_is_read_no_byte(group, tmp_path):
