@@ -26,8 +26,9 @@ __all__ = ["ADVISE_WHOLE", "POLICIES", "REVALIDATE_AHEAD_MIN", "CachePolicy", "L
 
 ADVISE_WHOLE = 1 << 20  # a copy up to this size is read ahead whole on open; an lru miss over it is copied beside
 #: the fewest unread files of the view whose fingerprints are renewed ahead of the readers (a rate of opens not
-#: measured yet, a slow reader): 8,192 ``lstat`` a round at most beside the next mini-epoch's copies
-REVALIDATE_AHEAD_MIN = 8192
+#: measured yet, a slow reader, a loader that reads the view in an order of its own): a view up to this size is
+#: renewed whole, as before; a bigger one (a whole tree of a million files) by this many a round at the least
+REVALIDATE_AHEAD_MIN = 65536
 
 
 class CachePolicy:
