@@ -237,14 +237,19 @@ class PeerGroup:
         self._lock = threading.Lock()
         self._misses = dict.fromkeys(MISS_REASONS, 0)
         self._strangers = 0
+        self._owned: np.ndarray | None = None  # (owned())
 
     @property
     def enabled(self) -> bool:
         return bool(self.peers)
 
     def owned(self) -> np.ndarray | None:
-        """A mask of the files this node owns; None without peers."""
-        return None if self.owners is None or not self.enabled else self.owners == self.rank
+        """A mask of the files this node owns (made once: the owners never change); None without peers."""
+        if self.owners is None or not self.enabled:
+            return None
+        if self._owned is None:
+            self._owned = self.owners == self.rank
+        return self._owned
 
     def source_for(self, fidx: int) -> PeerFetch | None:
         """(trio thread, as the stager makes a copy job) The peer to ask for ``fidx``: its owner, unless that is
