@@ -5,6 +5,7 @@ file comes from the backing.  (The same over real mounts and ``mpiexec -n 4``: t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -59,6 +60,15 @@ def pair(tmp_path, dataset):
         e.close()
 
 
+@contextlib.asynccontextmanager
+async def _running(*engines):
+    """A nursery with ``engines`` running in it (``cancel_scope.cancel()`` ends them)."""
+    async with trio.open_nursery() as n:
+        for e in engines:
+            await n.start(e.run)
+        yield n
+
+
 async def _settled(engines, t) -> None:
     for e in engines:
         await t.settle(e)
@@ -80,9 +90,7 @@ def test_after_the_first_epoch_a_node_stages_from_its_peer_and_reads_no_backing_
     engines = pair()
 
     async def main() -> None:
-        async with trio.open_nursery() as n:
-            for e in engines:
-                await n.start(e.run)
+        async with _running(*engines) as n:
             await _walk(engines, t, (1, 0))
             before = [e.backing.statistics().bytes_read for e in engines]
             await _walk(engines, t, (2, 1))
@@ -103,9 +111,7 @@ def test_a_peer_holding_another_version_is_refused_and_the_backing_copied(pair, 
     a, b = pair()
 
     async def main() -> None:
-        async with trio.open_nursery() as n:
-            for e in (a, b):
-                await n.start(e.run)
+        async with _running(a, b) as n:
             await _settled([a, b], t)
             fidx = int(next(f for f in a.schedule.current if a.cache.get(int(f)) is not None))
             path = os.path.join(a.config.backing, os.fsdecode(a.tree.file_path(fidx)))
@@ -146,9 +152,7 @@ def test_a_request_without_the_jobs_token_gets_no_byte(pair, t):
         return bytes(got)
 
     async def main() -> None:
-        async with trio.open_nursery() as n:
-            for e in (a, b):
-                await n.start(e.run)
+        async with _running(a, b) as n:
             await _settled([a, b], t)
             stranger = await trio.to_thread.run_sync(ask, bytes(16))
             member = await trio.to_thread.run_sync(ask, a.peers.link.token)
@@ -194,9 +198,7 @@ def test_placement_keeps_owned_copies_and_evicts_the_others_first(pair, t):
     a, b = pair()
 
     async def main() -> None:
-        async with trio.open_nursery() as n:
-            for e in (a, b):
-                await n.start(e.run)
+        async with _running(a, b) as n:
             await _walk([a, b], t, (0, 3))
             for e in (a, b):
                 owned = e.peers.owned()
@@ -216,9 +218,7 @@ def test_a_cap_too_small_for_the_owned_share_gives_up_owned_copies_for_the_mini_
     a, b = pair(capacity=_disk_total(dataset[0]) // 3)
 
     async def main() -> None:
-        async with trio.open_nursery() as n:
-            for e in (a, b):
-                await n.start(e.run)
+        async with _running(a, b) as n:
             await _walk([a, b], t, (1, 2))
             for e in (a, b):
                 assert e.next_ready()
@@ -241,9 +241,7 @@ def test_after_the_first_epoch_the_staging_rate_is_the_peers_not_the_slow_tiers(
     engines = pair(backing=backing, bandwidth=slow)
 
     async def main() -> None:
-        async with trio.open_nursery() as n:
-            for e in engines:
-                await n.start(e.run)
+        async with _running(*engines) as n:
             await _walk(engines, t, (1, 3))
             n.cancel_scope.cancel()
         for e in engines:
