@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Build pyfuse3 3.5.0 with cache-readdir.patch (see README.md) and install it into the virtual environment of
-# $1 (a python); does nothing when that python's pyfuse3 already has the patch.  Fails loudly if the patch does
+# Build pyfuse3 3.5.0 with the patches below (see README.md) and install it into the virtual environment of
+# $1 (a python); does nothing when that python's pyfuse3 is this build already.  Fails loudly if a patch does
 # not apply or the build does not import.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=$1
 version=3.5.0
-local_version=$version+tierfs1
-check='import pyfuse3; assert pyfuse3.FileInfo(cache_readdir=True).cache_readdir'
+local_version=$version+tierfs2  # (a new patch: a new number, so venvs built before get this build)
+patches=(cache-readdir.patch nonblocking-loop.patch)
+check="import importlib.metadata as m, pyfuse3; assert m.version('pyfuse3') == '$local_version'
+assert pyfuse3.FileInfo(cache_readdir=True).cache_readdir"
 if "$py" -c "$check" 2>/dev/null; then
     exit 0
 fi
@@ -16,10 +18,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$py" -m pip download -q --no-deps --no-binary :all: -d "$work" "pyfuse3==$version"
 tar -xzf "$work/pyfuse3-$version.tar.gz" -C "$work"
-if ! patch -d "$work/pyfuse3-$version" -p1 --forward --batch --quiet < "$here/cache-readdir.patch"; then
-    echo "setup: scripts/pyfuse3/cache-readdir.patch does not apply to pyfuse3 $version" >&2
-    exit 1
-fi
+for p in "${patches[@]}"; do
+    if ! patch -d "$work/pyfuse3-$version" -p1 --forward --batch --quiet < "$here/$p"; then
+        echo "setup: scripts/pyfuse3/$p does not apply to pyfuse3 $version" >&2
+        exit 1
+    fi
+done
 # (setuptools_scm takes the version from the environment: the local label marks the build)
 SETUPTOOLS_SCM_PRETEND_VERSION=$local_version \
     "$py" -m pip wheel -q --no-deps -w "$work/wheel" "$work/pyfuse3-$version"
