@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_one_seed_of_two_configurations(tmp_path):
-    spec = importlib.util.spec_from_file_location("convergence", ROOT / "benchmarks" / "convergence.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["convergence"] = bench  # dataclasses look their module up
-    spec.loader.exec_module(bench)
+def test_one_seed_of_two_configurations(tmp_path, benchmark_module):
+    bench = benchmark_module("convergence")
     out = tmp_path / "out"
     assert bench.main(["--smoke", "--seeds", "1", "--out", str(out), "--tmp", str(tmp_path),
                        "--only", "full,score nm=8 rf<=8"]) == 0  # fmt: skip
@@ -29,13 +24,10 @@ def test_one_seed_of_two_configurations(tmp_path):
     assert (out / "convergence.png").stat().st_size > 0 and (out / "convergence_arf.png").stat().st_size > 0
 
 
-def test_a_dataset_built_once_with_the_sampler_and_with_substitution(tmp_path):
+def test_a_dataset_built_once_with_the_sampler_and_with_substitution(tmp_path, benchmark_module):
     """The issue-23 rows: dslide's file list built once over a listing=all mount, each pass the sampler's files,
     or every name every pass under substitute; the same sample visits as the re-listing loader."""
-    spec = importlib.util.spec_from_file_location("convergence", ROOT / "benchmarks" / "convergence.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["convergence"] = bench
-    spec.loader.exec_module(bench)
+    bench = benchmark_module("convergence")
     out = tmp_path / "out"
     assert bench.main(["--smoke", "--seeds", "1", "--out", str(out), "--tmp", str(tmp_path),
                        "--grid", "loaders", "--only", "sampler nm=8 rf=4,substitute nm=8 rf=4"]) == 0  # fmt: skip

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,11 @@ pytest.importorskip("matplotlib")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("loop", ROOT / "benchmarks" / "loop.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["loop"] = bench
-    spec.loader.exec_module(bench)
-    return bench
-
-
 TINY = ["--files", "96", "--workers", "1", "--batch", "8", "--rounds", "1", "--chunks", "1"]
 
 
-def test_every_way_over_the_plain_dir_and_the_mount(tmp_path):
-    bench = _bench()
+def test_every_way_over_the_plain_dir_and_the_mount(tmp_path, benchmark_module):
+    bench = benchmark_module("loop")
     out, png = tmp_path / "loop.json", tmp_path / "loop.png"
     assert bench.main([*TINY, "--nm", "1,3", "--pin", "off", "--tmp", str(tmp_path), "--out", str(out),
                        "--plot", str(png)]) == 0
@@ -61,8 +51,8 @@ def test_every_way_over_the_plain_dir_and_the_mount(tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs 2 CPUs")
-def test_pinned_and_unpinned_side_by_side(tmp_path):
-    bench = _bench()
+def test_pinned_and_unpinned_side_by_side(tmp_path, benchmark_module):
+    bench = benchmark_module("loop")
     out, png = tmp_path / "loop.json", tmp_path / "loop.png"
     assert bench.main([*TINY, "--nm", "3", "--ways", "sampler", "--pin", "both", "--tmp", str(tmp_path),
                        "--out", str(out), "--plot", str(png)]) == 0

@@ -3,7 +3,6 @@ CPU read, the table written."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,16 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("opens_bench", ROOT / "benchmarks" / "opens.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["opens_bench"] = bench
-    spec.loader.exec_module(bench)
-    return bench
-
-
-def test_each_timed_pass_opens_every_file_of_the_pass_once(tmp_path, capsys):
-    bench = _bench()
+def test_each_timed_pass_opens_every_file_of_the_pass_once(tmp_path, capsys, benchmark_module):
+    bench = benchmark_module("opens")
     out = tmp_path / "opens.json"
     files, passes = 60, 3
     assert bench.main(["--files", str(files), "--size", "4K", "--nm", "1,3", "--think", "0,0.2", "--readers", "2",

@@ -3,7 +3,6 @@ config and log handling (the benchmarks themselves need the reference's source a
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,6 @@ import pytest
 from dslide.data import load_xc
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 PACKAGES = """\
@@ -53,8 +45,8 @@ Description: no dependencies at all
 """
 
 
-def test_stanzas_join_continuations_and_dependencies_drop_versions():
-    xc = _bench("xc_from_debian")
+def test_stanzas_join_continuations_and_dependencies_drop_versions(benchmark_module):
+    xc = benchmark_module("xc_from_debian")
     st = list(xc.stanzas(PACKAGES.splitlines(keepends=True)))
     assert [s["Package"] for s in st] == ["foo-utils", "foo-utils", "libfoo1", "bar", "lonely"]
     assert st[0]["Tag"] == "role::program, interface::commandline"
@@ -63,8 +55,8 @@ def test_stanzas_join_continuations_and_dependencies_drop_versions():
     assert {"name:foo", "name:utils", "section:utils", "tag:interface::commandline", "tools"} <= set(toks)
 
 
-def test_build_keeps_frequent_labels_and_tokens_unit_rows_and_a_stable_split():
-    xc = _bench("xc_from_debian")
+def test_build_keeps_frequent_labels_and_tokens_unit_rows_and_a_stable_split(benchmark_module):
+    xc = benchmark_module("xc_from_debian")
     train, test, labels = xc.build(xc.stanzas(PACKAGES.splitlines(keepends=True)), min_count=2, test_share=0.5)
     assert labels == ["libc6", "zlib1g"]  # the only dependencies of >= 2 packages
     both = len(train) + len(test)
@@ -87,8 +79,8 @@ def test_converter_command_writes_readable_xc(tmp_path):
     assert (tmp_path / "xc" / "labels.txt").read_text() == "0 libc6\n1 zlib1g\n"
 
 
-def test_reference_log_gives_one_figure_per_epoch():
-    slide = _bench("dslide_vs_slide")
+def test_reference_log_gives_one_figure_per_epoch(benchmark_module):
+    slide = benchmark_module("dslide_vs_slide")
     log = "Epoch 0\n0 0 0.001\n100 12 0.05\nEpoch 1\n200 25 0.11\nEpoch 2\n300 37 0.14\n"
     assert slide.parse_log(log) == [
         {"epoch": 1, "train_s": 12.0, "p_at_1": 0.05},
@@ -98,8 +90,8 @@ def test_reference_log_gives_one_figure_per_epoch():
     assert slide.parse_log("Epoch 0\n0 0 0.001\n") == []  # stopped before the first epoch ended
 
 
-def test_reference_config_matches_the_budget_and_sizes(tmp_path):
-    slide = _bench("dslide_vs_slide")
+def test_reference_config_matches_the_budget_and_sizes(tmp_path, benchmark_module):
+    slide = benchmark_module("dslide_vs_slide")
     a = slide.argparse.Namespace(budget=1024, slide_k=6, tables=50, batch=256, hidden=128)
     slide.write_config(tmp_path / "c.csv", a, 5000, 100_000, 25_600, 3e-3, 2, tmp_path)
     cfg = dict(line.replace(" ", "").split("=", 1) for line in (tmp_path / "c.csv").read_text().splitlines())

@@ -3,9 +3,7 @@ name what they count."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,21 +13,13 @@ pytest.importorskip("matplotlib")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # (dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _overlapping(labels) -> list[tuple[str, str]]:
     boxes = [(t.get_text(), t.get_window_extent()) for t in labels if t.get_text()]
     return [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2) if ba.overlaps(bb)]
 
 
-def test_datapath_plot_labels_do_not_overlap():
-    datapath = _bench("datapath")
+def test_datapath_plot_labels_do_not_overlap(benchmark_module):
+    datapath = benchmark_module("datapath")
     rows = datapath.rows_of_table((ROOT / "docs/img/datapath.md").read_text())
     assert len(rows) > 20 and {r.unit for r in rows} == {"GiB/s", "files/s"}
     fig = datapath.figure(rows)
@@ -41,8 +31,8 @@ def test_datapath_plot_labels_do_not_overlap():
 
 
 @pytest.mark.parametrize(("workload", "unit"), [("images", "images/s"), ("shards", "shards/s")])
-def test_tierfs_bench_rate_axis_names_what_it_counts(workload, unit):
-    bench = _bench("tierfs_bench")
+def test_tierfs_bench_rate_axis_names_what_it_counts(workload, unit, benchmark_module):
+    bench = benchmark_module("tierfs_bench")
     args, results = bench.load_results(ROOT / "docs/img/tierfs_bench.json")
     wl = {"images": bench.Workload.images, "shards": bench.Workload.shards}[workload](float(args["scale"]))
     fig = bench.figure([r for r in results if r.workload == workload], wl)
