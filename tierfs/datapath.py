@@ -213,10 +213,10 @@ class DataPath:
         if not self.reval.fresh(fidx) and self.cache.get(fidx) is not None:
             # (an uncached file needs no separate check: its copy, or its backing open, compares fingerprints)
             await self._confirm(fidx)
-        node = self.tree.file_node(fidx)
         entry = self.cache.get(fidx)
         was_cached = entry is not None
-        if entry is None and self.policy.copies_beside(node.st.st_size) and self.nursery is not None:
+        # (the tree's node, the file's path, only where the backing file may be read: not on a hit)
+        if entry is None and self.policy.copies_beside(self.tree.file_stat(fidx).st_size) and self.nursery is not None:
             # Served from the backing file at once while the copy is made beside it; later opens find the copy.
             self.nursery.start_soon(self._fetch_beside, fidx)
         elif entry is None and self.policy.fetches_on_open(fidx):
@@ -236,19 +236,19 @@ class DataPath:
             size = entry.size
         else:
             entry = None
-            fd, size = await self._open_backing(fidx, node)
+            fd, size = await self._open_backing(fidx, self.tree.file_node(fidx))
             self.misses += 1
         direct = await self.versions.opened(fidx)
         # (a changed file can change again between this open and its reads, and the kernel keeps one size and
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
         handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct, uid=uid)
         self.handles += 1
-        if entry is not None and entry.size <= ADVISE_WHOLE:
+        if entry is not None and size <= ADVISE_WHOLE:
             # Start reading a small copy into the page cache now, while the open's reply travels: the read that
             # follows then mostly finds it there and needs no thread hop (big files get the kernel's read-ahead).
             # WILLNEED on a local copy only queues read-ahead on the fast tier and returns: never the backing.
             with contextlib.suppress(OSError):
-                os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
         self._opened(fidx, size, uid, who)
         return handle
 

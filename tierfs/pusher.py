@@ -402,7 +402,7 @@ class KernelVersions:
         any is open, else the tree's.  (A file found changed keeps its old size for the kernel until its last
         page-cache reader closes: the kernel cuts page-cache reads at the size it was last told.)"""
         st = self._page_stat.get(fidx)
-        return self.tree.file_node(fidx).st if st is None else st
+        return self.tree.file_stat(fidx) if st is None else st
 
     @property
     def versions_held(self) -> bool:
@@ -453,7 +453,7 @@ class KernelVersions:
         if not direct:
             if fidx not in self._page_handles:
                 # (never found changed, so the tree's stat is this handle's version, and every other one's)
-                self._page_stat[fidx] = self.tree.file_node(fidx).st
+                self._page_stat[fidx] = self.tree.file_stat(fidx)
             self._page_handles[fidx] = self._page_handles.get(fidx, 0) + 1
         return direct
 

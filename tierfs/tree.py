@@ -418,6 +418,10 @@ class Tree:
     def file_path(self, fidx: int) -> bytes:
         return self.path(fidx + 1)
 
+    def file_stat(self, fidx: int) -> os.stat_result:
+        """File ``fidx``'s stat as the tree has it (``file_node(fidx).st`` without making the node: no path)."""
+        return self.stat_of(fidx + 1)
+
     def file_paths(self, fidx: np.ndarray) -> list[bytes]:
         """:meth:`file_path` of each of ``fidx``, with no Python code run per file (a directory's path is made
         once, and kept among the recent ones)."""

@@ -103,10 +103,10 @@ def test_the_kernel_is_told_the_old_size_until_the_old_versions_page_cache_reade
         _replace_in_backing(e, f, b"short")
         h_new = await e.data.open_file(f)  # finds the change: direct_io
         assert h_new.direct_io and e.tree.file_node(f).st.st_size == 5
-        assert e.versions.kernel_stat(f) is old_st
+        assert e.versions.kernel_stat(f) == old_st
         assert await e.data.read(h_new, 0, 1000) == b"short"
         await e.data.release(h_new)
-        assert e.versions.kernel_stat(f) is old_st  # the old version's reader is still open
+        assert e.versions.kernel_stat(f) == old_st  # the old version's reader is still open
         assert await e.data.read(h_old, 0, len(old) + 1) == old
         await e.data.release(h_old)
         assert e.versions.kernel_stat(f).st_size == 5
