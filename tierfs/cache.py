@@ -231,7 +231,7 @@ class CacheEntry:
     one bytes object and handed out unpacked, not kept as eight int objects (tracemalloc: 226 bytes an entry
     against 464, its name aside; 15 bytes a file there: issue 22, 7)."""
 
-    __slots__ = ("_packed", "digest", "disk", "doomed", "name", "opens", "verified")
+    __slots__ = ("_packed", "advised", "digest", "disk", "doomed", "name", "opens", "verified")
 
     def __init__(self, fidx: int, name: str, size: int, disk: int, fp: Fingerprint, digest: int | None,
                  copy_id: tuple[int, int]) -> None:
@@ -240,6 +240,7 @@ class CacheEntry:
         self.opens = 0
         self.doomed = False
         self.verified = False
+        self.advised = False  # (its bytes were asked into the page cache once: DataPath's first open of it)
 
     @property
     def fidx(self) -> int:

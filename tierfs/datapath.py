@@ -243,10 +243,12 @@ class DataPath:
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
         handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct, uid=uid)
         self.handles += 1
-        if entry is not None and size <= ADVISE_WHOLE:
+        if entry is not None and not entry.advised and size <= ADVISE_WHOLE:
             # Start reading a small copy into the page cache now, while the open's reply travels: the read that
             # follows then mostly finds it there and needs no thread hop (big files get the kernel's read-ahead).
             # WILLNEED on a local copy only queues read-ahead on the fast tier and returns: never the backing.
+            # Once a copy: later opens find its bytes in the mount's own page cache (keep_cache), or the copy's.
+            entry.advised = True
             with contextlib.suppress(OSError):
                 os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
         self._opened(fidx, size, uid, who)
