@@ -66,7 +66,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tierfs.testing import mounted  # noqa: E402
+from tierfs.testing import mounted, process_cpu  # noqa: E402
 
 WAYS = ("relist", "minepoch", "sampler", "substitute")
 #: mount options of each way (besides nm and rf)
@@ -282,11 +282,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 def _proc_cpu(pid: int | None) -> float:
     """CPU seconds of process ``pid`` (all its threads; 0 for None)."""
-    if pid is None:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return 0.0 if pid is None else sum(process_cpu(pid))
 
 
 def _cpu() -> float:

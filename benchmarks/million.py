@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tierfs.testing import mounted, wait_until
+from tierfs.testing import mounted, process_cpu, wait_until
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -173,13 +173,6 @@ def rss(pid: int) -> dict[str, int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def settled(m) -> None:
     """Wait until the daemon has nothing left to do but answer: both mini-epochs staged, no push queued (a
     ``find`` that makes the kernel learn the staged files' inodes starts their pushes)."""
@@ -244,9 +237,9 @@ def main() -> None:
             if args.profile:
                 _report(pid, base, 1)
             _, t_backing, c_backing = timed_find(str(backing), args.repeat)
-            cpu0 = cpu_seconds(pid)
+            cpu0 = sum(process_cpu(pid))
             first_mount, t_mount, c_mount = timed_find(str(mnt), args.repeat, settle=lambda: settled(m))
-            daemon_cpu = cpu_seconds(pid) - cpu0
+            daemon_cpu = sum(process_cpu(pid)) - cpu0
             after_find = rss(pid)
             listings = m.status().get("listings")  # (None from a tierfs before the kernel's readdir cache)
             if args.profile:

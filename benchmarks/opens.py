@@ -81,19 +81,12 @@ def _passes(indices, paths: list[str], passes: int, readers: int, think_s: float
     return opens, seconds
 
 
-def _cpu(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
 def measure_one(args: argparse.Namespace) -> dict:
     """One mount under this interpreter: the figures of ``args.nm[0]``, ``args.think[0]``."""
     from importlib.metadata import version
 
     from tierfs.loaders import PassIndices
-    from tierfs.testing import mounted
+    from tierfs.testing import mounted, process_cpu
 
     nm, think = args.nm[0], args.think[0]
     data = args.tmp / "data"
@@ -106,9 +99,9 @@ def measure_one(args: argparse.Namespace) -> dict:
             paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(mnt) if ".tierfs" not in d for f in fs)
             indices = PassIndices(paths, rank=0, world_size=1)
             _passes(indices, paths, nm, args.readers, think / 1e3)  # the first mini-epoch, untimed
-            u0, s0 = _cpu(m.process.pid)
+            u0, s0 = process_cpu(m.process.pid)
             opens, seconds = _passes(indices, paths, args.passes, args.readers, think / 1e3)
-            u1, s1 = _cpu(m.process.pid)
+            u1, s1 = process_cpu(m.process.pid)
         return {"python": sys.executable, "pyfuse3": version("pyfuse3"), "nm": nm, "think_ms": think,
                 "opens": opens, "opens_per_s": opens / seconds, "user_ms": 1e3 * (u1 - u0) / opens,
                 "sys_ms": 1e3 * (s1 - s0) / opens}

@@ -63,6 +63,14 @@ def within(mnt: str, fn: Callable[[], object], seconds: float = 20.0) -> object:
     return out[0]
 
 
+def process_cpu(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` so far (all its threads), from ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def wait_until(pred: Callable[[], object], timeout: float = 30.0, what: str = "the condition") -> None:
     """Poll ``pred`` every 20 ms until it is true; ``AssertionError`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
