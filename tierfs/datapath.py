@@ -210,10 +210,11 @@ class DataPath:
             raise
 
     async def _open_file(self, fidx: int, uid: int, who: str) -> FileHandle:
-        if not self.reval.fresh(fidx) and self.cache.get(fidx) is not None:
+        entry = self.cache.get(fidx)
+        if entry is not None and not self.reval.fresh(fidx):
             # (an uncached file needs no separate check: its copy, or its backing open, compares fingerprints)
             await self._confirm(fidx)
-        entry = self.cache.get(fidx)
+            entry = self.cache.get(fidx)  # (gone if the backing file changed)
         was_cached = entry is not None
         # (the tree's node, the file's path, only where the backing file may be read: not on a hit)
         if entry is None and self.policy.copies_beside(self.tree.file_stat(fidx).st_size) and self.nursery is not None:
