@@ -148,12 +148,19 @@ def _imagenet_transform(img: Any) -> Any:
     return (t - mean) / std
 
 
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class Images:
-    """An ImageFolder of JPEGs (sorted class folders, sorted files, ``(path, class)`` in ``.samples``), built
-    when constructed: what a training script builds once before its epoch loop."""
+    """An ImageFolder of JPEGs (sorted class folders, sorted files, ``(path, class)`` in ``.samples``, a file read
+    by ``self.loader(path)`` as torchvision's reads it), built when constructed: what a training script builds
+    once before its epoch loop."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         root = os.fspath(root)
+        self.loader = read_bytes
         self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
         self.samples = [(os.path.join(root, c, n), i) for i, c in enumerate(self.classes)
                         for n in sorted(os.listdir(os.path.join(root, c)))]
@@ -163,8 +170,7 @@ class Images:
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         path, label = self.samples[i]
-        with open(path, "rb") as f:
-            return decode(f.read()), label
+        return decode(self.loader(path)), label
 
 
 def _loader(ds: Any, args: argparse.Namespace, workers: int, **kw: Any) -> Any:

@@ -138,7 +138,8 @@ def test_a_dataset_built_once_with_the_sampler_reads_each_pass_once_across_two_r
         opens0 = st0["reads"]["hits"] + st0["reads"]["misses"]
         # (the last argument: how long a rank waits for the other's reads to end a pass -- rank 0 ends a pass
         # left unread after it -- long on a loaded test machine; the deadline is the whole run's)
-        args = [[m.mountpoint, str(r), "2", str(epochs), str(2 * _DEADLINE)] for r in range(2)]
+        # rank 0 reads cached copies directly (reported), rank 1 every file through the mount (opens)
+        args = [[m.mountpoint, str(r), "2", str(epochs), str(2 * _DEADLINE), str(1 - r)] for r in range(2)]
         deadline = time.monotonic() + 4 * _DEADLINE
         with _rank_processes(m, tmp_path) as start:
             first = start(0, args[0])
@@ -170,6 +171,7 @@ def test_a_dataset_built_once_with_the_sampler_reads_each_pass_once_across_two_r
         st = m.status()
         assert st["passes_total"] - st0["passes_total"] == epochs  # each pass ended once all its files were read
         assert st["reads"]["hits"] + st["reads"]["misses"] - opens0 == read  # and no file read twice
+        assert 0 < st["reads"]["plan"] - st0["reads"]["plan"] < read  # both kinds of read counted alike
         assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0
         assert len(set(positions)) >= epochs // rf - 1  # mini-epochs advance (advance=ready may repeat one)
         # The slow tier: each mini-epoch is staged once while the previous one is read rf times, so nm*rf passes

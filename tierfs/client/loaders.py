@@ -347,7 +347,7 @@ class PassIndices:
         self.rank, self.world_size, self.wait, self.pad = rank, world_size, wait, pad
         found = tierfs_mount(mount if mount is not None else os.fspath(paths[0]))
         self.client = Client(found) if found is not None else None
-        self._n = len(paths)
+        self.size = len(paths)  # the list's files
         self._index: dict[bytes, int] = {}
         if self.client is not None:
             base = os.path.join(os.fspath(self.client.mountpoint), "")
@@ -359,6 +359,9 @@ class PassIndices:
         self.last_pass: int | None = None  # the mount's passes_total of the pass last returned
         self.pass_files = 0  # files of that pass (all ranks)
         self.missing = 0  # files of that pass the list does not hold (never read: rank 0 ends such a pass)
+        self.plan_id: int | None = None  # the batch plan of that pass (``next_pass(plan=True)``), if one was read
+        self.copies: dict[int, Sample] = {}  # this rank's files of the pass with a copy in it, by position in paths
+        self._plans = True  # False once the mount refused this user its plan
 
     def _current(self) -> tuple[int, list[bytes]]:
         """(passes_total, order) of one pass: read until the pass does not change in between."""
@@ -369,11 +372,13 @@ class PassIndices:
             if self.client.status()["passes_total"] == before:
                 return before, order
 
-    def _wait_for_new_pass(self) -> tuple[int, list[bytes]]:
+    def _wait_for_new_pass(self, order: bool = True) -> tuple[int, list[bytes]]:
         """The next pass once the one last returned ended (the other ranks may still read their last files);
-        rank 0 ends a pass left unread after ``wait`` seconds (at once if the list lacks some of its files)."""
+        rank 0 ends a pass left unread after ``wait`` seconds (at once if the list lacks some of its files).
+        ``order=False``: only the pass's number (an empty order; the caller reads the pass from a plan)."""
         assert self.client is not None
-        passes, order = self._current()
+        current = self._current if order else self._passes
+        passes, got = current()
         start, ended = time.monotonic(), False
         while passes == self.last_pass:
             waited = time.monotonic() - start
@@ -384,23 +389,48 @@ class PassIndices:
                 raise TimeoutError(f"rank {self.rank}: pass {passes} of {self.client.mountpoint} did not end within "
                                    f"{waited:.0f} s (rank 0 ends a pass left unread after {self.wait:g} s)")
             time.sleep(0.02)
-            passes, order = self._current()
-        return passes, order
+            passes, got = current()
+        return passes, got
 
-    def next_pass(self) -> list[int]:
-        """This rank's positions of the next pass (waiting for the previous one to end, see the class)."""
+    def _passes(self) -> tuple[int, list[bytes]]:
+        assert self.client is not None
+        return self.client.status()["passes_total"], []
+
+    def next_pass(self, *, plan: bool = False) -> list[int]:
+        """This rank's positions of the next pass (waiting for the previous one to end, see the class).
+
+        ``plan``: read the pass from a batch plan instead (its copies pinned until the pass ends): :attr:`copies`
+        then holds this rank's files that have a copy, by position in ``paths``, as :class:`Sample` (``index``:
+        the position in plan :attr:`plan_id`, to report with ``consumed``).  For a user the mount does not give
+        its plan, or not on a mount, :attr:`copies` stays empty (every file is read through the mount)."""
+        self.plan_id, self.copies = None, {}
         if self.client is None:
-            own = list(range(self._n))
-        else:
-            passes, order = self._wait_for_new_pass()
-            own = [i for p in order if (i := self._index.get(p)) is not None]
-            self.last_pass, self.pass_files, self.missing = passes, len(order), len(order) - len(own)
-        return self._share(own)
+            return self._share(list(range(self.size)))
+        plan = plan and self._plans
+        passes, order = self._wait_for_new_pass(order=not plan)
+        files: list[dict[str, Any]] = []
+        if plan:
+            try:
+                got = self.client.plan()
+            except PermissionError:
+                self._plans = False
+                passes, order = self._current()
+            else:  # (the plan's own pass and order: the same pass unless it ended meanwhile, and then its next)
+                passes, files, self.plan_id = got["passes_total"], got["files"], got["plan"]
+                order = [os.fsencode(f["path"]) for f in files]
+        at = [(i, k) for k, p in enumerate(order) if (i := self._index.get(p)) is not None]
+        self.last_pass, self.pass_files, self.missing = passes, len(order), len(order) - len(at)
+        share = self._share([i for i, _ in at])
+        if files:
+            base = os.path.join(os.fspath(self.client.mountpoint), "")
+            mine = set(share)
+            self.copies = {i: _planned(base, k, files[k], 0) for i, k in at if i in mine and files[k]["copy"]}
+        return share
 
     def peek(self) -> int:
         """How many positions :meth:`next_pass` would return now (``len`` of a sampler)."""
         if self.client is None:
-            return len(self._share(list(range(self._n))))
+            return len(self._share(list(range(self.size))))
         _, order = self._current()
         return len(self._share([i for p in order if (i := self._index.get(p)) is not None]))
 

@@ -36,18 +36,29 @@ a ``uint8`` tensor (what ``torchvision.io.read_file`` returns), so ``transform``
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import pickle
+import shutil
+import tempfile
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from tierfs.client.loaders import PassFiles, PassIndices, find_classes, read_pass, read_sample
+from tierfs.client import Client
+from tierfs.client.loaders import PassFiles, PassIndices, Sample, find_classes, read_pass, read_sample
 
 __all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "MountShards", "read_file"]
 
 _UNREAD, _READ, _REPORTED = 0, 1, 2
+
+log = logging.getLogger(__name__)
 
 
 def read_file(path: str) -> torch.Tensor:
@@ -230,14 +241,25 @@ class MountSampler(Sampler[int]):
                 ...
 
     Each ``iter()`` (each time the ``DataLoader`` starts an epoch, in the main process) yields the indices of
-    the current pass's files in the mount's serving order (``/.tierfs/order0``, a fresh shuffle every pass):
-    the dataset's indices, so labels never shift and the dataset is never rebuilt (``persistent_workers=True``
-    works).  ``rank``/``world_size``: the processes reading this mount, each taking every ``world_size``-th file
-    of the pass, padded as ``DistributedSampler`` pads (the same count on every rank).  A rank waits for the
-    previous pass to end (every rank's reads) before it starts the next; see :class:`tierfs.loaders.PassIndices`
-    for what happens to a pass left unread.  The dataset's files are read through the mount (opens count the
-    pass); files of the view the dataset does not hold are skipped.  On a plain directory: every index, every
-    epoch, in order (shuffle it yourself).
+    the current pass's files in the mount's serving order (a fresh shuffle every pass): the dataset's indices,
+    so labels never shift and the dataset is never rebuilt (``persistent_workers=True`` works).
+    ``rank``/``world_size``: the processes reading this mount, each taking every ``world_size``-th file of the
+    pass, padded as ``DistributedSampler`` pads (the same count on every rank).  A rank waits for the previous
+    pass to end (every rank's reads) before it starts the next; see :class:`tierfs.loaders.PassIndices` for what
+    happens to a pass left unread.  Files of the view the dataset does not hold are skipped.  On a plain
+    directory: every index, every epoch, in order (shuffle it yourself).
+
+    **Cached files are read from the fast tier directly** when the dataset reads files with a ``loader``
+    attribute, as torchvision's ``ImageFolder`` and ``DatasetFolder`` do (``loader(path)``), and the mount gives
+    this user its batch plan (the mount's user or root): the sampler wraps that ``loader`` so that, for a file
+    of the pass with a cached copy, it is called with the copy's path (checked against the plan right before,
+    as :func:`tierfs.loaders.read_sample` checks it) instead of the path through the mount -- the same bytes
+    without a FUSE request.  Everything else (no copy, a copy gone or damaged, a path not of the pass) is read
+    through the mount as written.  The workers mark what they read in shared memory; a thread of the main
+    process reports it to the mount (``consumed``) every 0.2 s, at the next ``iter()`` and at :meth:`close`
+    (and at exit), so passes, ``rf`` and ``status`` count these reads as opens and a pass ends once its last file
+    is read.  ``direct=False`` leaves the loader alone (every file through the mount).  A dataset without a
+    ``loader`` reads through the mount.
 
     ``dataset``: any map-style dataset with ``.samples``/``.imgs`` (ImageFolder and friends), ``.files`` or
     ``.paths``, or a list of paths (see :func:`dataset_paths`).  The dataset must hold every file: build it over
@@ -246,19 +268,160 @@ class MountSampler(Sampler[int]):
     """
 
     def __init__(self, dataset: Any, mount: str | os.PathLike[str] | None = None, *, rank: int = 0,
-                 world_size: int = 1, wait: float = 60.0) -> None:
-        self.indices = PassIndices(dataset_paths(dataset), mount, rank=rank, world_size=world_size, wait=wait)
+                 world_size: int = 1, wait: float = 60.0, direct: bool = True) -> None:
+        paths = dataset_paths(dataset)
+        self.indices = PassIndices(paths, mount, rank=rank, world_size=world_size, wait=wait)
         self.epoch = 0
+        self.reports: CopyReports | None = None
+        loader = getattr(dataset, "loader", None)
+        if direct and self.indices.client is not None and callable(loader):
+            self.reports = CopyReports(self.indices.client.mountpoint, paths)
+            inner = loader.loader if isinstance(loader, CopyLoader) else loader  # (a second sampler's)
+            dataset.loader = CopyLoader(inner, self.reports.shared)
+            self._close = weakref.finalize(self, self.reports.close)
 
     def set_epoch(self, epoch: int) -> None:
         """Kept for the familiar loop (``DistributedSampler.set_epoch``); the mount's position decides the pass."""
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices.next_pass())
+        if self.reports is None:
+            return iter(self.indices.next_pass())
+        self.reports.flush()  # (the last reads of the pass that ran: it ends once they are counted)
+        share = self.indices.next_pass(plan=True)
+        self.reports.new_pass(self.indices.plan_id, self.indices.copies)
+        return iter(share)
 
     def __len__(self) -> int:
         return self.indices.peek()
+
+    def close(self) -> None:
+        """Report the last reads from copies and stop the reporting thread (done at exit too)."""
+        if self.reports is not None:
+            self._close()
+
+
+class SharedPass:
+    """What a :class:`MountSampler` shares with the ``DataLoader``'s workers: the pass's number, a mark per
+    dataset index (shared memory, fork or spawn), and the folder where each pass's copies are written."""
+
+    def __init__(self, n: int, folder: str) -> None:
+        self.folder = folder
+        self.passes = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.marks = torch.zeros(n, dtype=torch.uint8).share_memory_()
+        self._views()
+
+    def _views(self) -> None:
+        self.passes_np, self.marks_np = self.passes.numpy(), self.marks.numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("passes_np", "marks_np")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
+    def copies_file(self, n: int) -> str:
+        return os.path.join(self.folder, f"pass-{n}.pickle")
+
+
+class CopyLoader:
+    """A dataset's ``loader`` wrapped by :class:`MountSampler`: a path of the pass with a copy is read from the
+    copy (checked first; else through the mount) and marked read; any other path goes to ``loader`` as it is."""
+
+    def __init__(self, loader: Callable[[str], Any], shared: SharedPass) -> None:
+        self.loader, self.shared = loader, shared
+        self._pass = 0
+        self._copies: dict[str, tuple[int, Sample]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"loader": self.loader, "shared": self.shared, "_pass": 0, "_copies": {}}
+
+    def _load(self) -> None:
+        n = int(self.shared.passes_np[0])
+        try:
+            with open(self.shared.copies_file(n), "rb") as f:
+                self._copies = pickle.load(f)
+        except FileNotFoundError:  # (a pass already replaced: read through the mount)
+            self._copies = {}
+        self._pass = n
+
+    def __call__(self, path: Any) -> Any:
+        if self._pass != self.shared.passes_np[0]:
+            self._load()
+        hit = self._copies.get(path if type(path) is str else os.fspath(path))
+        if hit is None:
+            return self.loader(path)
+        i, sample = hit
+        data, from_copy = read_sample(sample, self.loader)
+        if from_copy:
+            self.shared.marks_np[i] = _READ
+        return data
+
+
+class CopyReports:
+    """The main process's side of :class:`CopyLoader`: writes each pass's copies for the workers and reports
+    what they read from them (a thread, every :attr:`EVERY` seconds; :meth:`flush`; :meth:`close`)."""
+
+    EVERY = 0.2
+
+    def __init__(self, mount: str | os.PathLike[str], paths: list[str]) -> None:
+        self.paths = paths
+        self.shared = SharedPass(len(paths), tempfile.mkdtemp(prefix="tierfs-sampler-"))
+        self.client = Client(mount)  # (its own: the sampler's is used by the main thread meanwhile)
+        self.lock = threading.Lock()
+        self.plan_id: int | None = None
+        self.plan_index: dict[int, int] = {}  # dataset index -> position in the plan
+        self.errors = 0  # reports the mount refused or could not take (logged once)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def new_pass(self, plan_id: int | None, copies: dict[int, Sample]) -> None:
+        """Hand the workers this pass's copies (``plan_id``'s; none: every file through the mount)."""
+        with self.lock:
+            self._flush()
+            n = int(self.shared.passes_np[0]) + 1
+            with open(self.shared.copies_file(n), "wb") as f:  # (read only once the count below shows it)
+                pickle.dump({self.paths[i]: (i, s) for i, s in copies.items()}, f)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.shared.copies_file(n - 1))
+            self.shared.marks_np[:] = _UNREAD
+            self.plan_id, self.plan_index = plan_id, {i: s.index for i, s in copies.items()}
+            self.shared.passes_np[0] = n  # (last: a worker that sees it finds the file whole)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tierfs-sampler-reports", daemon=True)
+            self._thread.start()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        marks = self.shared.marks_np
+        done = np.flatnonzero(marks == _READ)
+        marks[done] = _REPORTED
+        # (a read marked by a worker still reading the pass before, as this one began, is not this plan's)
+        index = [k for i in done.tolist() if (k := self.plan_index.get(i)) is not None]
+        if self.plan_id is None or not index:
+            return
+        try:
+            self.client.consumed(self.plan_id, index)
+        except (OSError, ValueError) as exc:  # (the mount gone, or the plan too old: nothing to count it)
+            self.errors += 1
+            if self.errors == 1:
+                log.warning("MountSampler: reads from copies not reported to %s: %s", self.client.mountpoint, exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.EVERY):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
+        self.client.close()
+        shutil.rmtree(self.shared.folder, ignore_errors=True)
 
 
 def _expand(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:

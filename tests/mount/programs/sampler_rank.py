@@ -2,10 +2,11 @@
 dataset built once over a ``listing=all`` mount, ``MountSampler(rank, world_size)``, a ``DataLoader`` with 4
 workers and ``persistent_workers=True``.
 
-    python sampler_rank.py MOUNTPOINT RANK WORLD_SIZE EPOCHS WAIT
+    python sampler_rank.py MOUNTPOINT RANK WORLD_SIZE EPOCHS WAIT DIRECT
 
-Prints one JSON line per epoch: the mount's pass the sampler served (``passes_total``, its file count, the
-position as it started) and every item read, ``[index, class, sha256 of the bytes]``.
+DIRECT: 1 lets the sampler read cached copies directly (the dataset has a ``loader``), 0 reads every file
+through the mount.  Prints one JSON line per epoch: the mount's pass the sampler served (``passes_total``, its
+file count, the position as it started) and every item read, ``[index, class, sha256 of the bytes]``.
 """
 
 from __future__ import annotations
@@ -20,22 +21,28 @@ from torch.utils.data import DataLoader
 from tierfs.torch import MountSampler
 
 
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class FolderDataset:
     """torchvision's ImageFolder rules (which cannot be imported here): sorted class folders, ``samples`` of
-    ``(path, class)`` in sorted order; an item is (index, class, sha256 of the file's bytes)."""
+    ``(path, class)`` in sorted order, a file read with ``self.loader(path)``; an item is (index, class, sha256
+    of the file's bytes)."""
 
     def __init__(self, root: str) -> None:
         self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
         self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
                         for f in sorted(os.listdir(os.path.join(root, c)))]  # fmt: skip
+        self.loader = read_bytes
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> tuple[int, int, str]:
         path, label = self.samples[i]
-        with open(path, "rb") as f:
-            return i, label, hashlib.sha256(f.read()).hexdigest()
+        return i, label, hashlib.sha256(self.loader(path)).hexdigest()
 
 
 class RecordingSampler(MountSampler):
@@ -52,8 +59,9 @@ class RecordingSampler(MountSampler):
 
 def main() -> int:
     mnt, rank, world_size, epochs, wait = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
+    direct = sys.argv[6] == "1"
     ds = FolderDataset(mnt)  # built once: listing=all lists every file
-    sampler = RecordingSampler(ds, rank=rank, world_size=world_size, wait=wait)
+    sampler = RecordingSampler(ds, rank=rank, world_size=world_size, wait=wait, direct=direct)
     loader = DataLoader(ds, batch_size=5, sampler=sampler, num_workers=4, persistent_workers=True, collate_fn=list)
     print(json.dumps({"files": len(ds)}), flush=True)
     for epoch in range(epochs):

@@ -1,0 +1,141 @@
+"""MountSampler reading the cached copies directly: a dataset built once with a ``loader`` (as torchvision's
+ImageFolder reads its files) gets the pass's copies without a FUSE request, every read counted exactly once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tierfs.testing import wait_until
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from tierfs.client.torch import CopyLoader  # noqa: E402
+from tierfs.torch import MountSampler  # noqa: E402
+
+_DEADLINE = 120  # seconds for a DataLoader to deliver a batch (a hung mount fails the test; mounted() aborts it)
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Folder:
+    """torchvision's ImageFolder rules (sorted class folders, ``samples`` of ``(path, class)``, a file read with
+    ``self.loader(path)``); an item is (index, class, the file's bytes)."""
+
+    def __init__(self, root: str, loader: bool = True) -> None:
+        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
+                        for f in sorted(os.listdir(os.path.join(root, c)))]  # fmt: skip
+        if loader:
+            self.loader = read_bytes
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[int, int, bytes]:
+        path, label = self.samples[i]
+        return i, label, self.loader(path) if hasattr(self, "loader") else read_bytes(path)
+
+
+def _items(loader) -> list[tuple[int, int, bytes]]:
+    return [item for batch in loader for item in batch]
+
+
+def _check(items, ds: Folder, backing: Path, mountpoint: str) -> None:
+    """Every item's bytes and label are its file's in the backing dir."""
+    for i, label, data in items:
+        path, want = ds.samples[i]
+        rel = os.path.relpath(path, mountpoint)
+        assert label == want == ds.classes.index(rel.split("/")[0])
+        assert data == (backing / rel).read_bytes(), rel
+
+
+def _opens(st: dict) -> int:
+    return st["reads"]["hits"] + st["reads"]["misses"]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_the_sampler_reads_copies_directly_and_counts_each_read_once(tierfs_mount, dataset, context):
+    """4 persistent workers (2 spawned), 6 DataLoader epochs: each the mount's next pass, its files read once,
+    right bytes and labels, most from copies (``reads.plan``), and the last pass ended by the sampler's reporting
+    thread with no call after the loop."""
+    backing, files = dataset
+    epochs = 6 if context == "fork" else 3
+    with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
+        ds = Folder(m.mountpoint)
+        assert len(ds) == len(files)
+        sampler = MountSampler(ds, wait=10)  # (a pass that would not end fails in seconds)
+        assert isinstance(ds.loader, CopyLoader) and ds.loader.loader is read_bytes
+        loader = DataLoader(ds, batch_size=3, sampler=sampler, num_workers=4 if context == "fork" else 2,
+                            persistent_workers=True, collate_fn=list, multiprocessing_context=context,
+                            timeout=_DEADLINE)
+        wait_until(lambda: m.status()["next_ready"], what="staging")
+        st0 = m.status()
+        read = 0
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            items = _items(loader)
+            assert sampler.indices.last_pass == st0["passes_total"] + epoch  # each epoch is the next pass
+            assert len(items) == len({i for i, _, _ in items}) == sampler.indices.pass_files  # each file once
+            _check(items, ds, backing, m.mountpoint)
+            read += len(items)
+        # the last pass ends with no call after the loop: the sampler's thread reports its last reads
+        wait_until(lambda: m.status()["passes_total"] == st0["passes_total"] + epochs, timeout=30,
+                   what="the last pass to end")
+        st = m.status()
+        assert _opens(st) - _opens(st0) == read  # every read counted once: opens through the mount + reported
+        assert st["reads"]["plan"] - st0["reads"]["plan"] > read // 2  # most read from copies, no FUSE open
+        assert st["reads"]["out_of_view"] == 0 and st["loader"]["follows_view"]
+        sampler.close()
+        folder = sampler.reports.shared.folder
+        assert not os.path.exists(folder)  # its pass files are gone
+
+
+def test_a_damaged_copy_is_read_through_the_mount_and_the_pass_still_ends(tierfs_mount, dataset):
+    backing, files = dataset
+    with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
+        wait_until(lambda: m.status()["next_ready"], what="staging")
+        ds = Folder(m.mountpoint)
+        sampler = MountSampler(ds, wait=10)  # (a pass that would not end fails in seconds)
+        first = list(sampler)  # (read in the main process: no workers)
+        _check([ds[i] for i in first], ds, backing, m.mountpoint)
+        share = list(sampler)  # (reports the first pass's reads: it ends)
+        st0 = m.status()
+        assert sampler.indices.last_pass == st0["passes_total"]
+        copies = sampler.indices.copies
+        assert copies and set(copies) <= set(share)
+        victims = list(copies.values())[:2]
+        os.truncate(victims[0].copy, 1)  # damaged in the cache dir after the plan named it
+        os.unlink(victims[1].copy)  # and gone
+        items = [ds[i] for i in share]
+        _check(items, ds, backing, m.mountpoint)  # the right bytes all the same: through the mount
+        sampler.close()
+        st = m.status()
+        assert st["passes_total"] == st0["passes_total"] + 1  # the pass ended: each file counted once
+        assert _opens(st) - _opens(st0) == len(share)
+        assert st["reads"]["plan"] - st0["reads"]["plan"] == len(copies) - 2
+
+
+def test_without_a_loader_or_with_direct_off_every_file_is_read_through_the_mount(tierfs_mount, dataset, tmp_path):
+    backing, files = dataset
+    plain = Folder(str(backing))
+    assert MountSampler(plain).reports is None and plain.loader is read_bytes  # not a mount: nothing wrapped
+    with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
+        wait_until(lambda: m.status()["next_ready"], what="staging")
+        st0 = m.status()
+        off = Folder(m.mountpoint)
+        sampler = MountSampler(off, direct=False)
+        assert sampler.reports is None and off.loader is read_bytes
+        bare = Folder(m.mountpoint, loader=False)
+        assert MountSampler(bare).reports is None and not hasattr(bare, "loader")
+        for ds in (off, bare):
+            _check([ds[i] for i in sampler], ds, backing, m.mountpoint)
+        st = m.status()
+        assert st["passes_total"] >= st0["passes_total"] + 1 and st["reads"]["plan"] == st0["reads"]["plan"]
