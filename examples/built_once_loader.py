@@ -6,8 +6,10 @@
 The dataset (``FolderDataset``, an ImageFolder without torchvision; torchvision's ``ImageFolder`` works the same)
 is built once over a ``listing=all`` mount, so it holds every file and its labels never shift.
 ``tierfs.torch.MountSampler`` makes each ``DataLoader`` epoch one tierfs pass: the indices of the current pass's
-files, in serving order.  The workers are started once (``persistent_workers=True``).  With several processes
-on one mount, give each ``rank=`` and ``world_size=`` (as ``DistributedSampler``).
+files, in serving order.  The workers are started once (``persistent_workers=True``).  The dataset reads its
+files with ``loader(path)`` (as ImageFolder does), so the sampler reads cached copies directly (as the mount's
+user or root: ``reads.plan`` in ``tierfs status``).  With several processes on one mount, give each ``rank=`` and
+``world_size=`` (as ``DistributedSampler``).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ if __name__ == "__main__":
                         persistent_workers=args.workers > 0, collate_fn=collate)
     for p in range(args.passes):
         sampler.set_epoch(p)
-        report = PassReport(p, tierfs_position(args.root))  # (the previous pass ended with its last read)
-        for batch in loader:
+        batches = iter(loader)  # the sampler starts the pass: it ends the last one (reporting its reads)
+        report = PassReport(p, tierfs_position(args.root))
+        for batch in batches:
             report.add(batch)  # your training step
         report.print()
     sys.exit(0)

@@ -15,5 +15,11 @@ from folder_dataset import FolderDataset
 from passes import parse_args, run_passes
 from tierfs.direct import open_cached
 
+
+def read_cached(path: str) -> bytes:
+    with open_cached(path) as f:
+        return f.read()
+
+
 if __name__ == "__main__":
-    sys.exit(run_passes(parse_args(__doc__, None), lambda root: FolderDataset(root, opener=open_cached)))
+    sys.exit(run_passes(parse_args(__doc__, None), lambda root: FolderDataset(root, loader=read_cached)))

@@ -16,27 +16,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["FolderDataset", "collate"]
+__all__ = ["FolderDataset", "collate", "read_bytes"]
 
 #: A directory entry tierfs never lists, skipped anyway so the recipe is safe on any dir.
 _HIDDEN = ".tierfs"
 
 
-def _open_binary(path: str) -> IO[bytes]:
-    return open(path, "rb")
+def read_bytes(path: str) -> bytes:
+    """The default ``loader``: the file's bytes."""
+    with open(path, "rb") as f:
+        return f.read()
 
 
 class FolderDataset(Dataset):
-    """Every file under ``root/CLASS/`` with the index of CLASS among the sorted class folders as its label."""
+    """Every file under ``root/CLASS/`` with the index of CLASS among the sorted class folders as its label; a
+    file is read with ``self.loader(path)``, as torchvision's ImageFolder reads it (``MountSampler`` reads cached
+    copies directly through it)."""
 
-    def __init__(self, root: str, opener: Callable[[str], IO[bytes]] | None = None) -> None:
+    def __init__(self, root: str, loader: Callable[[str], bytes] | None = None) -> None:
         self.root = root
-        self.opener = opener or _open_binary
+        self.loader = loader or read_bytes
         self.classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and d.name != _HIDDEN)
         self.samples: list[tuple[str, int]] = []
         for label, cls in enumerate(self.classes):
@@ -46,11 +50,11 @@ class FolderDataset(Dataset):
                 self.samples += [(os.path.join(dirpath, name), label) for name in filenames]
 
     @classmethod
-    def from_list(cls, root: str, paths: list[str], opener: Callable[[str], IO[bytes]] | None = None
+    def from_list(cls, root: str, paths: list[str], loader: Callable[[str], bytes] | None = None
                   ) -> FolderDataset:
         """The files ``paths`` (relative to ``root``, in this order), labelled by their class folder."""
         ds = cls.__new__(cls)
-        ds.root, ds.opener = root, opener or _open_binary
+        ds.root, ds.loader = root, loader or read_bytes
         ds.classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and d.name != _HIDDEN)
         index = {c: i for i, c in enumerate(ds.classes)}
         ds.samples = [(os.path.join(root, p), index[p.split("/", 1)[0]]) for p in paths]
@@ -61,8 +65,7 @@ class FolderDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         path, label = self.samples[i]
-        with self.opener(path) as f:
-            data = f.read()
+        data = self.loader(path)
         return {"path": os.path.relpath(path, self.root), "label": label,
                 "data": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
 

@@ -74,6 +74,7 @@ def test_built_once_recipe_follows_the_mini_epochs_with_persistent_workers(datas
     check_mini_epoch_passes(passes, files, nm=2, rf=2)
     assert [s[0] for s in passes[0]["samples"]] != [s[0] for s in passes[1]["samples"]]  # the serving order
     assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0 and st["passes_total"] == 8
+    assert st["reads"]["plan"] > 0  # the dataset's loader got cached copies (reported: the passes ended)
 
 
 def test_substitute_recipe_reads_view_files_of_each_name_s_class(dataset, mount_dirs):
