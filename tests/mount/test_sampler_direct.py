@@ -93,9 +93,15 @@ def test_the_sampler_reads_copies_directly_and_counts_each_read_once(tierfs_moun
         assert _opens(st) - _opens(st0) == read  # every read counted once: opens through the mount + reported
         assert st["reads"]["plan"] - st0["reads"]["plan"] > read // 2  # most read from copies, no FUSE open
         assert st["reads"]["out_of_view"] == 0 and st["loader"]["follows_view"]
-        sampler.close()
         folder = sampler.reports.shared.folder
+        sampler.close()
         assert not os.path.exists(folder)  # its pass files are gone
+        # after close: every file through the mount (opens), the workers' loader included
+        items = _items(loader)
+        _check(items, ds, backing, m.mountpoint)
+        wait_until(lambda: m.status()["passes_total"] == st0["passes_total"] + epochs + 1, timeout=30,
+                   what="the pass after close to end")
+        assert m.status()["reads"]["plan"] == st["reads"]["plan"]
 
 
 def test_a_damaged_copy_is_read_through_the_mount_and_the_pass_still_ends(tierfs_mount, dataset):

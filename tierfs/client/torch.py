@@ -296,9 +296,11 @@ class MountSampler(Sampler[int]):
         return self.indices.peek()
 
     def close(self) -> None:
-        """Report the last reads from copies and stop the reporting thread (done at exit too)."""
+        """Report the last reads from copies and stop the reporting thread (done at exit too).  The sampler
+        still works after it, every file through the mount."""
         if self.reports is not None:
             self._close()
+            self.reports = None
 
 
 class SharedPass:
@@ -419,7 +421,10 @@ class CopyReports:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.flush()
+        with self.lock:
+            self._flush()
+            self.plan_id = None
+            self.shared.passes_np[0] = -1  # (no such pass: a worker reads every path through the mount)
         self.client.close()
         shutil.rmtree(self.shared.folder, ignore_errors=True)
 
