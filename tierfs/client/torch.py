@@ -72,6 +72,24 @@ def _tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
+class _SharedViews:
+    """An object holding tensors in shared memory and numpy views of them (an element access costs a tenth of a
+    tensor's, per sample): pickled without the views, rebuilt (``_views``) over the shared tensors as unpickled in
+    a spawned worker (pickled, they would be copies)."""
+
+    _VIEWS: tuple[str, ...] = ()
+
+    def _views(self) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._VIEWS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
+
 class _Common:
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None,
                  target_transform: Callable[[int], Any] | None, reader: Callable[[str], Any] | None,
@@ -98,7 +116,7 @@ class _Common:
         return data, label, from_copy
 
 
-class MiniEpochDataset(_Common, Dataset):
+class MiniEpochDataset(_SharedViews, _Common, Dataset):
     """A map-style dataset of the current pass of a class-folder tree (see the module docstring)."""
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
@@ -125,18 +143,10 @@ class MiniEpochDataset(_Common, Dataset):
         self._views()
         self._pending = []
 
+    _VIEWS = ("_epochs_np", "_marks_np")
+
     def _views(self) -> None:
-        """numpy views of the shared tensors (an element access costs a tenth of a tensor's, per sample)."""
         self._epochs_np, self._marks_np = self._epochs.numpy(), self._marks.numpy()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # (the views are rebuilt over the shared tensors as unpickled in a spawned worker; pickled, they would
-        # be copies)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_epochs_np", "_marks_np")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._views()
 
     def set_epoch(self, epoch: int) -> None:
         """Start a pass: report what the previous one read, read the current pass's plan.  (``epoch`` is for
@@ -303,7 +313,7 @@ class MountSampler(Sampler[int]):
             self.reports = None
 
 
-class SharedPass:
+class SharedPass(_SharedViews):
     """What a :class:`MountSampler` shares with the ``DataLoader``'s workers: the pass's number, a mark per
     dataset index (shared memory, fork or spawn), and the folder where each pass's copies are written."""
 
@@ -313,15 +323,10 @@ class SharedPass:
         self.marks = torch.zeros(n, dtype=torch.uint8).share_memory_()
         self._views()
 
+    _VIEWS = ("passes_np", "marks_np")
+
     def _views(self) -> None:
         self.passes_np, self.marks_np = self.passes.numpy(), self.marks.numpy()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("passes_np", "marks_np")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._views()
 
     def copies_file(self, n: int) -> str:
         return os.path.join(self.folder, f"pass-{n}.pickle")
