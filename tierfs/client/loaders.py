@@ -325,7 +325,8 @@ class PassIndices:
 
     ``paths`` are the files the loader's dataset holds (on the mount: built over a ``listing=all`` mount, which
     lists every file while the view, the order and the passes stay the mini-epoch's).  Each :meth:`next_pass`
-    reads ``/.tierfs/order0`` and returns the positions of the pass's files, rank ``rank`` of ``world_size``
+    reads ``/.tierfs/order0`` (or a batch plan: ``plan=True``) and returns the positions of the pass's files, rank
+    ``rank`` of ``world_size``
     taking every ``world_size``-th one (``order[rank::world_size]``), padded as ``DistributedSampler`` pads so
     that every rank gets the same count (the first files of the pass read again); ``pad=False``:
     ``order[rank::world_size]`` as it is (a rank may get one file fewer, as webdataset's ``split_by_node`` splits

@@ -119,6 +119,8 @@ class _Common:
 class MiniEpochDataset(_SharedViews, _Common, Dataset):
     """A map-style dataset of the current pass of a class-folder tree (see the module docstring)."""
 
+    _VIEWS = ("_epochs_np", "_marks_np")
+
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, *, reader: Callable[[str], Any] | None = None,
                  extensions: Sequence[str] | None = None, report_every: int = 256) -> None:
@@ -142,8 +144,6 @@ class MiniEpochDataset(_SharedViews, _Common, Dataset):
         self._marks = torch.zeros(len(self._pass), dtype=torch.uint8).share_memory_()
         self._views()
         self._pending = []
-
-    _VIEWS = ("_epochs_np", "_marks_np")
 
     def _views(self) -> None:
         self._epochs_np, self._marks_np = self._epochs.numpy(), self._marks.numpy()
@@ -317,13 +317,13 @@ class SharedPass(_SharedViews):
     """What a :class:`MountSampler` shares with the ``DataLoader``'s workers: the pass's number, a mark per
     dataset index (shared memory, fork or spawn), and the folder where each pass's copies are written."""
 
+    _VIEWS = ("passes_np", "marks_np")
+
     def __init__(self, n: int, folder: str) -> None:
         self.folder = folder
         self.passes = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.marks = torch.zeros(n, dtype=torch.uint8).share_memory_()
         self._views()
-
-    _VIEWS = ("passes_np", "marks_np")
 
     def _views(self) -> None:
         self.passes_np, self.marks_np = self.passes.numpy(), self.marks.numpy()
@@ -425,7 +425,12 @@ class CopyReports:
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=10)
+            if self._thread.is_alive():  # (stuck in a write to a mount that does not answer: exit all the same)
+                log.warning("MountSampler: %s does not answer; the last reads were not reported",
+                            self.client.mountpoint)
+                shutil.rmtree(self.shared.folder, ignore_errors=True)
+                return
         with self.lock:
             self._flush()
             self.plan_id = None
