@@ -339,7 +339,7 @@ class CopyLoader:
     def __init__(self, loader: Callable[[str], Any], shared: SharedPass) -> None:
         self.loader, self.shared = loader, shared
         self._pass = 0
-        self._copies: dict[str, tuple[int, Sample]] = {}
+        self._copies: dict[str, tuple[int, tuple[Any, ...]]] = {}  # path -> (dataset index, its Sample's fields)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"loader": self.loader, "shared": self.shared, "_pass": 0, "_copies": {}}
@@ -359,8 +359,8 @@ class CopyLoader:
         hit = self._copies.get(path if type(path) is str else os.fspath(path))
         if hit is None:
             return self.loader(path)
-        i, sample = hit
-        data, from_copy = read_sample(sample, self.loader)
+        i, fields = hit
+        data, from_copy = read_sample(Sample._make(fields), self.loader)
         if from_copy:
             self.shared.marks_np[i] = _READ
         return data
@@ -388,8 +388,10 @@ class CopyReports:
         with self.lock:
             self._flush()
             n = int(self.shared.passes_np[0]) + 1
-            with open(self.shared.copies_file(n), "wb") as f:  # (read only once the count below shows it)
-                pickle.dump({self.paths[i]: (i, s) for i, s in copies.items()}, f)
+            # (read only once the count below shows it; plain tuples: a named tuple pickles and loads 3x slower,
+            # and every worker loads the file as its first sample of the pass)
+            with open(self.shared.copies_file(n), "wb") as f:
+                pickle.dump({self.paths[i]: (i, tuple(s)) for i, s in copies.items()}, f, pickle.HIGHEST_PROTOCOL)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.shared.copies_file(n - 1))
             self.shared.marks_np[:] = _UNREAD
