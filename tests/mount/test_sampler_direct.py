@@ -80,12 +80,15 @@ def test_the_sampler_reads_copies_directly_and_counts_each_read_once(tierfs_moun
         st0 = m.status()
         read = 0
         for epoch in range(epochs):
+            if epoch:  # the pass that ran was read whole: the sampler's thread reads the next as the mount starts it
+                wait_until(lambda: sampler.reports.ahead_ready, timeout=30, what="the next pass read ahead")
             sampler.set_epoch(epoch)
             items = _items(loader)
             assert sampler.indices.last_pass == st0["passes_total"] + epoch  # each epoch is the next pass
             assert len(items) == len({i for i, _, _ in items}) == sampler.indices.pass_files  # each file once
             _check(items, ds, backing, m.mountpoint)
             read += len(items)
+        assert sampler.reports.read_ahead == epochs - 1  # (every iter() after the first found it ready)
         # the last pass ends with no call after the loop: the sampler's thread reports its last reads
         wait_until(lambda: m.status()["passes_total"] == st0["passes_total"] + epochs, timeout=30,
                    what="the last pass to end")
@@ -145,3 +148,32 @@ def test_without_a_loader_or_with_direct_off_every_file_is_read_through_the_moun
             _check([ds[i] for i in sampler], ds, backing, m.mountpoint)
         st = m.status()
         assert st["passes_total"] >= st0["passes_total"] + 1 and st["reads"]["plan"] == st0["reads"]["plan"]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_a_pass_read_ahead_and_ended_by_hand_before_iter_is_not_used(tierfs_mount, dataset):
+    """The thread reads the next pass once the last was read whole; ``next-pass`` written before the next
+    ``iter()`` ends that pass: the sampler then yields the mount's current pass, not the one it read ahead."""
+    backing, files = dataset
+    with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
+        wait_until(lambda: m.status()["next_ready"], what="staging")
+        ds = Folder(m.mountpoint)
+        sampler = MountSampler(ds, wait=10)
+        sampler.reports.STALE = 0.0  # (checked at once: no need to wait a second)
+        loader = DataLoader(ds, batch_size=3, sampler=sampler, num_workers=2, persistent_workers=True,
+                            collate_fn=list, timeout=_DEADLINE)
+        st0 = m.status()
+        _check(_items(loader), ds, backing, m.mountpoint)
+        wait_until(lambda: sampler.reports.ahead_ready, timeout=30, what="the next pass read ahead")
+        assert m.status()["passes_total"] == st0["passes_total"] + 1
+        m.control("next-pass")  # (ends the pass read ahead, unread)
+        items = _items(loader)
+        st = m.status()
+        assert sampler.reports.read_ahead == 0
+        assert sampler.indices.last_pass == st0["passes_total"] + 2  # the pass after it
+        assert len(items) == len({i for i, _, _ in items}) == sampler.indices.pass_files
+        _check(items, ds, backing, m.mountpoint)
+        sampler.close()
+        wait_until(lambda: m.status()["passes_total"] == st0["passes_total"] + 3, timeout=30,
+                   what="that pass to end")
+        assert m.status()["reads"]["out_of_view"] == st["reads"]["out_of_view"] == 0

@@ -409,6 +409,22 @@ class PassIndices:
             return self._share(list(range(self.size)))
         plan = plan and self._plans
         passes, order = self._wait_for_new_pass(order=not plan)
+        return self._take(passes, order, plan)
+
+    def poll_pass(self) -> list[int] | None:
+        """``next_pass(plan=True)`` if the pass last returned has ended, else ``None`` at once (one ``status``
+        read: no wait, and a pass left unread is not ended here)."""
+        if self.client is None:
+            return self.next_pass(plan=True)
+        passes, order = self._passes() if self._plans else self._current()
+        if passes == self.last_pass:
+            return None
+        self.plan_id, self.copies = None, {}
+        return self._take(passes, order, self._plans)
+
+    def _take(self, passes: int, order: list[bytes], plan: bool) -> list[int]:
+        """Pass ``passes`` (its ``order``, or its plan under ``plan``) as this rank's positions; see next_pass."""
+        assert self.client is not None
         files: list[dict[str, Any]] = []
         if plan:
             try:

@@ -43,9 +43,10 @@ import pickle
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -56,7 +57,7 @@ from tierfs.client.loaders import PassFiles, PassIndices, Sample, find_classes, 
 
 __all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "MountShards", "read_file"]
 
-_UNREAD, _READ, _REPORTED = 0, 1, 2
+_UNREAD, _READ, _REPORTED, _VIA_MOUNT = 0, 1, 2, 3
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +269,9 @@ class MountSampler(Sampler[int]):
     through the mount as written.  The workers mark what they read in shared memory; a thread of the main
     process reports it to the mount (``consumed``) every 0.2 s, at the next ``iter()`` and at :meth:`close`
     (and at exit), so passes, ``rf`` and ``status`` count these reads as opens and a pass ends once its last file
-    is read.  ``direct=False`` leaves the loader alone (every file through the mount).  A dataset without a
-    ``loader`` reads through the mount.
+    is read; once the rank's share was all read, that thread also reads the next pass as the mount starts it, so
+    the next ``iter()`` finds it ready (no wait on the mount between epochs).  ``direct=False`` leaves the loader
+    alone (every file through the mount).  A dataset without a ``loader`` reads through the mount.
 
     ``dataset``: any map-style dataset with ``.samples``/``.imgs`` (ImageFolder and friends), ``.files`` or
     ``.paths``, or a list of paths (see :func:`dataset_paths`).  The dataset must hold every file: build it over
@@ -285,7 +287,7 @@ class MountSampler(Sampler[int]):
         self.reports: CopyReports | None = None
         loader = getattr(dataset, "loader", None)
         if direct and self.indices.client is not None and callable(loader):
-            self.reports = CopyReports(self.indices.client.mountpoint, paths)
+            self.reports = CopyReports(self.indices.client.mountpoint, paths, self.indices)
             inner = loader.loader if isinstance(loader, CopyLoader) else loader  # (a second sampler's)
             dataset.loader = CopyLoader(inner, self.reports.shared)
             self._close = weakref.finalize(self, self.reports.close)
@@ -297,10 +299,7 @@ class MountSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if self.reports is None:
             return iter(self.indices.next_pass())
-        self.reports.flush()  # (the last reads of the pass that ran: it ends once they are counted)
-        share = self.indices.next_pass(plan=True)
-        self.reports.new_pass(self.indices.plan_id, self.indices.copies)
-        return iter(share)
+        return iter(self.reports.next_share())
 
     def __len__(self) -> int:
         return self.indices.peek()
@@ -334,95 +333,195 @@ class SharedPass(_SharedViews):
 
 class CopyLoader:
     """A dataset's ``loader`` wrapped by :class:`MountSampler`: a path of the pass with a copy is read from the
-    copy (checked first; else through the mount) and marked read; any other path goes to ``loader`` as it is."""
+    copy (checked first; else through the mount), any other path of the pass through the mount, and either marked
+    read; a path not of the pass goes to ``loader`` as it is."""
 
     def __init__(self, loader: Callable[[str], Any], shared: SharedPass) -> None:
         self.loader, self.shared = loader, shared
         self._pass = 0
-        self._copies: dict[str, tuple[int, tuple[Any, ...]]] = {}  # path -> (dataset index, its Sample's fields)
+        # path -> (dataset index, its Sample's fields; None: no copy), for this rank's share of the pass
+        self._share: dict[str, tuple[int, tuple[Any, ...] | None]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"loader": self.loader, "shared": self.shared, "_pass": 0, "_copies": {}}
+        return {"loader": self.loader, "shared": self.shared, "_pass": 0, "_share": {}}
 
     def _load(self) -> None:
         n = int(self.shared.passes_np[0])
         try:
             with open(self.shared.copies_file(n), "rb") as f:
-                self._copies = pickle.load(f)
+                self._share = pickle.load(f)
         except FileNotFoundError:  # (a pass already replaced: read through the mount)
-            self._copies = {}
+            self._share = {}
         self._pass = n
 
     def __call__(self, path: Any) -> Any:
         if self._pass != self.shared.passes_np[0]:
             self._load()
-        hit = self._copies.get(path if type(path) is str else os.fspath(path))
+        hit = self._share.get(path if type(path) is str else os.fspath(path))
         if hit is None:
             return self.loader(path)
         i, fields = hit
-        data, from_copy = read_sample(Sample._make(fields), self.loader)
+        if fields is None:
+            data, from_copy = self.loader(path), False
+        else:
+            data, from_copy = read_sample(Sample._make(fields), self.loader)
+        marks = self.shared.marks_np
         if from_copy:
-            self.shared.marks_np[i] = _READ
+            marks[i] = _READ
+        elif marks[i] == _UNREAD:
+            marks[i] = _VIA_MOUNT  # (counted by the mount as it opened it: not reported, only seen read)
         return data
 
 
+class _Prepared(NamedTuple):
+    """A pass handed to the workers as ``shared.copies_file(number)``."""
+
+    number: int
+    share: list[int]  # this rank's dataset indices, as the sampler yields them
+    plan_id: int | None
+    plan_index: dict[int, int]  # dataset index -> position in the plan, for the files with a copy
+    fields: dict[int, tuple[Any, ...] | None]  # dataset index -> its copy's Sample fields (None: no copy)
+    at: float  # (time.monotonic() when read)
+    after: int | None  # (read ahead: the mount's pass it followed, ``PassIndices.last_pass`` before)
+
+
 class CopyReports:
-    """The main process's side of :class:`CopyLoader`: writes each pass's copies for the workers and reports
-    what they read from them (a thread, every :attr:`EVERY` seconds; :meth:`flush`; :meth:`close`)."""
+    """The main process's side of :class:`CopyLoader`: hands each pass's share to the workers and reports what
+    they read from copies (a thread: every :attr:`EVERY` seconds, and at once when the share was all read;
+    :meth:`close`).  Once the share was all read the thread also reads the next pass as soon as the mount starts
+    it, so that the next ``iter()`` finds it ready (:meth:`next_share`)."""
 
-    EVERY = 0.2
+    EVERY = 0.2  # seconds between reports of what was read
+    TICK = 0.02  # seconds between the thread's looks at whether the share was all read
+    TAIL = 256  # (the share's last indices, looked at first: the DataLoader hands them out last)
+    STALE = 1.0  # a pass read ahead longer ago than this is checked against the mount's position before use
 
-    def __init__(self, mount: str | os.PathLike[str], paths: list[str]) -> None:
+    def __init__(self, mount: str | os.PathLike[str], paths: list[str], indices: PassIndices) -> None:
         self.paths = paths
+        self.indices = indices  # (the thread reads passes with it only between a share read whole and next_share)
         self.shared = SharedPass(len(paths), tempfile.mkdtemp(prefix="tierfs-sampler-"))
         self.client = Client(mount)  # (its own: the sampler's is used by the main thread meanwhile)
         self.lock = threading.Lock()
-        self.plan_id: int | None = None
-        self.plan_index: dict[int, int] = {}  # dataset index -> position in the plan
+        self.current: _Prepared | None = None
+        self._unique = np.empty(0, dtype=np.int64)  # the current share's indices, once each
+        self._tail = self._unique  # its last TAIL indices as yielded
+        self._ahead: _Prepared | None = None  # the next pass, read by the thread
+        self._waiting = False  # the main thread reads the next pass itself: the thread leaves ``indices`` alone
+        self.read_ahead = 0  # passes the thread had ready when iter() asked (statistics)
         self.errors = 0  # reports the mount refused or could not take (logged once)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def new_pass(self, plan_id: int | None, copies: dict[int, Sample]) -> None:
-        """Hand the workers this pass's copies (``plan_id``'s; none: every file through the mount)."""
+    @property
+    def ahead_ready(self) -> bool:
+        """Whether the thread has the next pass ready for the next ``iter()``."""
+        return self._ahead is not None
+
+    def next_share(self) -> list[int]:
+        """This rank's share of the next pass, handed to the workers: the one the thread read ahead, else read
+        now (waiting for the pass that ran to end, see :class:`PassIndices`)."""
         with self.lock:
-            self._flush()
-            n = int(self.shared.passes_np[0]) + 1
-            # (read only once the count below shows it; plain tuples: a named tuple pickles and loads 3x slower,
-            # and every worker loads the file as its first sample of the pass)
-            with open(self.shared.copies_file(n), "wb") as f:
-                pickle.dump({self.paths[i]: (i, tuple(s)) for i, s in copies.items()}, f, pickle.HIGHEST_PROTOCOL)
+            self._flush()  # (the last reads of the pass that ran: it ends once they are counted)
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and time.monotonic() - ahead.at > self.STALE \
+                    and self.client.status()["passes_total"] != self.indices.last_pass:
+                ahead = None  # (ended meanwhile, by next-pass: the reads would be another pass's)
+            self._waiting = ahead is None
+        if ahead is None:
+            try:
+                ahead = self._prepare(self.indices.next_pass(plan=True))
+            finally:
+                with self.lock:
+                    self._waiting = False
+        else:
+            self.read_ahead += 1
+        if not os.path.exists(self.shared.copies_file(ahead.number)):  # (the thread's write failed: say why)
+            self._write(ahead)
+        with self.lock:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.shared.copies_file(n - 1))
+                os.unlink(self.shared.copies_file(ahead.number - 1))
             self.shared.marks_np[:] = _UNREAD
-            self.plan_id, self.plan_index = plan_id, {i: s.index for i, s in copies.items()}
-            self.shared.passes_np[0] = n  # (last: a worker that sees it finds the file whole)
+            self.current, self._unique = ahead, np.unique(np.array(ahead.share, dtype=np.int64))
+            self._tail = np.array(ahead.share[-self.TAIL:], dtype=np.int64)
+            self.shared.passes_np[0] = ahead.number  # (last: a worker that sees it finds the file whole)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="tierfs-sampler-reports", daemon=True)
             self._thread.start()
+        return ahead.share
+
+    def _prepare(self, share: list[int]) -> _Prepared:
+        """``share`` (the pass ``indices`` read last) as the pass after the current one."""
+        copies = self.indices.copies
+        return _Prepared(int(self.shared.passes_np[0]) + 1, share, self.indices.plan_id,
+                         {i: c.index for i, c in copies.items()},
+                         {i: None if (c := copies.get(i)) is None else tuple(c) for i in share}, time.monotonic(), None)
+
+    def _write(self, p: _Prepared) -> None:
+        """Write pass ``p`` for the workers (read only once ``passes_np`` shows its number).  Plain tuples: a named
+        tuple pickles and loads 3x slower, and every worker loads the file as its first sample of the pass."""
+        path = self.shared.copies_file(p.number)
+        try:
+            with open(path, "wb") as f:
+                pickle.dump({self.paths[i]: (i, fields) for i, fields in p.fields.items()}, f,
+                            pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
 
     def flush(self) -> None:
         with self.lock:
             self._flush()
 
     def _flush(self) -> None:
-        marks = self.shared.marks_np
-        done = np.flatnonzero(marks == _READ)
+        if self.current is None or self.current.plan_id is None:
+            return
+        marks, share = self.shared.marks_np, self._unique
+        done = share[marks[share] == _READ]
         marks[done] = _REPORTED
         # (a read marked by a worker still reading the pass before, as this one began, is not this plan's)
-        index = [k for i in done.tolist() if (k := self.plan_index.get(i)) is not None]
-        if self.plan_id is None or not index:
+        index = [k for i in done.tolist() if (k := self.current.plan_index.get(i)) is not None]
+        if not index:
             return
         try:
-            self.client.consumed(self.plan_id, index)
+            self.client.consumed(self.current.plan_id, index)
         except (OSError, ValueError) as exc:  # (the mount gone, or the plan too old: nothing to count it)
             self.errors += 1
             if self.errors == 1:
                 log.warning("MountSampler: reads from copies not reported to %s: %s", self.client.mountpoint, exc)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.EVERY):
-            self.flush()
+        flushed = polled = whole_at = 0.0
+        whole_of = -1  # the pass found read whole (at whole_at)
+        while not self._stop.wait(self.TICK):
+            now = time.monotonic()
+            with self.lock:
+                current = self.current
+                whole = current is not None and self._read_whole()
+                if whole and whole_of != current.number:
+                    whole_of, whole_at = current.number, now
+                # (then the next pass is looked for every TICK for EVERY seconds, every EVERY after: other
+                # ranks may take a while)
+                due = now - polled >= (self.TICK if now - whole_at < self.EVERY else self.EVERY)
+                if whole and due and self._ahead is None and not self._waiting:
+                    self._flush()
+                    flushed = polled = now
+                    try:
+                        after = self.indices.last_pass
+                        if (share := self.indices.poll_pass()) is not None:
+                            self._ahead = self._prepare(share)._replace(after=after)
+                            self._write(self._ahead)
+                    except Exception as exc:  # (iter() does it again, and says what is wrong)
+                        self._waiting = True  # (no more looking ahead this pass)
+                        log.debug("MountSampler: the next pass of %s not read ahead: %r", self.client.mountpoint, exc)
+                elif now - flushed >= self.EVERY:
+                    self._flush()
+                    flushed = now
+
+    def _read_whole(self) -> bool:
+        """Whether every file of the share was read (the last ones handed out looked at first: cheap)."""
+        marks, share = self.shared.marks_np, self._unique
+        return share.size > 0 and not (marks[self._tail] == _UNREAD).any() and not (marks[share] == _UNREAD).any()
 
     def close(self) -> None:
         self._stop.set()
@@ -435,7 +534,9 @@ class CopyReports:
                 return
         with self.lock:
             self._flush()
-            self.plan_id = None
+            if self._ahead is not None:  # (not iterated: the sampler's next iter() yields it, through the mount)
+                self.indices.last_pass = self._ahead.after
+            self.current = self._ahead = None
             self.shared.passes_np[0] = -1  # (no such pass: a worker reads every path through the mount)
         self.client.close()
         shutil.rmtree(self.shared.folder, ignore_errors=True)
