@@ -2,12 +2,12 @@
 
 A ``torch.utils.data.DataLoader`` (``--workers``, batch ``--batch``) decodes small JPEGs (PIL) into
 ``3 x 128 x 128`` ``uint8`` tensors (a random crop and flip of a 160 x 160 image) in class folders; the consumer
-takes the batches (no model: the loader's speed is the point).  Each way of writing the loop runs over a fresh
-mount (``--nm`` each, ``rf`` 4, the cache capped at ``--cap-fraction`` of the data, at least the two
-mini-epochs the mount requires: twice the data at ``nm`` 1) and,
-right before, the same loop over the plain directory the mount shows (its backing dir), so the two see the
-same load; ``--rounds`` repeats everything, and each figure is the median (and spread) of the rounds'
-mount / plain ratios.  The ways (issue 23):
+takes the batches (no model: the loader's speed is the point; ``--step-ms`` adds a sleep per batch for one).
+Each way of writing the loop runs over a fresh mount (``--nm`` each, ``rf`` 4, the cache capped at
+``--cap-fraction`` of the data, at least the two mini-epochs the mount requires: twice the data at ``nm`` 1) and, right
+before, the same loop over the plain directory the mount shows (its backing dir), so the two see the same load;
+``--rounds`` repeats everything, and each figure is the median (and spread) of the rounds' mount / plain ratios.
+The ways (issue 23):
 
 * ``relist``: the README's way -- the dataset built again every pass and a new ``DataLoader`` over it (its
   workers start again every pass; ``persistent_workers`` cannot be used).  On the plain dir: the same loop,
@@ -238,7 +238,8 @@ class _Side:
 
     ``stall_s``: the seconds from the start of each timed DataLoader epoch (right after the last batch of the one
     before, or the start of a chunk) to its first batch -- the pipeline refilling at every epoch boundary, a
-    tierfs pass on the mount, a whole data set on the plain dir."""
+    tierfs pass on the mount, a whole data set on the plain dir; of it, ``iter_ms`` (median) is ``iter(loader)``
+    itself, the sampler's ``iter()`` among it (on the mount: the next pass read, unless read ahead)."""
 
     def __init__(self, way: str, root: Path, mounted_: bool, args: argparse.Namespace, workers: int, *,
                  daemon: int | None = None, pass_sized: int = 0) -> None:
@@ -248,6 +249,8 @@ class _Side:
         self.seconds = self.cpu_s = self.stall_s = self.daemon_cpu_s = 0.0
         self.chunk_rates: list[float] = []  # (samples/s of each chunk: paired with the other sides' in the JSON)
         self.loads: list[float] = []
+        self.iter_s: list[float] = []  # seconds iter(loader) took, each timed DataLoader epoch
+        self.step_s = args.step_ms / 1e3
         self.started = False
 
     def chunk(self, budget: int) -> None:
@@ -257,7 +260,10 @@ class _Side:
         cpu0, daemon0, t0, samples = _cpu(), _proc_cpu(self.daemon), time.perf_counter(), 0
         while samples < budget:
             asked, first = time.perf_counter(), True
-            for x, _y in next(self.epochs):
+            batches = iter(next(self.epochs))  # (starts the DataLoader epoch: the sampler's iter() included)
+            if self.started:
+                self.iter_s.append(time.perf_counter() - asked)
+            for x, _y in batches:
                 if not self.started:
                     self.started, t0 = True, time.perf_counter()
                     first = False
@@ -266,6 +272,8 @@ class _Side:
                 if first:
                     self.stall_s += time.perf_counter() - asked
                     first = False
+                if self.step_s:
+                    time.sleep(self.step_s)  # (the model's step on an accelerator: the loader works meanwhile)
             self.passes += 1
         seconds = time.perf_counter() - t0
         self.seconds += seconds
@@ -279,6 +287,7 @@ class _Side:
         return {"samples": self.samples, "passes": self.passes, "seconds": self.seconds,
                 "samples_per_s": self.samples / self.seconds, "cpu_s": self.cpu_s,
                 "stall_s": self.stall_s, "stall_share": self.stall_s / self.seconds,
+                "iter_ms": 1e3 * statistics.median(self.iter_s) if self.iter_s else None,
                 "daemon_cpu_ms_per_sample": 1e3 * self.daemon_cpu_s / self.samples, "chunk_rates": self.chunk_rates,
                 "cpu_ms_per_sample": 1e3 * self.cpu_s / self.samples, "loads": self.loads}
 
@@ -417,6 +426,7 @@ def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk
                               + (f"  plain in passes {sides['passes']['samples_per_s']:.0f} (drain "
                                  f"{row['drain_ratio']:.3f}, mount / it {row['ratio_to_passes']:.3f})"
                                  if "passes" in sides else "")
+                              + f"  iter() {plain['iter_ms'] or 0:.1f} / {mount['iter_ms'] or 0:.1f} ms"
                               + f"  load {min(loads):.1f}-{max(loads):.1f}", flush=True)
                         yield row
 
@@ -463,6 +473,8 @@ def summary(rows: list[dict]) -> list[dict]:
                     "loop_cpu_ratio": _median(_loop_cpu_ratio(r) for r in rs),
                     "plain_stall": statistics.median(r["plain"].get("stall_share", np.nan) for r in rs),
                     "mount_stall": statistics.median(r["mount"].get("stall_share", np.nan) for r in rs),
+                    "plain_iter_ms": _median(r["plain"].get("iter_ms") for r in rs),
+                    "mount_iter_ms": _median(r["mount"].get("iter_ms") for r in rs),
                     "load_min": min(loads), "load_max": max(loads)})
     return out
 
@@ -562,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transform", choices=["small", "imagenet"], default="small", help="small: 160 px JPEGs, "
                     "a random 128 px crop and flip (0.8-1 ms of CPU a sample); imagenet: 500 x 375 JPEGs, "
                     "ImageNet's training transform (random-resized crop to 224, flip, normalise)")
+    ap.add_argument("--step-ms", type=float, default=0.0, help="a sleep after each batch in the consumer, for the "
+                    "model's step on an accelerator (0: none, the loader's speed alone; with a step the loader runs "
+                    "ahead within an epoch, and what is left is each epoch boundary)")
     ap.add_argument("--quick", action="store_true", help="1,536 files, 4 workers, 1 round (a few minutes)")
     ap.add_argument("--pin", choices=["off", "on", "both"], default="both", help="on: the loop (this process, its "
                     "workers) on every CPU but one, the daemon on that one -- a node whose daemon has a core of its "
