@@ -4,6 +4,7 @@ ImageFolder reads its files) gets the pass's copies without a FUSE request, ever
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,30 @@ def test_a_pass_read_ahead_and_ended_by_hand_before_iter_is_not_used(tierfs_moun
         wait_until(lambda: m.status()["passes_total"] == st0["passes_total"] + 3, timeout=30,
                    what="that pass to end")
         assert m.status()["reads"]["out_of_view"] == st["reads"]["out_of_view"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_an_epoch_that_leaves_files_unread_is_not_read_ahead_and_rank_0_ends_its_pass(tierfs_mount, dataset):
+    """``drop_last=True`` leaves the pass's last file unread: the thread does not read ahead (the share was not
+    read whole), and the next ``iter()`` waits ``wait`` seconds, ends the pass and yields the next one."""
+    backing, files = dataset
+    with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
+        wait_until(lambda: m.status()["next_ready"], what="staging")
+        ds = Folder(m.mountpoint)
+        sampler = MountSampler(ds, wait=1)
+        n = len(sampler)
+        loader = DataLoader(ds, batch_size=n - 1, sampler=sampler, num_workers=2, persistent_workers=True,
+                            collate_fn=list, drop_last=True, timeout=_DEADLINE)
+        st0 = m.status()
+        items = _items(loader)
+        assert sampler.indices.pass_files == n and len(items) == n - 1  # (the last file dropped)
+        _check(items, ds, backing, m.mountpoint)
+        time.sleep(0.5)  # (time enough for the thread to look, every 20 ms)
+        assert not sampler.reports.ahead_ready and m.status()["passes_total"] == st0["passes_total"]
+        items = _items(loader)  # rank 0 ends the pass left unread after 1 s
+        assert sampler.indices.last_pass == st0["passes_total"] + 1 and sampler.reports.read_ahead == 0
+        p = sampler.indices.pass_files  # (that pass may be of the next mini-epoch: a file more or less)
+        assert len(items) == len({i for i, _, _ in items}) == p // (n - 1) * (n - 1)
+        _check(items, ds, backing, m.mountpoint)
+        sampler.close()
+        assert m.status()["reads"]["out_of_view"] == 0
