@@ -512,6 +512,8 @@ class CopyReports:
                             self._ahead = self._prepare(share)._replace(after=after)
                             self._write(self._ahead)
                     except Exception as exc:  # (iter() does it again, and says what is wrong)
+                        if self._ahead is None:
+                            self.indices.last_pass = after  # (a pass taken but not kept is iter()'s to read again)
                         self._waiting = True  # (no more looking ahead this pass)
                         log.debug("MountSampler: the next pass of %s not read ahead: %r", self.client.mountpoint, exc)
                 elif now - flushed >= self.EVERY:
