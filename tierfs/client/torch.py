@@ -380,7 +380,7 @@ class _Prepared(NamedTuple):
     share: list[int]  # this rank's dataset indices, as the sampler yields them
     plan_id: int | None
     plan_index: dict[int, int]  # dataset index -> position in the plan, for the files with a copy
-    fields: dict[int, tuple[Any, ...] | None]  # dataset index -> its copy's Sample fields (None: no copy)
+    entries: dict[str, tuple[int, tuple[Any, ...] | None]]  # what CopyLoader loads: path -> (index, copy's fields)
     at: float  # (time.monotonic() when read)
     after: int | None  # (read ahead: the mount's pass it followed, ``PassIndices.last_pass`` before)
 
@@ -451,19 +451,18 @@ class CopyReports:
 
     def _prepare(self, share: list[int]) -> _Prepared:
         """``share`` (the pass ``indices`` read last) as the pass after the current one."""
-        copies = self.indices.copies
+        copies, paths = self.indices.copies, self.paths
+        # (plain tuples: a named tuple pickles and loads 3x slower, and every worker loads them first in a pass)
+        entries = {paths[i]: (i, None if (c := copies.get(i)) is None else tuple(c)) for i in share}
         return _Prepared(int(self.shared.passes_np[0]) + 1, share, self.indices.plan_id,
-                         {i: c.index for i, c in copies.items()},
-                         {i: None if (c := copies.get(i)) is None else tuple(c) for i in share}, time.monotonic(), None)
+                         {i: c.index for i, c in copies.items()}, entries, time.monotonic(), None)
 
     def _write(self, p: _Prepared) -> None:
-        """Write pass ``p`` for the workers (read only once ``passes_np`` shows its number).  Plain tuples: a named
-        tuple pickles and loads 3x slower, and every worker loads the file as its first sample of the pass."""
+        """Write pass ``p`` for the workers (read only once ``passes_np`` shows its number)."""
         path = self.shared.copies_file(p.number)
         try:
             with open(path, "wb") as f:
-                pickle.dump({self.paths[i]: (i, fields) for i, fields in p.fields.items()}, f,
-                            pickle.HIGHEST_PROTOCOL)
+                pickle.dump(p.entries, f, pickle.HIGHEST_PROTOCOL)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(path)
