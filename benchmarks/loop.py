@@ -542,8 +542,10 @@ def plot(summ: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _title(files: int) -> str:
-    return f"DataLoader over a tierfs mount against the plain dir ({files:,} JPEGs, benchmarks/loop.py)"
+def _title(files: int, transform: str) -> str:
+    # (two lines: a plot of one column is narrower than the title on one)
+    kind = "ImageNet-like" if transform == "imagenet" else "small"
+    return f"DataLoader over a tierfs mount against the plain dir\n({files:,} {kind} JPEGs, benchmarks/loop.py)"
 
 
 def _data(folder: Path, args: argparse.Namespace) -> Path:
@@ -592,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.out.read_text())
         summ = summary(saved["rows"])
         print(table(summ))
-        plot(summ, args.plot, _title(saved["args"]["files"]))
+        plot(summ, args.plot, _title(saved["args"]["files"], saved["args"].get("transform", "small")))
         return 0
     global TRANSFORM
     TRANSFORM = args.transform  # (set before any DataLoader forks its workers)
@@ -629,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
                 "summary": summary(rows), "rows": rows}, indent=1) + "\n")
         summ = summary(rows)
         print(table(summ))
-        plot(summ, args.plot, _title(args.files))
+        plot(summ, args.plot, _title(args.files, args.transform))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -130,6 +130,8 @@ TimeoutStopSec=60
 ExecStopPost=-{_tool("fusermount3")} -uz ${{MOUNTPOINT}}
 Restart=on-failure
 RestartSec=5
+# A loader that keeps every core busy delays the mount's answers: give it a core the jobs do not get, in a
+# drop-in (systemctl edit tierfs@NAME: CPUAffinity=0 and Nice=-5; operations.md, "A core for the daemon").
 
 [Install]
 WantedBy=multi-user.target
