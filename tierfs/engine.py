@@ -195,6 +195,8 @@ class Engine:
                 if self.policy.walks_plans:
                     nursery.start_soon(supervised, "planner", self.planner.run)
                     nursery.start_soon(supervised, "pusher", self.pusher.run)
+                    if self.names.substitutions is not None:
+                        nursery.start_soon(supervised, "entry dropper", self.names.run)
                     nursery.start_soon(supervised, "stager", self.stager.run)
                 task_status.started()
         finally:

@@ -1,12 +1,13 @@
 """The names the mount shows: lookups, listings, links and the ``order`` files, over the tree and the view.
 
 It owns no state of its own but, under ``substitute``, the :class:`~tierfs.substitute.Substitutions` (which
-view file each name is served as this pass): the tree (fixed for the mount's life) says what exists, the
-schedule's view what the root lists in this pass.  Every name of the tree can be looked up and opened, in view
-or not; only the view is listed (every file with ``listing=all``).  Two things here are news for other parts: a
-lookup or a listing tells the pusher the kernel now has an inode (pushes wait for one), and a listing of the root
-(or an ``order`` file) starts a consumer's pass -- listing it again after reads may end the pass -- which is the
-engine's to decide, by who listed (:class:`NamespaceEvents`).
+view file each name is served as this pass; the kernel entries they find stale are dropped in the background by
+:meth:`Namespace.run`, through the pusher's :class:`~tierfs.pusher.KernelCache`): the tree (fixed for the
+mount's life) says what exists, the schedule's view what the root lists in this pass.  Every name of the tree
+can be looked up and opened, in view or not; only the view is listed (every file with ``listing=all``).  Two
+things here are news for other parts: a lookup or a listing tells the pusher the kernel now has an inode (pushes
+wait for one), and a listing of the root (or an ``order`` file) starts a consumer's pass -- listing it again
+after reads may end the pass -- which is the engine's to decide, by who listed (:class:`NamespaceEvents`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tierfs.schedule import Schedule
 from tierfs.substitute import Substitutions, SubstitutionStatistics
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
 from tierfs.users import OWNER_UID
+from tierfs.wakeup import Wakeup
 
 __all__ = ["KernelListings", "Listing", "ListingStatistics", "Namespace", "NamespaceEvents"]
 
@@ -154,6 +156,7 @@ class Namespace:
         #: ``substitute``: file names resolve per pass to view files (substitute.py); the kernel must not keep
         #: a file's entry (fs.py gives it an entry timeout of 0)
         self.substitutions = Substitutions(schedule) if substitute else None
+        self._stale = Wakeup()  # (the substitutions found stale kernel entries: run() drops them)
         self.listings = KernelListings(tree)  # which listings the kernel may cache
 
     def substitution_statistics(self) -> SubstitutionStatistics:
@@ -196,8 +199,21 @@ class Namespace:
         fidx = self._file(i)
         if self.substitutions is not None:
             fidx = self.substitutions.resolve(parent_inode - 1, i, fidx)
+            if self.substitutions.stale:
+                self._stale.notify()
         self.pusher.looked_up(int(tree.groups[fidx]), fidx)
         return tree.inode_of(fidx)
+
+    async def run(self) -> None:
+        """Under ``substitute``, until cancelled: have the kernel drop the entries the substitutions found stale
+        (substitute.py), from the pusher's kernel thread (a drop waits for the lookups of its directory in
+        flight, which only the trio thread answers)."""
+        subs = self.substitutions
+        assert subs is not None
+        while True:
+            await self._stale.wait()
+            entries = [(d + 1, self.tree.name(n)) for d, n in subs.take_stale()]
+            subs.dropped(await self.pusher.kernel.drop_entries(entries))
 
     def attributes(self, inode: int) -> tuple[int, int, int, int, int, int, int, int, int] | None:
         """(mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of a tree inode; None for none.  A

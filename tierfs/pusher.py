@@ -1,5 +1,5 @@
-"""The kernel's caches of the mount: page-cache pushes of staged copies, invalidations off the trio thread, and
-which version of each file the kernel holds.
+"""The kernel's caches of the mount: page-cache pushes of staged copies, invalidations (of pages, attributes and
+entries) off the trio thread, and which version of each file the kernel holds.
 
 **Never from the trio thread.**  ``notify_store`` and ``invalidate_inode`` lock the kernel's pages of an inode;
 a page may be locked by a READ of that file that waits for this daemon, and only the trio thread can answer
@@ -60,6 +60,7 @@ log = logging.getLogger("tierfs")
 _PUSH_CHUNK = 1 << 20  # bytes per notify_store message
 _PUSH_BUDGET_MAX = 1 << 30
 _PUSH_BATCH_FILES = 32  # files per worker-thread hop
+_DROP_BATCH = 256  # kernel entries dropped per worker-thread hop
 #: A push of a file the kernel was just told about (its lookup or listing is answered in the same handler that
 #: tells the pusher, before the kernel has read the reply and made the inode) may still find no inode: it is
 #: tried again this much later, up to _LEARN_TRIES times, before it waits for the next lookup or listing.
@@ -78,7 +79,7 @@ def push_budget() -> int:
 
 
 class KernelCalls(Protocol):
-    """The two calls into the kernel's caches: the ``pyfuse3`` module itself has them."""
+    """The calls into the kernel's caches: the ``pyfuse3`` module itself has them."""
 
     def notify_store(self, inode: int, offset: int, data: bytes) -> None:
         """Put ``data`` into the page cache of ``inode`` at ``offset``."""
@@ -86,17 +87,21 @@ class KernelCalls(Protocol):
     def invalidate_inode(self, inode: int, attr_only: bool = False) -> None:
         """Make the kernel forget the inode's attributes (and pages, unless ``attr_only``)."""
 
+    def invalidate_entry(self, inode_p: int, name: bytes) -> None:
+        """Make the kernel drop its entry ``name`` of directory ``inode_p`` (its next open looks it up)."""
+
 
 class KernelCache:
     """The kernel side of the mount, reached from one worker thread only (see the module docstring).
 
-    ``calls``: pyfuse3 (``notify_store``, ``invalidate_inode``); None (engine tests without a mount): nothing
-    to notify."""
+    ``calls``: pyfuse3 (``notify_store``, ``invalidate_inode``, ``invalidate_entry``); None (engine tests without
+    a mount): nothing to notify."""
 
     def __init__(self, calls: KernelCalls | None = None) -> None:
         #: pushes go to this (None once the kernel said it cannot: ENOSYS)
         self.store: Callable[[int, int, bytes], None] | None = calls.notify_store if calls is not None else None
         self._invalidate = calls.invalidate_inode if calls is not None else None
+        self._drop_entry = calls.invalidate_entry if calls is not None else None
         self.limiter = trio.CapacityLimiter(1)
         self.invalidations = 0
         self.closed = False  # read by the worker thread too: a bool, atomic under the GIL
@@ -119,6 +124,18 @@ class KernelCache:
         self.invalidations += 1
         await trio.to_thread.run_sync(self._invalidate_now, inode, attr_only, limiter=self.limiter,
                                       abandon_on_cancel=True)
+
+    async def drop_entries(self, entries: list[tuple[int, bytes]]) -> int:
+        """Make the kernel drop its entries (directory inode, name), _DROP_BATCH per hop to the thread (pushes
+        go on between them); how many it had.  A drop waits for the directory's lookups in flight, never for
+        the caller: nothing once closed."""
+        dropped = 0
+        for lo in range(0, len(entries), _DROP_BATCH):
+            if self._drop_entry is None or self.closed:
+                break
+            dropped += await trio.to_thread.run_sync(self._drop_now, entries[lo:lo + _DROP_BATCH],
+                                                     limiter=self.limiter, abandon_on_cancel=True)
+        return dropped
 
     async def store_files(self, data_fd: int, jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
         """Push cached copies' bytes into the page cache; ``jobs``: (copy name in ``data_fd``, size, copy id,
@@ -151,6 +168,22 @@ class KernelCache:
             self.store(inode, offset, data)
         finally:
             self._in_kernel -= 1
+
+    def _drop_now(self, entries: list[tuple[int, bytes]]) -> int:
+        assert self._drop_entry is not None
+        dropped = 0
+        for inode_p, name in entries:
+            if self.closed:
+                break
+            self._in_kernel += 1
+            try:
+                self._drop_entry(inode_p, name)
+                dropped += 1
+            except OSError:  # ENOENT: the kernel holds no such entry (never looked up, or already dropped)
+                pass
+            finally:
+                self._in_kernel -= 1
+        return dropped
 
     def _invalidate_now(self, inode: int, attr_only: bool) -> None:
         if self.closed:

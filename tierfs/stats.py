@@ -418,7 +418,7 @@ NOT_METRICS: dict[str, str] = {
     "tree.added": _AT_MOUNT, "tree.removed": _AT_MOUNT, "tree.changed": _AT_MOUNT,
     "arf.mode": _SETTING, "arf.history": "a list of scored feedback lines",
     "loader.warning": _TEXT,
-    "substitution.enabled": _SETTING, "substitution.rounds": _DIAGNOSTIC,
+    "substitution.enabled": _SETTING, "substitution.rounds": _DIAGNOSTIC, "substitution.entries_dropped": _DIAGNOSTIC,
     "consumers.timeout": _SETTING,
     "listings.kernel_cache": "whether pyfuse3 can ask for the kernel's readdir cache, found at mount",
     "memory.trims": _DIAGNOSTIC, "memory.returned_bytes": _DIAGNOSTIC,

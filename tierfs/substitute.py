@@ -13,6 +13,17 @@ this mode (a ``LOOKUP`` per open; attributes keep their long timeout, they are t
 looked up twice in one pass (a ``stat`` then an ``open``, or the kernel revalidating its entry and looking up
 again) resolves to the same file: the choice is kept per name until the pass ends.
 
+**Stale entries.**  A kernel that still holds a name's entry asks about it again at the next open (the timeout
+of 0), gets another inode -- this pass's substitute -- drops that answer (a ``FORGET``) and looks the name up
+once more: two ``LOOKUP``s and a ``FORGET`` per open where one ``LOOKUP`` would do.  So when a pass begins, the entries
+of names served as another file two passes ago, and not looked up since, are :attr:`Substitutions.stale`: the
+namespace has the kernel drop them (off the trio thread), and their next open is one ``LOOKUP``.  Not the last
+pass's: an entry holds its inode, and with it the inode's pages, which the substitutes of this pass are read
+from (every file of the view was served in the last pass, under some name).  Nor a name served as its own file:
+its entry points at the file it is most likely served as again -- until a new mini-epoch begins, when every
+entry resolved in the old one points at a file no longer served, and all are stale.  A drop that comes late
+(the name was looked up again meanwhile) costs that name one lookup more, never a wrong file.
+
 A directory with no file in the view serves the name's own file (out of view, counted as such).  A lookup and
 its open are two requests: a name resolved just before a switch (another reader ended the mini-epoch's last
 pass in between) opens the previous mini-epoch's file, whole and of the right folder, counted out of view.
@@ -36,11 +47,13 @@ __all__ = ["SubstitutionStatistics", "Substitutions"]
 @dataclass(frozen=True)
 class SubstitutionStatistics:
     """``status``'s ``substitution``: whether it is on, names resolved to another file, rounds restarted (a
-    directory whose view files were all served this pass and was asked for more)."""
+    directory whose view files were all served this pass and was asked for more), and kernel entries of names
+    dropped before their next lookup (see the module docstring)."""
 
     enabled: bool = False
     substituted: int = 0
     rounds: int = 0
+    entries_dropped: int = 0
 
 
 class _Dir:
@@ -62,7 +75,12 @@ class Substitutions:
         self._view: View | None = None
         self._dirs: dict[int, _Dir] = {}
         self._chosen: dict[tuple[int, int], int] = {}  # (dir node, name node) -> file, this pass
-        self.substituted = self.rounds = 0
+        self._others: set[tuple[int, int]] = set()  # the names of _chosen served as another file
+        self._others_before: set[tuple[int, int]] = set()  # and those of the pass before
+        self._own: set[tuple[int, int]] = set()  # names served as their own file in this mini-epoch
+        #: (dir node, name node) of names whose kernel entry is stale: the namespace takes them (take_stale)
+        self.stale: list[tuple[int, int]] = []
+        self.substituted = self.rounds = self.entries_dropped = 0
 
     def resolve(self, dir_node: int, name_node: int, fidx: int) -> int:
         """The file that name ``name_node`` (file ``fidx``) of directory ``dir_node`` is served as now."""
@@ -70,6 +88,8 @@ class Substitutions:
         if view is None:
             return fidx
         if view is not self._view:  # a new pass (or a new mini-epoch): everything is drawn again
+            if self._view is not None:
+                self._new_pass(self._view, view)
             self._view, self._dirs, self._chosen = view, {}, {}
         key = (dir_node, name_node)
         chosen = self._chosen.get(key)
@@ -86,8 +106,32 @@ class Substitutions:
             chosen = self._draw(d)
         d.served.add(chosen)
         self._chosen[key] = chosen
-        self.substituted += chosen != fidx
+        if chosen != fidx:
+            self.substituted += 1
+            self._others.add(key)
+        else:
+            self._own.add(key)
         return chosen
+
+    def _new_pass(self, old: View, new: View) -> None:
+        """The pass of ``_chosen`` (in view ``old``) ended: which entries are stale now (module docstring)."""
+        if (new.epoch, new.mini_epoch) != (old.epoch, old.mini_epoch):
+            self.stale.extend(self._others_before | self._others | self._own)
+            self._others_before, self._own = set(), set()
+        else:
+            chosen = self._chosen
+            self.stale.extend(key for key in self._others_before if key not in chosen)
+            self._others_before = self._others
+        self._others = set()
+
+    def take_stale(self) -> list[tuple[int, int]]:
+        """The stale entries found so far, handed over once."""
+        stale, self.stale = self.stale, []
+        return stale
+
+    def dropped(self, entries: int) -> None:
+        """The kernel dropped this many of the stale entries it was given (it had no entry for the others)."""
+        self.entries_dropped += entries
 
     def _draw(self, d: _Dir) -> int:
         """The next view file of ``d`` not served yet (in the first round: nor opened by its own name); once all
@@ -103,4 +147,4 @@ class Substitutions:
             self.rounds += 1
 
     def statistics(self) -> SubstitutionStatistics:
-        return SubstitutionStatistics(True, self.substituted, self.rounds)
+        return SubstitutionStatistics(True, self.substituted, self.rounds, self.entries_dropped)

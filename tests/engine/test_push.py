@@ -31,9 +31,13 @@ class FakeKernel:
         self.invalidated.append(inode)
         self.pages.pop(inode, None)
 
+    def invalidate_entry(self, inode_p: int, name: bytes) -> None:
+        raise OSError(errno.ENOENT, "no such entry")  # (no entries here: these tests have no names)
+
 
 def _attach(e: Engine, kernel: FakeKernel, store=None) -> None:
-    calls = kernel if store is None else SimpleNamespace(notify_store=store, invalidate_inode=kernel.invalidate_inode)
+    calls = kernel if store is None else SimpleNamespace(notify_store=store, invalidate_inode=kernel.invalidate_inode,
+                                                            invalidate_entry=kernel.invalidate_entry)
     e.attach_kernel(KernelCache(calls))
 
 

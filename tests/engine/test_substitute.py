@@ -77,6 +77,68 @@ def test_without_substitute_names_are_their_own_files(open_engine, dataset, t):
             a = await _lookup(ops, rel)
             assert os.fsdecode(e.tree.file_path(e.names.file_index(a.st_ino))) == rel
             assert a.entry_timeout > 0
-        assert e.status().substitution == SubstitutionStatistics(enabled=False, substituted=0, rounds=0)
+        assert e.status().substitution == SubstitutionStatistics()  # (off: all zero)
 
+    t.run(main)
+
+
+def test_entries_served_two_passes_ago_are_stale_when_a_pass_begins_and_all_at_a_new_mini_epoch(
+        open_engine, dataset, t):
+    """The kernel's entries the substitutions hand over to be dropped (substitute.py, "Stale entries"): when a
+    pass begins, the names served as another file two passes ago and not looked up in the last pass; when a
+    mini-epoch begins, every name resolved in the old one (served as its own file too)."""
+    _, files = dataset
+    e = open_engine(substitute=True, listing="all", nm=8, rf=3, advance="strict")
+    ops = TierOperations(e)
+    tree, subs = e.tree, e.names.substitutions
+    assert subs is not None
+    by_dir: dict[str, list[str]] = {}
+    for rel in sorted(files):
+        by_dir.setdefault(rel.split("/")[0], []).append(rel)
+
+    def key(rel: str) -> tuple[int, int]:
+        d, name = rel.split("/")
+        dir_node = tree.child(0, d.encode())
+        return dir_node, tree.child(dir_node, name.encode())
+
+    async def one_pass(again: list[str]) -> tuple[set, set]:
+        """Read the names ``again`` and then, per directory, unread names until each view file was served once
+        (that ends the pass); the keys of the names served as another file and as their own."""
+        passes = e.schedule.pos.passes_total
+        others, own = set(), set()
+        queue = list(again) + [r for rs in by_dir.values() for r in rs if r not in used]
+        served: set[int] = set()
+        for rel in queue:
+            if e.schedule.pos.passes_total != passes:
+                break
+            in_view = {int(f) for f in e.schedule.view.files_in(key(rel)[0])}
+            if not in_view or in_view <= served:
+                continue
+            a = await _lookup(ops, rel)
+            f = e.names.file_index(a.st_ino)
+            if f in served:
+                continue  # (a name of a folder whose view files were all served: not needed)
+            served.add(f)
+            await _open_read(ops, a.st_ino)
+            used.add(rel)
+            (own if os.fsdecode(tree.file_path(f)) == rel else others).add(key(rel))
+        assert e.schedule.pos.passes_total == passes + 1  # every view file served: the pass ended
+        return others, own
+
+    async def main():
+        me = e.schedule.pos.mini_epoch
+        others1, own1 = await one_pass([])
+        assert others1 and not subs.stale  # nothing two passes old yet
+        again = sorted(r for r in used if key(r) in others1)[:1]  # one name of pass 1 read again in pass 2
+        others2, own2 = await one_pass(again)
+        assert not subs.stale
+        assert e.schedule.pos.mini_epoch == me  # (rf 3: pass 3 is of the same mini-epoch)
+        others3, own3 = await one_pass([])  # its first lookup began pass 3: pass 1's are stale, but the one read
+        assert sorted(subs.take_stale()) == sorted(others1 - {key(r) for r in again})  # again (pass 2's entry)
+        assert subs.take_stale() == []  # handed over once
+        await _lookup(ops, sorted(files)[0])  # begins pass 4, in a new mini-epoch: every entry of the old one
+        assert e.schedule.pos.mini_epoch != me
+        assert sorted(subs.take_stale()) == sorted(others2 | others3 | own1 | own2 | own3)
+
+    used: set[str] = set()
     t.run(main)
