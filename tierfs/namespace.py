@@ -212,7 +212,8 @@ class Namespace:
         assert subs is not None
         while True:
             await self._stale.wait()
-            entries = [(d + 1, self.tree.name(n)) for d, n in subs.take_stale()]
+            stale = np.array(subs.take_stale(), np.int64).reshape(-1, 2)  # (dir node, name node) rows
+            entries = list(zip((stale[:, 0] + 1).tolist(), self.tree.names_of(stale[:, 1]), strict=True))
             subs.dropped(await self.pusher.kernel.drop_entries(entries))
 
     def attributes(self, inode: int) -> tuple[int, int, int, int, int, int, int, int, int] | None:
