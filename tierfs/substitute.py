@@ -20,9 +20,11 @@ of names served as another file two passes ago, and not looked up since, are :at
 namespace has the kernel drop them (off the trio thread), and their next open is one ``LOOKUP``.  Not the last
 pass's: an entry holds its inode, and with it the inode's pages, which the substitutes of this pass are read
 from (every file of the view was served in the last pass, under some name).  Nor a name served as its own file:
-its entry points at the file it is most likely served as again -- until a new mini-epoch begins, when every
-entry resolved in the old one points at a file no longer served, and all are stale.  A drop that comes late
-(the name was looked up again meanwhile) costs that name one lookup more, never a wrong file.
+its entry points at the file it is most likely served as again.  When a new mini-epoch begins, the entries of
+the last pass, and those of names served as their own file, are stale too where their file left the view (all
+of them between two mini-epochs of one epoch; none with ``nm`` 1, where every name stays its own file).  A
+drop that comes late (the name was looked up again meanwhile) costs that name one lookup more, never a wrong
+file.
 
 A directory with no file in the view serves the name's own file (out of view, counted as such).  A lookup and
 its open are two requests: a name resolved just before a switch (another reader ended the mini-epoch's last
@@ -77,7 +79,8 @@ class Substitutions:
         self._chosen: dict[tuple[int, int], int] = {}  # (dir node, name node) -> file, this pass
         self._others: set[tuple[int, int]] = set()  # the names of _chosen served as another file
         self._others_before: set[tuple[int, int]] = set()  # and those of the pass before
-        self._own: set[tuple[int, int]] = set()  # names served as their own file in this mini-epoch
+        #: names served as their own file in this mini-epoch (-> that file); none while the view is every file
+        self._own: dict[tuple[int, int], int] = {}
         #: (dir node, name node) of names whose kernel entry is stale: the namespace takes them (take_stale)
         self.stale: list[tuple[int, int]] = []
         self.substituted = self.rounds = self.entries_dropped = 0
@@ -109,19 +112,23 @@ class Substitutions:
         if chosen != fidx:
             self.substituted += 1
             self._others.add(key)
-        else:
-            self._own.add(key)
+            self._own.pop(key, None)
+        elif len(view) < view.mask.size:
+            self._own[key] = fidx
         return chosen
 
     def _new_pass(self, old: View, new: View) -> None:
         """The pass of ``_chosen`` (in view ``old``) ended: which entries are stale now (module docstring)."""
-        if (new.epoch, new.mini_epoch) != (old.epoch, old.mini_epoch):
-            self.stale.extend(self._others_before | self._others | self._own)
-            self._others_before, self._own = set(), set()
-        else:
-            chosen = self._chosen
-            self.stale.extend(key for key in self._others_before if key not in chosen)
+        chosen = self._chosen
+        self.stale.extend(key for key in self._others_before if key not in chosen)
+        if (new.epoch, new.mini_epoch) == (old.epoch, old.mini_epoch):
             self._others_before = self._others
+        else:  # a new mini-epoch: also the entries whose file left the view
+            kept = new.mask
+            self.stale.extend(key for key, f in chosen.items() if not kept[f])
+            self.stale.extend(key for key, f in self._own.items() if key not in chosen and not kept[f])
+            self._own = {}  # (one whose file stays in view: its entry is right, and no longer watched)
+            self._others_before = {key for key in self._others if kept[chosen[key]]}
         self._others = set()
 
     def take_stale(self) -> list[tuple[int, int]]:

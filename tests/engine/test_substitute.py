@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 import pyfuse3
 
@@ -141,4 +142,27 @@ def test_entries_served_two_passes_ago_are_stale_when_a_pass_begins_and_all_at_a
         assert sorted(subs.take_stale()) == sorted(others2 | others3 | own1 | own2 | own3)
 
     used: set[str] = set()
+    t.run(main)
+
+
+def test_with_every_file_in_view_no_entry_is_stale_across_mini_epochs(open_engine, dataset, t):
+    """``nm`` 1: every name is served as its own file, pass after pass; its kernel entry stays right (and holds the
+    file's pages), so none is handed over to be dropped when a new mini-epoch (here: epoch) begins."""
+    _, files = dataset
+    e = open_engine(1 << 20, substitute=True, listing="all", nm=1, rf=1, advance="strict")
+    ops = TierOperations(e)
+    subs = e.names.substitutions
+    assert subs is not None
+
+    async def main():
+        for _ in range(2):
+            position = (e.schedule.pos.epoch, e.schedule.pos.mini_epoch)
+            for rel in random.Random(len(subs.stale)).sample(sorted(files), len(files)):
+                a = await _lookup(ops, rel)
+                assert os.fsdecode(e.tree.file_path(e.names.file_index(a.st_ino))) == rel  # its own file
+                await _open_read(ops, a.st_ino)
+            assert (e.schedule.pos.epoch, e.schedule.pos.mini_epoch) != position  # every file read: a new one
+        await _lookup(ops, sorted(files)[0])
+        assert subs.take_stale() == [] and e.status().substitution.substituted == 0
+
     t.run(main)
