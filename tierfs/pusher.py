@@ -37,7 +37,7 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -159,15 +159,22 @@ class KernelCache:
             return True
         return not self.in_kernel
 
+    @contextlib.contextmanager
+    def _inside(self) -> Iterator[None]:
+        """Around each call into the kernel, in the worker thread (only this thread writes the counter: one
+        worker at a time)."""
+        self._in_kernel += 1
+        try:
+            yield
+        finally:
+            self._in_kernel -= 1
+
     def _store_now(self, inode: int, offset: int, data: bytes) -> None:
         if self.closed:  # between the messages of a batch: stop there
             raise OSError(errno.ESHUTDOWN, "the mount is stopping")
         assert self.store is not None
-        self._in_kernel += 1  # (only this thread writes the counter: one worker at a time)
-        try:
+        with self._inside():
             self.store(inode, offset, data)
-        finally:
-            self._in_kernel -= 1
 
     def _drop_now(self, entries: list[tuple[int, bytes]]) -> int:
         assert self._drop_entry is not None
@@ -175,26 +182,17 @@ class KernelCache:
         for inode_p, name in entries:
             if self.closed:
                 break
-            self._in_kernel += 1
-            try:
+            with self._inside(), contextlib.suppress(OSError):  # ENOENT: no such entry (never made, or dropped)
                 self._drop_entry(inode_p, name)
                 dropped += 1
-            except OSError:  # ENOENT: the kernel holds no such entry (never looked up, or already dropped)
-                pass
-            finally:
-                self._in_kernel -= 1
         return dropped
 
     def _invalidate_now(self, inode: int, attr_only: bool) -> None:
         if self.closed:
             return
         assert self._invalidate is not None
-        self._in_kernel += 1
-        try:
-            with contextlib.suppress(OSError):  # ENOENT: the kernel never saw this inode: nothing to drop
-                self._invalidate(inode, attr_only)
-        finally:
-            self._in_kernel -= 1
+        with self._inside(), contextlib.suppress(OSError):  # ENOENT: the kernel never saw this inode
+            self._invalidate(inode, attr_only)
 
 
 def _store_files(store: Callable[[int, int, bytes], None], data_fd: int,
