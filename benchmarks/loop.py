@@ -248,6 +248,9 @@ class _Side:
         self.samples = self.passes = 0
         self.seconds = self.cpu_s = self.stall_s = self.daemon_cpu_s = 0.0
         self.chunk_rates: list[float] = []  # (samples/s of each chunk: paired with the other sides' in the JSON)
+        self.chunk_times: list[tuple[float, float]] = []  # (each chunk's clock time, start and end: seconds UTC)
+        self.chunk_idle: list[float] = []  # (the share of the loop's CPUs idle in each chunk)
+        self.idle_ticks = self.all_ticks = 0
         self.loads: list[float] = []
         self.iter_s: list[float] = []  # seconds iter(loader) took, each timed DataLoader epoch
         self.step_s = args.step_ms / 1e3
@@ -258,6 +261,8 @@ class _Side:
         first chunk: from its first batch (the workers' first start is not counted)."""
         self.loads.append(os.getloadavg()[0])
         cpu0, daemon0, t0, samples = _cpu(), _proc_cpu(self.daemon), time.perf_counter(), 0
+        cpus = os.sched_getaffinity(0)
+        idle0, all0 = cpu_ticks(cpus)
         while samples < budget:
             asked, first = time.perf_counter(), True
             batches = iter(next(self.epochs))  # (starts the DataLoader epoch: the sampler's iter() included)
@@ -278,6 +283,11 @@ class _Side:
         seconds = time.perf_counter() - t0
         self.seconds += seconds
         self.chunk_rates.append(samples / seconds)
+        self.chunk_times.append((time.time() - seconds, time.time()))
+        idle1, all1 = cpu_ticks(cpus)
+        self.chunk_idle.append((idle1 - idle0) / max(1, all1 - all0))
+        self.idle_ticks += idle1 - idle0
+        self.all_ticks += all1 - all0
         self.cpu_s += _cpu() - cpu0
         self.daemon_cpu_s += _proc_cpu(self.daemon) - daemon0
         self.samples += samples
@@ -289,10 +299,27 @@ class _Side:
                 "stall_s": self.stall_s, "stall_share": self.stall_s / self.seconds,
                 "iter_ms": 1e3 * statistics.median(self.iter_s) if self.iter_s else None,
                 "daemon_cpu_ms_per_sample": 1e3 * self.daemon_cpu_s / self.samples, "chunk_rates": self.chunk_rates,
-                "cpu_ms_per_sample": 1e3 * self.cpu_s / self.samples, "loads": self.loads}
+                "cpu_ms_per_sample": 1e3 * self.cpu_s / self.samples, "loads": self.loads,
+                "chunk_times": self.chunk_times, "chunk_idle": self.chunk_idle,
+                "idle_share": self.idle_ticks / max(1, self.all_ticks)}
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(cpus: set[int]) -> tuple[int, int]:
+    """Clock ticks of ``cpus`` since boot (/proc/stat): (idle, all).  Over a chunk, the idle share of the loop's
+    CPUs is the time every one of its processes waited (on the plain dir: next to none; on the mount: its
+    requests to the daemon), whatever speed the box's host gave the CPUs meanwhile."""
+    idle = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                idle += ticks[3] + ticks[4]
+                total += sum(ticks)
+    return idle, total
 
 
 def _proc_cpu(pid: int | None) -> float:
@@ -411,6 +438,9 @@ def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk
                                **sides,
                                "ratio": mount["samples_per_s"] / plain["samples_per_s"],
                                "cpu_ratio": plain["cpu_ms_per_sample"] / mount["cpu_ms_per_sample"],
+                               # each chunk of the mount against the plain dir's chunk just before it
+                               "pair_ratios": [m_ / p_ for p_, m_ in zip(plain["chunk_rates"], mount["chunk_rates"],
+                                                                          strict=True)],
                                "status": {k: st.get(k) for k in ("epoch", "mini_epoch", "pass", "passes_total",
                                                                   "hits", "misses", "backing_bytes_read")}}
                         if "passes" in sides:  # (the drain alone; the mount against the same epochs)
@@ -427,6 +457,8 @@ def measure(args: argparse.Namespace, data: Path, work: Path, n_files: int, disk
                                  f"{row['drain_ratio']:.3f}, mount / it {row['ratio_to_passes']:.3f})"
                                  if "passes" in sides else "")
                               + f"  iter() {plain['iter_ms'] or 0:.1f} / {mount['iter_ms'] or 0:.1f} ms"
+                              + f"  pairs {min(row['pair_ratios']):.2f}-{max(row['pair_ratios']):.2f}"
+                              + f"  loop CPUs idle {100 * plain['idle_share']:.1f} / {100 * mount['idle_share']:.1f} %"
                               + f"  load {min(loads):.1f}-{max(loads):.1f}", flush=True)
                         yield row
 
@@ -462,6 +494,11 @@ def summary(rows: list[dict]) -> list[dict]:
                     "plain": statistics.median(r["plain"]["samples_per_s"] for r in rs),
                     "mount": statistics.median(r["mount"]["samples_per_s"] for r in rs),
                     "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                    "pairs": sum(len(r.get("pair_ratios", ())) for r in rs),
+                    "pairs_min": min((x for r in rs for x in r.get("pair_ratios", ())), default=np.nan),
+                    "pairs_max": max((x for r in rs for x in r.get("pair_ratios", ())), default=np.nan),
+                    "plain_idle": _median(r["plain"].get("idle_share") for r in rs),
+                    "mount_idle": _median(r["mount"].get("idle_share") for r in rs),
                     "plain_cpu_ms": statistics.median(r["plain"]["cpu_ms_per_sample"] for r in rs),
                     "mount_cpu_ms": statistics.median(r["mount"]["cpu_ms_per_sample"] for r in rs),
                     "cpu_ratio": statistics.median(r["cpu_ratio"] for r in rs),
@@ -483,14 +520,21 @@ def _fmt(x: float) -> str:
     return "" if np.isnan(x) else f"{x:.2f}"
 
 
+def _pct(x: float) -> str:
+    return "" if np.isnan(x) else f"{100 * x:.1f} %"
+
+
 def table(summ: list[dict]) -> str:
     out = ["| way | workers | CPUs | nm | plain dir samples/s | mount samples/s | mount / plain (median) | "
-           "spread over rounds | CPU ms per sample, plain / mount (daemon) | plain / mount CPU (daemon apart) | "
+           "spread over rounds | chunk pairs: spread (pairs) | loop's CPUs idle, plain / mount | "
+           "CPU ms per sample, plain / mount (daemon) | plain / mount CPU (daemon apart) | "
            "epoch-boundary stall, plain / mount | plain in passes / plain | mount / plain in passes | load |",
-           "|---|---:|---|---:|---:|---:|---:|---|---|---:|---|---:|---:|---|"]
+           "|---|---:|---|---:|---:|---:|---:|---|---|---|---|---:|---|---:|---:|---|"]
     for s in summ:
         out.append(f"| {s['way']} | {s['workers']} | {_PIN[s['pinned']]} | {s['nm']} | {s['plain']:,.0f} | "
                    f"{s['mount']:,.0f} | **{s['ratio']:.2f}** | {s['ratio_min']:.2f}–{s['ratio_max']:.2f} | "
+                   + (f"{s['pairs_min']:.2f}–{s['pairs_max']:.2f} ({s['pairs']}) | " if s.get("pairs") else "| ")
+                   + f"{_pct(s.get('plain_idle', np.nan))} / {_pct(s.get('mount_idle', np.nan))} | "
                    f"{s['plain_cpu_ms']:.2f} / {s['mount_cpu_ms']:.2f} ({_fmt(s['daemon_cpu_ms'])}) | "
                    f"{s['cpu_ratio']:.2f} ({_fmt(s['loop_cpu_ratio'])}) | "
                    f"{100 * s['plain_stall']:.1f} % / {100 * s['mount_stall']:.1f} % | "

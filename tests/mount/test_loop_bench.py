@@ -33,6 +33,13 @@ def test_every_way_over_the_plain_dir_and_the_mount(tmp_path, benchmark_module):
         # (the plain side's one epoch is its first, whose start is not timed: no boundary in it)
         assert 0 <= r["plain"]["stall_s"] < r["plain"]["seconds"] and 0 < r["mount"]["stall_s"] < r["mount"]["seconds"]
         assert r["plain"]["daemon_cpu_ms_per_sample"] == 0  # (no daemon on the plain side)
+        # the sides alternate, chunk by chunk, and each mount chunk is paired with the plain chunk before it
+        (p0, p1), (m0, m1) = r["plain"]["chunk_times"][0], r["mount"]["chunk_times"][0]
+        assert p0 < p1 <= m0 < m1
+        rates = zip(r["plain"]["chunk_rates"], r["mount"]["chunk_rates"], strict=True)
+        assert r["pair_ratios"] == [m / p for p, m in rates]
+        for side in ("plain", "mount"):
+            assert len(r[side]["chunk_idle"]) == 1 and 0 <= r[side]["idle_share"] <= 1
         # the plain dir in the mount's pass-sized epochs: the sampler's loop at nm > 1 only
         assert ("passes" in r) == (r["way"] == "sampler" and r["nm"] == 3), r
         if r["nm"] == 3:
@@ -44,6 +51,7 @@ def test_every_way_over_the_plain_dir_and_the_mount(tmp_path, benchmark_module):
     assert sum(r["mount"]["daemon_cpu_ms_per_sample"] for r in rows if r["way"] != "minepoch") > 0
     assert len(res["summary"]) == 8 and png.stat().st_size > 0
     assert "| sampler | 1 | unpinned | 3 |" in bench.table(res["summary"])
+    assert all(s["pairs"] == 1 and s["pairs_min"] == s["pairs_max"] for s in res["summary"])
     passes = next(r for r in rows if "passes" in r)
     # its epochs a third of the data set each (its first batch not timed)
     assert passes["passes"]["samples"] == 32 * passes["passes"]["passes"] - 8 >= 96
