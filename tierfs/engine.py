@@ -16,9 +16,10 @@ typed events interface -- the Protocol in the part's own module that the engine 
 (:class:`~tierfs.staging.StagerEvents`, :class:`~tierfs.datapath.DataPathEvents`,
 :class:`~tierfs.revalidate.RevalidatorEvents`, :class:`~tierfs.pusher.PusherEvents`,
 :class:`~tierfs.namespace.NamespaceEvents`, :class:`~tierfs.planner.PlannerEvents`,
-:class:`~tierfs.opening.RescanEvents`): no part is handed a callable, so every call from one part to another
-is a method of a typed collaborator, and no part imports this module.  The settings in force live in one
-:class:`~tierfs.options.LiveSettings` (``live``) that the parts read and a control write replaces.
+:class:`~tierfs.opening.RescanEvents`, :class:`~tierfs.cache.CacheEvents`): no part is handed a callable, so
+every call from one part to another is a method of a typed collaborator, and no part imports this module.  The
+settings in force live in one :class:`~tierfs.options.LiveSettings` (``live``) that the parts read and a control
+write replaces.
 
 Everything here runs on the one trio thread; worker threads only touch the disks and hand results back, so
 state needs no locks and a status snapshot taken between two awaits is consistent.  Nothing on the trio thread
@@ -184,6 +185,7 @@ class Engine:
                 self._nursery = self.data.nursery = self.versions.nursery = nursery
                 nursery.start_soon(once, "tree rescan", rescan)
                 nursery.start_soon(supervised, "pin keeper", self.pins.run)
+                nursery.start_soon(supervised, "cache deleter", functools.partial(self.cache.run_deletes, self))
                 nursery.start_soon(supervised, "journal writer", functools.partial(self.journal.run,
                                                                                    self.cache_limiter))
                 nursery.start_soon(supervised, "revalidator", self.reval.run)
@@ -278,13 +280,19 @@ class Engine:
             return False
         if not self.schedule.pending_next:
             return True
-        return self.stager.blocked and not self.stager.inflight and not self.cache.doomed_bytes
+        return (self.stager.blocked and not self.stager.inflight and not self.cache.doomed_bytes
+                and not self.cache.deleting_bytes)
 
     def _advance_if_ready(self) -> None:
         """An ``advance`` waits for the next mini-epoch: go now if it is ready (staging landed, gave up or
         stopped on space)."""
         if self.schedule.advance_requested and self.next_ready():
             self._switch()
+
+    def space_freed(self) -> None:
+        """(CacheEvents) Evicted copies are gone from the disk: staging may reserve their bytes (and, if it is
+        still short of room, says so again: stage_blocked)."""
+        self.stager.notify()
 
     def stage_blocked(self) -> None:
         """(StagerEvents) Nothing more fits until a switch frees space: the next mini-epoch may be as ready as it

@@ -90,13 +90,22 @@ async def read_view(engine: Engine) -> int:
 
 
 async def settle(engine: Engine) -> None:
-    """Wait until the next mini-epoch is known (its epoch planned by the engine's planner) and the stager has
-    nothing left to do (everything wanted is cached or failed)."""
+    """Wait until the next mini-epoch is known (its epoch planned by the engine's planner), the stager has
+    nothing left to do (everything wanted is cached or failed) and the evicted copies are deleted."""
     for _ in range(2000):
-        if engine.schedule.next_coords is not None and engine.stager.settled():
+        if engine.schedule.next_coords is not None and engine.stager.settled() and not engine.cache.deleting_bytes:
             return
         await trio.sleep(0.005)
     raise AssertionError("staging did not settle")
+
+
+async def deleted(engine: Engine) -> None:
+    """Wait until the copies evicted so far are deleted (the cache's deleting task unlinks them in a thread)."""
+    for _ in range(2000):
+        if not engine.cache.deleting_bytes:
+            return
+        await trio.sleep(0.005)
+    raise AssertionError("evicted copies were not deleted")
 
 
 def stage_all(engine: Engine) -> None:
@@ -118,6 +127,7 @@ class Tools:
     read_file = staticmethod(read_file)
     read_view = staticmethod(read_view)
     settle = staticmethod(settle)
+    deleted = staticmethod(deleted)
     stage_all = staticmethod(stage_all)
     backing_bytes = staticmethod(backing_bytes)
 

@@ -6,6 +6,8 @@ import os
 import tempfile
 
 import numpy as np
+import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,3 +67,81 @@ def test_accounting_never_passes_the_cap_and_matches_the_disk(seq):
         assert cache.committed == cache.disk_bytes() == sum(e.disk for e in cache.entries.values())
         assert cache.doomed_bytes == 0
         cache.close()
+
+
+def _store_with_copies(tmp: str, n: int, size: int) -> CacheStore:
+    cache = CacheStore(os.path.join(tmp, "c"), n * size * 2)
+    os.makedirs(cache.data_path, mode=0o700)
+    cache.data_fd = os.open(cache.data_path, os.O_RDONLY | os.O_DIRECTORY)
+    for fidx in range(n):
+        need = cache.estimate(size)
+        assert cache.reserve(need)
+        serial = cache.next_serial()
+        name = entry_name(b"f%d" % fidx, (size, serial, 1, serial), serial, None)
+        with open(os.path.join(cache.data_path, name), "wb") as f:
+            f.write(b"x" * size)
+        st = os.stat(os.path.join(cache.data_path, name))
+        cache.commit(fidx, name, (size, serial, 1, serial), None, need, allocated(st, cache.block),
+                     (st.st_ino, st.st_ctime_ns))
+    return cache
+
+
+class _Freed:
+    """The engine's side of CacheEvents: what the deleting task said, with the bytes still queued then."""
+
+    def __init__(self, cache: CacheStore) -> None:
+        self.cache = cache
+        self.calls: list[int] = []
+
+    def space_freed(self) -> None:
+        self.calls.append(self.cache.deleting_bytes)
+
+
+def test_evicted_copies_are_deleted_by_the_background_task_and_counted_until_gone(tmp_path):
+    cache = _store_with_copies(str(tmp_path), 6, 40000)
+    names = {f: cache.get(f).name for f in range(6)}
+    one = cache.get(0).disk
+    events = _Freed(cache)
+
+    def on_disk() -> set[str]:
+        return set(os.listdir(cache.data_path))
+
+    async def deleted() -> None:
+        with trio.fail_after(10):  # (the worker thread's unlinks: a task waiting on a thread counts as blocked)
+            while cache.deleting_bytes:
+                await trio.sleep(0.005)
+            await trio.testing.wait_all_tasks_blocked()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cache.run_deletes, events)
+            await trio.testing.wait_all_tasks_blocked()
+            # an eviction queues the copy: still on disk and still counted (the cap holds on disk), not freed yet
+            assert cache.evict(0) is False
+            assert names[0] in on_disk() and cache.committed == cache.disk_bytes() == 6 * one
+            assert cache.deleting_bytes == one and cache.used == 6 * one
+            await deleted()
+            assert names[0] not in on_disk() and cache.committed == cache.disk_bytes() == 5 * one
+            assert cache.deleting_bytes == 0 and events.calls == [0]
+            # making room evicts what fits once the queued deletions land -- not every copy while they travel
+            room = cache.capacity - cache.used + 2 * one
+            assert cache.evict_lru(room) is False
+            assert set(cache.entries) == {3, 4, 5} and cache.deleting_bytes == 2 * one
+            await deleted()
+            assert cache.can_reserve(room) and {names[1], names[2]}.isdisjoint(on_disk())
+            # a copy still open is deleted on its last unpin, by the task too
+            cache.pin(cache.get(3))
+            entry = cache.get(3)
+            assert cache.evict(3) is False and entry.doomed and cache.deleting_bytes == 0
+            assert cache.unpin(entry) is False and cache.deleting_bytes == one
+            await deleted()
+            assert names[3] not in on_disk() and cache.doomed_bytes == 0
+            # the mount stops with deletions queued: they are made as the task ends, none left behind
+            cache.evict(4)
+            nursery.cancel_scope.cancel()
+        assert names[4] not in on_disk() and cache.committed == cache.disk_bytes() == one
+        assert cache.deleting_bytes == 0
+        # no task: deleted at once (engine tests, startup, close)
+        assert cache.evict(5) is True and not on_disk() and cache.committed == 0
+
+    trio.run(main)

@@ -126,7 +126,9 @@ def test_evicts_previous_mini_epoch_after_switch_but_not_open_files(open_engine,
             assert all(e.cache.get(f) is None for f in first if f not in e.schedule.wanted.nonzero()[0])
             assert await e.data.read(h, 0, 1 << 20) == t.backing_bytes(e, keep)
             await e.data.release(h)
-            assert not os.path.exists(os.path.join(e.cache.data_path, entry.name))  # gone on release
+            assert e.cache.deleting_bytes >= entry.disk  # queued on release: the cache's task unlinks it
+            await t.deleted(e)
+            assert not os.path.exists(os.path.join(e.cache.data_path, entry.name))  # gone after its release
             n.cancel_scope.cancel()
 
     t.run(main)

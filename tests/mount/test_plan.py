@@ -83,7 +83,7 @@ def test_plan_pins_copies_for_the_pass_never_names_a_changed_file_and_counts_as_
         assert st2["served_bytes"] - st1["served_bytes"] <= (len(new) if f0["copy"] is None else 0)
         # the pass is over: nothing pinned, and the changed file's old copy is gone
         assert st2["plans"]["pinned_copies"] == 0
-        assert not os.path.exists(named[changed][0])
+        wait_until(lambda: not os.path.exists(named[changed][0]), 10, "the old copy deleted (a background unlink)")
         # a report naming a file without a copy, or an unknown plan, is refused with the reason
         with pytest.raises(ValueError, match="no plan"):
             client.consumed(plan2["plan"] + 100, [0])
