@@ -58,6 +58,7 @@ import contextlib
 import errno
 import fcntl
 import itertools
+import logging
 import os
 import re
 import stat
@@ -331,14 +332,20 @@ class CacheEvents(Protocol):
         """Copies queued for deletion are gone from the disk: their bytes may be reserved again."""
 
 
+log = logging.getLogger("tierfs")
+
 #: copies unlinked per hop to the deleting thread
 _DELETE_BATCH = 256
 
 
 def _unlink_all(data_fd: int, names: list[str]) -> None:
     for name in names:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(name, dir_fd=data_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # (a read-only or failing cache disk: the copy stays until the next mount's check)
+            log.warning("tierfs: cannot delete the cached copy %s: %s", name, exc.strerror or exc)
 
 
 class CacheStore:
@@ -356,6 +363,7 @@ class CacheStore:
         self._deletes: list[tuple[int, str, int]] = []  # (data dir fd, copy name, disk bytes) to unlink
         self._deleting = False  # run_deletes() is running: unlinks are queued for it
         self._delete_wake = Wakeup()
+        self._deletes_landed = trio.Event()  # (set, and replaced, after each hop of deletions)
         self.logical = 0  # file sizes of the indexed copies (what status shows beside the disk bytes)
         self.repairs = 0
         self.block = cache_block(path)  # the cache filesystem's block: the least a copy costs
@@ -692,15 +700,22 @@ class CacheStore:
                     freed = sum(disk for _, _, disk in batch)
                     self.committed -= freed
                     self.deleting_bytes -= freed
+                    self._deletes_landed.set()
+                    self._deletes_landed = trio.Event()
                     events.space_freed()
         finally:
             self._deleting = False
             for fd, name, disk in self._deletes:  # (cancelled: the mount stops; a few unlinks, once)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=fd)
+                _unlink_all(fd, [name])
                 self.committed -= disk
                 self.deleting_bytes -= disk
             self._deletes.clear()
+            self._deletes_landed.set()
+
+    async def deletions_landed(self) -> None:
+        """Wait until the copies queued for deletion so far are gone from the disk (at once if none is)."""
+        while self.deleting_bytes and self._deleting:
+            await self._deletes_landed.wait()
 
     def evict_lru(self, need: int, among: np.ndarray | None = None) -> bool:
         """Evict least recently used, unpinned copies (of the files ``among`` masks, if given) until ``need`` more

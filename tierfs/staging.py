@@ -432,6 +432,15 @@ class Stager:
                 or len(self.stuck) >= MAX_STREAMS:
             return None  # it failed moments ago (a full cache disk, say; a copy stuck): not again for every reader
         reserved = self._reserve(fidx)
+        if reserved is None and self.cache.deleting_bytes:
+            # evictions (this one's included) are on their way off the disk: their room, not the backing
+            await self.cache.deletions_landed()
+            ev = self.inflight.get(fidx)
+            if ev is not None:  # (another reader's fetch of it began meanwhile)
+                await ev.wait()
+            if ev is not None or self.cache.get(fidx) is not None:
+                return self.cache.get(fidx)
+            reserved = self._reserve(fidx)
         if reserved is None:
             return None
         self._begin(fidx)

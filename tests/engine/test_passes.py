@@ -299,3 +299,25 @@ def test_consumption_runs_from_one_pass_start_to_the_next(open_engine, t):
         assert e.schedule.consumption_bps < first_guess / 5
 
     t.run(main)
+
+
+def test_lru_keeps_each_miss_while_the_evicted_copies_are_deleted_in_the_background(open_engine, t):
+    e = open_engine(policy="lru")
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            kept = 0
+            for _ in range(2):
+                for f in e.schedule.view.order.tolist():
+                    assert await t.read_file(e, f) == t.backing_bytes(e, f)
+                    # the miss was copied into the room its evictions make once deleted, not read past the cache
+                    assert e.cache.get(f) is not None
+                    kept += 1
+                    assert e.cache.used <= e.cache.capacity
+            await t.deleted(e)
+            assert e.cache.committed == e.cache.disk_bytes() and kept == 2 * e.tree.n_files
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    assert e.data.misses > e.tree.n_files  # (the cache holds a part: the second pass missed too)
