@@ -24,7 +24,11 @@ Each pair runs the plain dir's loop and the mount's alternately, ``--chunks`` ti
 set's worth of samples in whole DataLoader epochs (one epoch of the plain dir, ``nm`` passes of the mount), so a
 change of the box's load hits both alike.  The clock runs over the chunks only: not over the plain side's first
 batch (its workers' first start) nor the mount's first pass (the first mini-epoch, staged as it mounted).  The
-load average is recorded with every chunk: the box is shared, so only the paired ratios mean much.
+load average is recorded with every chunk: the box is shared, so only the paired ratios mean much.  Each row keeps
+every chunk's clock time and the ratio of each mount chunk to the plain chunk just before it (``pair_ratios``:
+the table's "chunk pairs" spread), and the share of the loop's CPUs that sat idle in each chunk (``/proc/stat``):
+on a CPU-bound loop the plain dir leaves none, and what the mount leaves is its workers waiting on the daemon --
+a cost the host's speed, which moves both sides' samples/s by ±10 % between chunks, does not blur.
 
 What the mount costs, taken apart: the mount's daemon CPU per sample (beside the CPU of the whole loop); the
 **epoch-boundary stall** of each side (from the start of each DataLoader epoch to its first batch, summed, as a
