@@ -336,6 +336,8 @@ log = logging.getLogger("tierfs")
 
 #: copies unlinked per hop to the deleting thread
 _DELETE_BATCH = 256
+#: seconds a stopping mount gives the deletions still queued
+_STOP_DELETES_S = 5.0
 
 
 def _unlink_all(data_fd: int, names: list[str]) -> None:
@@ -687,7 +689,7 @@ class CacheStore:
 
     async def run_deletes(self, events: CacheEvents) -> None:
         """Until cancelled: unlink the queued copies in a worker thread, _DELETE_BATCH a hop, and free their
-        bytes once gone.  Cancelled (the mount stops), what is left is unlinked at once, here."""
+        bytes once gone."""
         self._deleting = True
         try:
             while True:
@@ -704,12 +706,17 @@ class CacheStore:
                     self._deletes_landed = trio.Event()
                     events.space_freed()
         finally:
+            # Cancelled (the mount stops): what is left goes in the thread too, within _STOP_DELETES_S -- the rest,
+            # if any, is the next mount's (a copy the index does not list is checked then, and kept or deleted).
             self._deleting = False
-            for fd, name, disk in self._deletes:  # (cancelled: the mount stops; a few unlinks, once)
-                _unlink_all(fd, [name])
-                self.committed -= disk
-                self.deleting_bytes -= disk
-            self._deletes.clear()
+            left, self._deletes = self._deletes, []
+            with trio.move_on_after(_STOP_DELETES_S, shield=True):
+                for fd in dict.fromkeys(fd for fd, _, _ in left):
+                    await trio.to_thread.run_sync(_unlink_all, fd, [name for f, name, _ in left if f == fd],
+                                                  abandon_on_cancel=True)
+            freed = sum(disk for _, _, disk in left)
+            self.committed -= freed
+            self.deleting_bytes -= freed
             self._deletes_landed.set()
 
     async def deletions_landed(self) -> None:
