@@ -51,6 +51,7 @@ import trio
 
 from tierfs.beneath import open_regular
 from tierfs.options import LiveSettings
+from tierfs.threads import in_thread
 from tierfs.tree import Tree
 
 __all__ = ["PER_FILE", "PROBE_MAX", "STALL_AFTER", "Backing", "BackingError", "BackingLost", "BackingStatistics",
@@ -198,7 +199,7 @@ class Backing:
         job = functools.partial(self._guarded, ticket, fn, *args)
         try:
             with trio.move_on_at(deadline):
-                return await trio.to_thread.run_sync(job, limiter=self.limiter, abandon_on_cancel=True)
+                return await in_thread(job, limiter=self.limiter, abandon_on_cancel=True)
             self._timeouts += 1
             raise BackingError(errno.EIO, f"backing dir not answering within {timeout:g} s")
         except BackingLost as exc:
@@ -416,7 +417,7 @@ class Backing:
 
         st = None
         with trio.move_on_after(PROBE_TIMEOUT):
-            st = await trio.to_thread.run_sync(attempt, limiter=self.limiter, abandon_on_cancel=True)
+            st = await in_thread(attempt, limiter=self.limiter, abandon_on_cancel=True)
         if st is None or self._lost is None:
             return
         self.dev = st.st_dev

@@ -76,6 +76,7 @@ from tierfs.cacheindex import INDEX_NAME, indexed_copies, save_index
 from tierfs.journal import JOURNAL_NAME
 from tierfs.opening import OLD_TREE_NAMES, TREE_NAME
 from tierfs.protocol import COPY_MTIME_NS
+from tierfs.threads import in_thread
 from tierfs.tree import Fingerprint, Tree, path_hash
 from tierfs.wakeup import Wakeup
 
@@ -697,7 +698,7 @@ class CacheStore:
                 while self._deletes:
                     fd = self._deletes[0][0]  # (one data dir a hop: a recreated one has another descriptor)
                     batch = list(itertools.takewhile(lambda d, fd=fd: d[0] == fd, self._deletes[:_DELETE_BATCH]))
-                    await trio.to_thread.run_sync(_unlink_all, fd, [name for _, name, _ in batch])
+                    await in_thread(_unlink_all, fd, [name for _, name, _ in batch])
                     del self._deletes[:len(batch)]  # (queued only once gone: a cancel before the hop leaves them)
                     freed = sum(disk for _, _, disk in batch)
                     self.committed -= freed
@@ -712,8 +713,8 @@ class CacheStore:
             left, self._deletes = self._deletes, []
             with trio.move_on_after(_STOP_DELETES_S, shield=True):
                 for fd in dict.fromkeys(fd for fd, _, _ in left):
-                    await trio.to_thread.run_sync(_unlink_all, fd, [name for f, name, _ in left if f == fd],
-                                                  abandon_on_cancel=True)
+                    await in_thread(_unlink_all, fd, [name for f, name, _ in left if f == fd],
+                                    abandon_on_cancel=True)
             freed = sum(disk for _, _, disk in left)
             self.committed -= freed
             self.deleting_bytes -= freed

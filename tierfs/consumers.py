@@ -46,6 +46,7 @@ import numpy as np
 import trio
 
 from tierfs.schedule import Schedule
+from tierfs.threads import in_thread
 from tierfs.view import View
 
 __all__ = ["ANONYMOUS", "CONSUMER_ENV", "Consumer", "ConsumerStatistics", "Consumers", "ConsumersStatistics",
@@ -184,7 +185,7 @@ class Consumers:
             return known[0]
         name = ANONYMOUS
         with trio.move_on_after(_ENV_READ_TIMEOUT):
-            name = await trio.to_thread.run_sync(consumer_name, pid, limiter=self._limiter, abandon_on_cancel=True)
+            name = await in_thread(consumer_name, pid, limiter=self._limiter, abandon_on_cancel=True)
         if len(self._pids) >= _PIDS_KEPT:
             self._pids = {p: v for p, v in self._pids.items() if now - v[1] < PID_TTL}
         self._pids[pid] = (name, now)

@@ -40,6 +40,7 @@ from tierfs.revalidate import Revalidator, Verdict
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.stats import DataPathStatistics, Reads
+from tierfs.threads import in_thread
 from tierfs.tree import Node, Tree
 from tierfs.users import OWNER_UID, FdBudget
 
@@ -140,7 +141,7 @@ class DataPath:
             self.log_repair(entry.name, f"cache repair: {reason}")
             self.pusher.forget(entry.fidx)
             self.events.restage(entry.fidx)
-        if await trio.to_thread.run_sync(self.cache.data_dir_lost, limiter=self.cache_limiter):
+        if await in_thread(self.cache.data_dir_lost, limiter=self.cache_limiter):
             await self.events.data_dir_lost()
 
     def log_repair(self, key: str, message: str) -> None:
@@ -290,7 +291,7 @@ class DataPath:
         """``verify=xxhash``: hash the copy once before its first use and compare with the staging hash."""
         self.cache.pin(entry)  # kept on disk while hashed
         try:
-            ok = entry.digest is not None and await trio.to_thread.run_sync(
+            ok = entry.digest is not None and await in_thread(
                 hash_copy, self.cache.data_fd, entry.name, limiter=self.cache_limiter) == entry.digest
         except OSError:
             ok = False
@@ -368,7 +369,7 @@ class DataPath:
             except OSError:  # EAGAIN: not in the page cache (or a cache fs without RWF_NOWAIT)
                 n = 0
             if n < want:
-                n = await trio.to_thread.run_sync(_pread_rest, handle.fd, data, n, offset, limiter=self.cache_limiter)
+                n = await in_thread(_pread_rest, handle.fd, data, n, offset, limiter=self.cache_limiter)
             if n == want:
                 self.served_bytes += n
                 return data

@@ -70,6 +70,7 @@ from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.stats import Status, build_status
+from tierfs.threads import in_thread
 from tierfs.tree import ScanCount
 from tierfs.users import Steering
 
@@ -548,7 +549,7 @@ class Engine:
     async def data_dir_lost(self) -> str | None:
         """``data/`` went: make it again and stage everything again; why not if it cannot be (None: done)."""
         try:
-            fd = await trio.to_thread.run_sync(self.cache.make_data_dir, limiter=self.cache_limiter)
+            fd = await in_thread(self.cache.make_data_dir, limiter=self.cache_limiter)
         except OSError as exc:
             why = exc.strerror or str(exc)
             self.data.log_repair("data-not-made", why)

@@ -53,6 +53,7 @@ from tierfs.mounts import mountinfo
 from tierfs.namespace import Listing
 from tierfs.protocol import CACHE_PATH_XATTR
 from tierfs.pusher import KernelCache
+from tierfs.threads import in_thread
 from tierfs.tree import CONTROL_INODES, KIND_FILE
 from tierfs.users import privileged
 
@@ -153,7 +154,7 @@ class TierOperations(pyfuse3.Operations):
         # abspath, never realpath: a stat of our own mountpoint from the thread that serves it would deadlock
         # (mount.py already resolved the path).  The /proc and /sys files are read in a worker thread.
         mountpoint = os.fsencode(os.path.abspath(self.engine.config.mountpoint or "/"))
-        await trio.to_thread.run_sync(_set_read_ahead, mountpoint)
+        await in_thread(_set_read_ahead, mountpoint)
 
     # ================================================================================ attributes
 

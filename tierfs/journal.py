@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from sampler.atomic import atomic_write
+from tierfs.threads import in_thread
 from tierfs.wakeup import Wakeup
 
 __all__ = ["JOURNAL_NAME", "JournalWriter", "Position", "encode_position", "load_position", "save_position"]
@@ -104,7 +105,7 @@ class JournalWriter:
             if data is None:
                 continue
             try:
-                await trio.to_thread.run_sync(self._write, data, limiter=limiter)
+                await in_thread(self._write, data, limiter=limiter)
                 self.error = None
                 if self._pending is data:
                     self._pending = None

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import trio
 
+from tierfs.threads import in_thread
+
 __all__ = ["TRIM_INTERVAL", "HeapTrimmer", "MemoryStatistics", "resident_bytes", "trim_heap", "tune_malloc"]
 
 #: Seconds between two trims: a peak's freed memory is resident at most this long after it.
@@ -84,7 +86,7 @@ class HeapTrimmer:
         return before, resident_bytes()
 
     async def trim(self) -> None:
-        before, after = await trio.to_thread.run_sync(self._trim_now)
+        before, after = await in_thread(self._trim_now)
         s = self._stats
         self._stats = MemoryStatistics(rss_bytes=after, trims=s.trims + 1,
                                        returned_bytes=s.returned_bytes + max(0, before - after))

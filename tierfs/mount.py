@@ -45,6 +45,7 @@ from tierfs.memory import trim_heap, tune_malloc
 from tierfs.mounts import mount_at
 from tierfs.options import MountConfig, check_layout, format_size
 from tierfs.textfile import mountpoint_file_name
+from tierfs.threads import in_thread
 
 if TYPE_CHECKING:
     from tierfs.tree import ScanCount
@@ -403,7 +404,7 @@ async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]
     # The stat goes through the kernel to our own main loop, so it can only return once we are serving.
     # (abandoned on cancel: a stop before the first answer must not wait for this stat, which only the
     # main loop being stopped could answer)
-    await trio.to_thread.run_sync(os.stat, os.path.join(mountpoint, ".tierfs", "status"), abandon_on_cancel=True)
+    await in_thread(os.stat, os.path.join(mountpoint, ".tierfs", "status"), abandon_on_cancel=True)
     on_ready()  # (first: a terminal's scan progress ends before the log goes on)
     log.info("mounted %s", mountpoint)
     sd_notify("READY=1\nSTATUS=serving")

@@ -21,6 +21,7 @@ from typing import Protocol
 import trio
 
 from tierfs.options import MountConfig, check_layout
+from tierfs.threads import in_thread
 from tierfs.tree import ScanCount, Tree
 
 __all__ = ["OLD_TREE_NAMES", "TREE_NAME", "RescanEvents", "TreeKeeper", "TreeStatistics", "check_dirs", "once",
@@ -100,7 +101,7 @@ class TreeKeeper:
         if self.stats.rescan == "pending":
             self.stats = replace(self.stats, rescan="running")
             # (abandoned on unmount: it works on its own dup of the root descriptor)
-            new = await trio.to_thread.run_sync(Tree.scan, self.root_fd, self.backing, abandon_on_cancel=True)
+            new = await in_thread(Tree.scan, self.root_fd, self.backing, abandon_on_cancel=True)
             news, lost, added = tree.compare(new)
             events.all_confirmed()
             for fidx, st in news:
@@ -113,7 +114,7 @@ class TreeKeeper:
                             "(added files show from the next mount)", added, len(lost))
             tree.release_path_index()  # (see below)
             tree = new
-        await trio.to_thread.run_sync(tree.save, self.path, limiter=limiter, abandon_on_cancel=True)
+        await in_thread(tree.save, self.path, limiter=limiter, abandon_on_cancel=True)
         # the mount's tree needs its path hashes no more: the cache found its copies by them, the rescan compared
         tree.release_path_index()
 

@@ -3,7 +3,7 @@
 Planning an epoch of 10 million files takes 0.25-2.6 s (docs/benchmarks.md, "Planning 10 million files"); made
 on the trio thread, inside the request that ended a pass, it held every reader of the mount for that long.  The
 :class:`~tierfs.schedule.Schedule` owns the plans and says which one is missing (``plan_job``: the next epoch's,
-from the moment an epoch starts); this job makes it with ``trio.to_thread.run_sync`` (the sampler is pure numpy
+from the moment an epoch starts); this job makes it in a worker thread (threads.py) (the sampler is pure numpy
 and the job's inputs are not written meanwhile) and hands it back (``adopt``), which keeps it unless the
 settings changed meanwhile -- then the next job plans with the new ones.
 
@@ -20,6 +20,7 @@ from typing import Protocol
 import trio
 
 from tierfs.schedule import HeldCopies, Schedule
+from tierfs.threads import in_thread
 from tierfs.wakeup import Wakeup
 
 __all__ = ["Planner", "PlannerEvents"]
@@ -66,7 +67,7 @@ class Planner:
         job = self.schedule.view_job()
         if job is None:
             return False
-        view = await trio.to_thread.run_sync(job.make, abandon_on_cancel=True)
+        view = await in_thread(job.make, abandon_on_cancel=True)
         self.schedule.adopt_view(job, view)  # (not kept if it is no longer wanted: the next job is another)
         return True
 
@@ -79,7 +80,7 @@ class Planner:
                 continue
             try:
                 # abandoned on unmount: the thread only computes, and a stop must not wait seconds for it
-                plan, note = await trio.to_thread.run_sync(job.make, abandon_on_cancel=True)
+                plan, note = await in_thread(job.make, abandon_on_cancel=True)
             except ValueError as exc:  # a file grew past half the cache since the mount checked the sizes
                 sch.plan_failed(job, str(exc))
                 await self._wake.wait()  # (a replan, a changed file, a new mini-epoch: try again)

@@ -49,6 +49,7 @@ from tierfs.copies import CopyDamaged, open_copy
 from tierfs.filequeue import FileQueue
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
+from tierfs.threads import in_thread
 from tierfs.tree import Tree
 from tierfs.wakeup import Wakeup
 
@@ -122,8 +123,8 @@ class KernelCache:
         if self._invalidate is None or self.closed:
             return
         self.invalidations += 1
-        await trio.to_thread.run_sync(self._invalidate_now, inode, attr_only, limiter=self.limiter,
-                                      abandon_on_cancel=True)
+        await in_thread(self._invalidate_now, inode, attr_only, limiter=self.limiter,
+                        abandon_on_cancel=True)
 
     async def drop_entries(self, entries: list[tuple[int, bytes]]) -> int:
         """Make the kernel drop its entries (directory inode, name), _DROP_BATCH per hop to the thread (pushes
@@ -133,8 +134,8 @@ class KernelCache:
         for lo in range(0, len(entries), _DROP_BATCH):
             if self._drop_entry is None or self.closed:
                 break
-            dropped += await trio.to_thread.run_sync(self._drop_now, entries[lo:lo + _DROP_BATCH],
-                                                     limiter=self.limiter, abandon_on_cancel=True)
+            dropped += await in_thread(self._drop_now, entries[lo:lo + _DROP_BATCH],
+                                       limiter=self.limiter, abandon_on_cancel=True)
         return dropped
 
     async def store_files(self, data_fd: int, jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
@@ -145,8 +146,8 @@ class KernelCache:
         assert self.store is not None
         if self.closed:
             return [-errno.ESHUTDOWN] * len(jobs)
-        return await trio.to_thread.run_sync(_store_files, self._store_now, data_fd, jobs, limiter=self.limiter,
-                                             abandon_on_cancel=True)
+        return await in_thread(_store_files, self._store_now, data_fd, jobs, limiter=self.limiter,
+                               abandon_on_cancel=True)
 
     async def close(self, timeout: float) -> bool:
         """No call from now on, and wait up to ``timeout`` seconds for the one in flight to come back (the

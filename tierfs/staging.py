@@ -66,6 +66,7 @@ from tierfs.options import LiveSettings
 from tierfs.peers import PeerGroup
 from tierfs.policy import CachePolicy
 from tierfs.schedule import Schedule
+from tierfs.threads import in_thread
 from tierfs.tree import Tree, fingerprint
 from tierfs.wakeup import Wakeup
 
@@ -475,7 +476,7 @@ class Stager:
             scope = self.running[copies] = trio.CancelScope()  # (the watcher cancels it when it abandons a copy)
             try:
                 with scope:
-                    copy_s = await trio.to_thread.run_sync(copies.run, limiter=self.limiter, abandon_on_cancel=True)
+                    copy_s = await in_thread(copies.run, limiter=self.limiter, abandon_on_cancel=True)
             finally:
                 del self.running[copies]
             cpu0 = time.thread_time()
@@ -542,7 +543,7 @@ class Stager:
             self._since = None
 
     async def _copy_failed(self, fidx: int, exc: OSError) -> None:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and await trio.to_thread.run_sync(self.cache.data_dir_lost):
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and await in_thread(self.cache.data_dir_lost):
             why = await self.events.data_dir_lost()  # the engine recreates it and queues everything again
             if why is None:
                 self.error = "the cache dir's data/ was removed: recreated"
