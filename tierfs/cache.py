@@ -689,36 +689,39 @@ class CacheStore:
         return True
 
     async def run_deletes(self, events: CacheEvents) -> None:
-        """Until cancelled: unlink the queued copies in a worker thread, _DELETE_BATCH a hop, and free their
-        bytes once gone."""
+        """Until cancelled: unlink the queued copies in a worker thread and free their bytes once gone."""
         self._deleting = True
         try:
             while True:
                 await self._delete_wake.wait()
-                while self._deletes:
-                    fd = self._deletes[0][0]  # (one data dir a hop: a recreated one has another descriptor)
-                    batch = list(itertools.takewhile(lambda d, fd=fd: d[0] == fd, self._deletes[:_DELETE_BATCH]))
-                    await in_thread(_unlink_all, fd, [name for _, name, _ in batch])
-                    del self._deletes[:len(batch)]  # (queued only once gone: a cancel before the hop leaves them)
-                    freed = sum(disk for _, _, disk in batch)
-                    self.committed -= freed
-                    self.deleting_bytes -= freed
-                    self._deletes_landed.set()
-                    self._deletes_landed = trio.Event()
-                    events.space_freed()
+                await self._unlink_queued(events)
         finally:
             # Cancelled (the mount stops): what is left goes in the thread too, within _STOP_DELETES_S -- the rest,
             # if any, is the next mount's (a copy the index does not list is checked then, and kept or deleted).
             self._deleting = False
-            left, self._deletes = self._deletes, []
             with trio.move_on_after(_STOP_DELETES_S, shield=True):
-                for fd in dict.fromkeys(fd for fd, _, _ in left):
-                    await in_thread(_unlink_all, fd, [name for f, name, _ in left if f == fd],
-                                    abandon_on_cancel=True)
-            freed = sum(disk for _, _, disk in left)
-            self.committed -= freed
-            self.deleting_bytes -= freed
-            self._deletes_landed.set()
+                await self._unlink_queued(None, abandon_on_cancel=True)
+            self._gone(self._deletes)
+            self._deletes = []
+
+    async def _unlink_queued(self, events: CacheEvents | None, *, abandon_on_cancel: bool = False) -> None:
+        """Unlink the queued copies, _DELETE_BATCH a hop to the thread, each hop's bytes freed once it returned."""
+        while self._deletes:
+            fd = self._deletes[0][0]  # (one data dir a hop: a recreated one has another descriptor)
+            batch = list(itertools.takewhile(lambda d, fd=fd: d[0] == fd, self._deletes[:_DELETE_BATCH]))
+            await in_thread(_unlink_all, fd, [name for _, name, _ in batch], abandon_on_cancel=abandon_on_cancel)
+            del self._deletes[:len(batch)]  # (queued only once gone: a cancel before the hop leaves them)
+            self._gone(batch)
+            if events is not None:
+                events.space_freed()
+
+    def _gone(self, deleted: list[tuple[int, str, int]]) -> None:
+        """Copies of the queue are off the disk (or left to the next mount): their bytes are free."""
+        freed = sum(disk for _, _, disk in deleted)
+        self.committed -= freed
+        self.deleting_bytes -= freed
+        self._deletes_landed.set()
+        self._deletes_landed = trio.Event()
 
     async def deletions_landed(self) -> None:
         """Wait until the copies queued for deletion so far are gone from the disk (at once if none is)."""
