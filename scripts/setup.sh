@@ -24,8 +24,8 @@ if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
     "$py" -m venv .venv
 fi
-# pyfuse3 with the kernel's readdir cache and the non-blocking request loop that keeps its read lock first (scripts/pyfuse3/README.md): the
-# project's own install below keeps it, since 3.5.0+tierfs3 satisfies its pyfuse3 requirement
+# pyfuse3 with the kernel's readdir cache and the non-blocking request loop first (scripts/pyfuse3/README.md): the
+# project's own install below keeps it, since 3.5.0+tierfs2 satisfies its pyfuse3 requirement
 bash scripts/pyfuse3/install.sh .venv/bin/python
 stamp=.venv/.tierfs-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then

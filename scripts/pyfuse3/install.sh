@@ -6,8 +6,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=$1
 version=3.5.0
-local_version=$version+tierfs3  # (a new patch: a new number, so venvs built before get this build)
-patches=(cache-readdir.patch nonblocking-loop.patch keep-read-lock.patch)
+local_version=$version+tierfs2  # (a new patch: a new number, so venvs built before get this build)
+patches=(cache-readdir.patch nonblocking-loop.patch)
 check="import importlib.metadata as m, pyfuse3; assert m.version('pyfuse3') == '$local_version'
 assert pyfuse3.FileInfo(cache_readdir=True).cache_readdir"
 if "$py" -c "$check" 2>/dev/null; then

@@ -1,8 +1,6 @@
-"""pyfuse3's request loop as scripts/pyfuse3 builds it (``nonblocking-loop.patch``, ``keep-read-lock.patch``, issue
-23): the daemon reads the FUSE device without blocking, taking queued requests at once, the task that read one keeps
-the device while its handlers never wait, and many readers at once still get every byte, every open counted, and the
-mount's other work (``status``) answered while the queue stays full.  (A handler that waits hands the device on: the
-fault suites' stalled and hanging backings, tests/mount/test_faults.py and test_hostile_backing.py.)"""
+"""pyfuse3's request loop as scripts/pyfuse3 builds it (``nonblocking-loop.patch``, issue 23): the daemon reads the
+FUSE device without blocking, taking queued requests at once, and many readers at once still get every byte, every
+open counted, and the mount's other work (``status``) answered while the queue stays full."""
 
 from __future__ import annotations
 
