@@ -85,6 +85,8 @@ SIZE, CROP = 160, 128
 #: to 224, a flip, float and normalised): a decode that costs what a real vision loader's does
 IMAGENET_SIZE, IMAGENET_CROP = (500, 375), 224
 TRANSFORM = "small"
+#: ``--open``: how a worker opens a file (see :func:`read_bytes`)
+OPEN = "python"
 
 
 def make_data(root: Path, files: int, classes: int = 10, seed: int = 0) -> int:
@@ -153,7 +155,9 @@ def _imagenet_transform(img: Any) -> Any:
 
 
 def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
+    # --open python: as the running Python opens a file, which up to 3.13 asks it whether it is a terminal (an
+    # ioctl that FUSE hands to the daemon: one request more a file); no-isatty: as 3.14 opens a regular file
+    with open(path, "rb", buffering=-1 if OPEN == "python" else io.DEFAULT_BUFFER_SIZE) as f:
         return f.read()
 
 
@@ -624,6 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transform", choices=["small", "imagenet"], default="small", help="small: 160 px JPEGs, "
                     "a random 128 px crop and flip (0.8-1 ms of CPU a sample); imagenet: 500 x 375 JPEGs, "
                     "ImageNet's training transform (random-resized crop to 224, flip, normalise)")
+    ap.add_argument("--open", choices=["python", "no-isatty"], default="python", help="python: open(path, 'rb'), "
+                    "which before Python 3.14 also asks whether the file is a terminal (on a FUSE mount a request to "
+                    "the daemon, every file); no-isatty: with an explicit buffer size, which skips that question, "
+                    "as 3.14's open() does for a regular file")
     ap.add_argument("--step-ms", type=float, default=0.0, help="a sleep after each batch in the consumer, for the "
                     "model's step on an accelerator (0: none, the loader's speed alone; with a step the loader runs "
                     "ahead within an epoch, and what is left is each epoch boundary)")
@@ -644,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(summ))
         plot(summ, args.plot, _title(saved["args"]["files"], saved["args"].get("transform", "small")))
         return 0
-    global TRANSFORM
-    TRANSFORM = args.transform  # (set before any DataLoader forks its workers)
+    global TRANSFORM, OPEN
+    TRANSFORM, OPEN = args.transform, args.open  # (set before any DataLoader forks its workers)
     if args.quick:
         args.files, args.workers, args.rounds = 1536, "4", 1
     args.nm = [int(x) for x in args.nm.split(",")]
@@ -666,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"batch {args.batch} (batches a pass: {per_pass}), "
                 f"workers {args.workers}, nm {args.nm}, rf 4, cap {args.cap_fraction:.2f} of the data, "
                 f"{args.chunks} alternating chunks of a data set's samples per side, {args.rounds} rounds, "
-                f"{os.cpu_count()} CPUs, pinned {args.pin}")
+                f"{os.cpu_count()} CPUs, pinned {args.pin}, open {args.open}")
         print(head, flush=True)
         t0, rows = time.time(), []
         args.out.parent.mkdir(parents=True, exist_ok=True)

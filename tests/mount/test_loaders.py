@@ -14,7 +14,7 @@ from tierfs.testing import wait_until
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from tierfs.torch import MiniEpochDataset, MiniEpochIterableDataset  # noqa: E402
+from tierfs.torch import MiniEpochDataset, MiniEpochIterableDataset, read_file  # noqa: E402
 
 
 def _bytes(path: str | Path) -> bytes:
@@ -214,4 +214,5 @@ def test_an_empty_file_is_an_empty_tensor_on_a_mount_and_without_one(tmp_path, m
             assert got == want, root
             assert all(s.copy for s in ds.files.samples) == (root == mnt)  # on the mount: read from the copies
             ds.close()
+            assert {f: bytes(read_file(str(root / f)).numpy()) for f in want} == want, root  # (unbuffered)
         assert m.status()["reads"]["plan"] == len(want)

@@ -63,9 +63,10 @@ log = logging.getLogger(__name__)
 
 
 def read_file(path: str) -> torch.Tensor:
-    """The file's bytes as a 1-D ``uint8`` tensor."""
-    with open(path, "rb") as f:
-        return _tensor(f.read())
+    """The file's bytes as a 1-D ``uint8`` tensor.  (Unbuffered: a buffered ``open()`` before Python 3.14 asks
+    whether the file is a terminal, which on a FUSE mount is a request to the daemon.)"""
+    with open(path, "rb", buffering=0) as f:
+        return _tensor(f.readall())
 
 
 def _tensor(data: bytes) -> torch.Tensor:
