@@ -45,7 +45,7 @@ from tierfs.memory import trim_heap, tune_malloc
 from tierfs.mounts import mount_at
 from tierfs.options import MountConfig, check_layout, format_size
 from tierfs.textfile import mountpoint_file_name
-from tierfs.threads import in_thread
+from tierfs.threads import IDLE_THREAD_S, in_thread, keep_idle_threads
 
 if TYPE_CHECKING:
     from tierfs.tree import ScanCount
@@ -508,6 +508,7 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
         engine.close()
         raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None
     conn = fuse_connection(config.mountpoint)  # ours: the topmost FUSE mount there, just made
+    keep_idle_threads(IDLE_THREAD_S)
     try:
         trio.run(_serve, config, engine, pyfuse3, on_ready)
     finally:

@@ -14,6 +14,13 @@ thread itself stays a normal thread: it answers every request.
 
 Changing to ``SCHED_BATCH`` needs no privilege (and it can be changed back); where it is refused (a seccomp
 filter, a platform without it) the thread stays as it was and the job runs all the same.
+
+**Kept, not made again** (:func:`keep_idle_threads`).  trio lets a worker thread go after 10 s without a job,
+and making one blocks the thread that asks for it until the new thread has run (``Thread.start`` waits for it):
+on the trio thread, behind the daemon's busy threads on its CPU, that was 4-31 ms a thread, the requests of
+every reader waiting meanwhile -- at each mini-epoch's burst of copies, which comes every few seconds to
+minutes, so the threads the last burst used had gone.  The daemon keeps idle threads for ``IDLE_THREAD_S``
+(docs/dev/benchmarks-history.md, "The open()'s own request").
 """
 
 from __future__ import annotations
@@ -26,11 +33,26 @@ from typing import TypeVar
 
 import trio
 
-__all__ = ["in_thread"]
+__all__ = ["IDLE_THREAD_S", "in_thread", "keep_idle_threads"]
 
 T = TypeVar("T")
 
+#: how long the daemon keeps a worker thread without a job (trio's own default: 10 s)
+IDLE_THREAD_S = 600.0
+
 _local = threading.local()
+
+
+def keep_idle_threads(seconds: float) -> bool:
+    """Keep trio's idle worker threads ``seconds`` before they end (every thread of the process; see the module
+    docstring).  trio has no public setting for it: False (and nothing changed) where its thread cache lacks the
+    one it reads."""
+    from trio._core import _thread_cache
+
+    if not isinstance(getattr(_thread_cache, "IDLE_TIMEOUT", None), (int, float)):
+        return False
+    _thread_cache.IDLE_TIMEOUT = seconds
+    return True
 
 
 def _batch_once() -> None:

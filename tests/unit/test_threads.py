@@ -34,3 +34,28 @@ def test_a_jobs_exception_reaches_the_caller():
             await in_thread(os.stat, "/nonexistent/tierfs-threads-test")
 
     trio.run(main)
+
+
+def test_idle_threads_are_kept_as_long_as_asked_then_let_go():
+    """``keep_idle_threads`` reaches trio's thread cache: a thread idle for less than the time asked is used
+    again, one idle for longer has ended (a new thread takes the next job)."""
+    from trio._core import _thread_cache
+
+    from tierfs.threads import keep_idle_threads
+
+    before = _thread_cache.IDLE_TIMEOUT
+
+    async def two_jobs(gap: float) -> tuple[int, int]:
+        first = (await in_thread(_policy_and_thread))[1]
+        await trio.sleep(gap)
+        return first, (await in_thread(_policy_and_thread))[1]
+
+    try:
+        assert keep_idle_threads(0.1)
+        first, second = trio.run(two_jobs, 0.6)
+        assert first != second  # (the first thread let go after 0.1 s)
+        assert keep_idle_threads(30.0)
+        first, second = trio.run(two_jobs, 0.6)
+        assert first == second
+    finally:
+        keep_idle_threads(before)
