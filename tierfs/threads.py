@@ -17,7 +17,7 @@ filter, a platform without it) the thread stays as it was and the job runs all t
 
 **Kept, not made again** (:func:`keep_idle_threads`).  trio lets a worker thread go after 10 s without a job,
 and making one blocks the thread that asks for it until the new thread has run (``Thread.start`` waits for it):
-on the trio thread, behind the daemon's busy threads on its CPU, that was 4-31 ms a thread, the requests of
+on the trio thread, behind the daemon's busy threads on its CPU, that held it 4-31 ms at a time, the requests of
 every reader waiting meanwhile -- at each mini-epoch's burst of copies, which comes every few seconds to
 minutes, so the threads the last burst used had gone.  The daemon keeps idle threads for ``IDLE_THREAD_S``
 (docs/dev/benchmarks-history.md, "The open()'s own request").
