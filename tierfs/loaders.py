@@ -11,10 +11,11 @@ from tierfs.client.loaders import (
                                    find_classes,
                                    open_sample,
                                    read_pass,
+                                   read_path,
                                    read_plan,
                                    read_sample,
                                    tierfs_mount,
 )
 
 __all__ = ["FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
-           "read_plan", "read_sample", "tierfs_mount"]
+           "read_path", "read_plan", "read_sample", "tierfs_mount"]

@@ -40,7 +40,7 @@ from tierfs.client import Client, NotAMount, find_mount
 from tierfs.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, copy_matches
 
 __all__ = ["FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
-           "read_plan", "read_sample", "tierfs_mount"]
+           "read_path", "read_plan", "read_sample", "tierfs_mount"]
 
 
 class Sample(NamedTuple):
@@ -231,6 +231,13 @@ def open_sample(sample: Sample) -> tuple[BinaryIO, bool]:
     return open(sample.path, "rb", buffering=0), False
 
 
+def read_path(path: str) -> bytes:
+    """The file's bytes, read unbuffered: a buffered ``open()`` before Python 3.14 also asks whether the file is
+    a terminal, which on a FUSE mount is one more request to the daemon, every file."""
+    with open(path, "rb", buffering=0) as f:
+        return f.readall()
+
+
 def read_sample(sample: Sample, reader: Callable[[str], Any] | None = None) -> tuple[Any, bool]:
     """The sample's data and whether its copy was read (only those are reported).
 
@@ -250,8 +257,7 @@ def read_sample(sample: Sample, reader: Callable[[str], Any] | None = None) -> t
                 os.close(fd)
             if len(data) == sample.size:  # (else truncated since the check: read it through the mount)
                 return data, True
-        with open(sample.path, "rb", buffering=0) as f:
-            return f.readall(), False
+        return read_path(sample.path), False
     if copy_intact(sample):
         try:
             return reader(sample.copy), True  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 from tierfs.client import Client
-from tierfs.client.loaders import PassFiles, PassIndices, Sample, find_classes, read_pass, read_sample
+from tierfs.client.loaders import PassFiles, PassIndices, Sample, find_classes, read_pass, read_path, read_sample
 
 __all__ = ["MiniEpochDataset", "MiniEpochIterableDataset", "MountSampler", "MountShards", "read_file"]
 
@@ -63,10 +63,8 @@ log = logging.getLogger(__name__)
 
 
 def read_file(path: str) -> torch.Tensor:
-    """The file's bytes as a 1-D ``uint8`` tensor.  (Unbuffered: a buffered ``open()`` before Python 3.14 asks
-    whether the file is a terminal, which on a FUSE mount is a request to the daemon.)"""
-    with open(path, "rb", buffering=0) as f:
-        return _tensor(f.readall())
+    """The file's bytes as a 1-D ``uint8`` tensor (:func:`tierfs.loaders.read_path`)."""
+    return _tensor(read_path(path))
 
 
 def _tensor(data: bytes) -> torch.Tensor:
