@@ -54,7 +54,7 @@ from tierfs.namespace import Listing
 from tierfs.protocol import CACHE_PATH_XATTR
 from tierfs.pusher import KernelCache
 from tierfs.threads import in_thread
-from tierfs.tree import CONTROL_INODES, KIND_FILE
+from tierfs.tree import CONTROL_INODES, INODE_ALIAS_PREFIX, KIND_FILE
 from tierfs.users import privileged
 
 __all__ = ["ATTR_TIMEOUT", "TierOperations"]
@@ -145,7 +145,9 @@ class TierOperations(pyfuse3.Operations):
     def init(self) -> None:
         # Only now is there a kernel to notify (engine tests without a mount keep a KernelCache of no-ops).
         # Both calls can wait on the kernel's page locks: KernelCache makes them from a thread of its own.
-        self.engine.attach_kernel(KernelCache(pyfuse3), caches_listings=CACHES_LISTINGS)
+        mountpoint = self.engine.config.mountpoint
+        self.engine.attach_kernel(KernelCache(pyfuse3, os.path.abspath(mountpoint) if mountpoint else None),
+                                  caches_listings=CACHES_LISTINGS)
         # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
         with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)
             trio.lowlevel.spawn_system_task(self._widen_read_ahead)
@@ -190,16 +192,23 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        inode = self.engine.names.lookup(parent_inode, name)
+        inode = self.engine.names.lookup(parent_inode, name, ctx.uid)
         if inode is None:
             # A negative entry the kernel keeps (st_ino 0): the tree is fixed for the mount's life (files added
             # to the backing show from the next mount), so a name that is not there now stays absent.  Loaders
             # probe for names that do not exist (``.tierfs`` in a sub-directory, ``__init__.py``, sidecar files).
+            # Not an inode alias's: one refused to another user is still the owner's to look up.
             a = pyfuse3.EntryAttributes()
             a.st_ino = 0
-            a.entry_timeout = ATTR_TIMEOUT
+            a.entry_timeout = 0.0 if parent_inode == _CTL_DIR and name.startswith(INODE_ALIAS_PREFIX) else ATTR_TIMEOUT
             return a
-        return self._entry(inode)
+        a = self._entry(inode)
+        if parent_inode == _CTL_DIR and inode < _CTL_DIR:
+            # An inode alias: its entry holds the inode for the pusher, but every other path walk through it must
+            # ask again -- the kernel would let anyone who can search /.tierfs reach the file by a kept entry,
+            # past the permissions of the directories above its real names.
+            a.entry_timeout = 0.0
+        return a
 
     def _entry(self, inode: int) -> pyfuse3.EntryAttributes:
         """A directory entry's attributes (see :meth:`_entry_timeout`)."""
@@ -299,7 +308,7 @@ class TierOperations(pyfuse3.Operations):
     async def releasedir(self, fh: int) -> None:
         opened = self._dirs.pop(fh, None)
         if opened is not None:
-            self.engine.names.listings.released(*opened)
+            self.engine.names.dir_released(*opened)
 
     # ===================================================================================== files
 

@@ -24,8 +24,8 @@ from tierfs.consumers import ANONYMOUS, Consumers
 from tierfs.pusher import Pusher
 from tierfs.schedule import Schedule
 from tierfs.substitute import Substitutions, SubstitutionStatistics
-from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
-from tierfs.users import OWNER_UID
+from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree, aliased_inode
+from tierfs.users import OWNER_UID, privileged
 from tierfs.wakeup import Wakeup
 
 __all__ = ["KernelListings", "Listing", "ListingStatistics", "Namespace", "NamespaceEvents"]
@@ -55,15 +55,15 @@ class Listing(Sequence[tuple[bytes, int]]):
         #: the same for every listing of this directory with the same entries at the same offsets (the view's
         #: serial), so the kernel may serve one from what it cached of another; None: never cached
         self.key = key
-        self._tree, self._nodes = tree, nodes  # the entries' tree nodes, named when sent
+        self._tree, self.nodes = tree, nodes  # the entries' tree nodes, named when sent
         self._names = names  # (or their names, for a listing that is not the tree's: /.tierfs)
 
     def names(self, lo: int, hi: int) -> list[bytes]:
         """The names of entries ``lo`` to ``hi``."""
         if self._names is not None:
             return self._names[lo:hi]
-        assert self._tree is not None and self._nodes is not None
-        return self._tree.names_of(self._nodes[lo:hi])
+        assert self._tree is not None and self.nodes is not None
+        return self._tree.names_of(self.nodes[lo:hi])
 
     def __len__(self) -> int:
         return len(self.inodes)
@@ -181,12 +181,14 @@ class Namespace:
     def node(self, inode: int) -> Node | None:
         return self.tree.node_of_inode(inode)
 
-    def lookup(self, parent_inode: int, name: bytes) -> int | None:
-        """Inode of ``name`` in directory ``parent_inode``, in view or not; None if there is none."""
+    def lookup(self, parent_inode: int, name: bytes, uid: int = OWNER_UID) -> int | None:
+        """Inode of ``name`` in directory ``parent_inode``, in view or not, as user ``uid`` asks; None if there is
+        none."""
         if parent_inode == 1 and name == b".tierfs":
             return _CTL_DIR
         if parent_inode == _CTL_DIR:
-            return CONTROL_INODES.get(name) if name != b".tierfs" else None
+            inode = CONTROL_INODES.get(name) if name != b".tierfs" else None
+            return inode if inode is not None else self._aliased(name, uid)
         tree = self.tree
         if not 0 < parent_inode <= tree.n_nodes or tree.kinds[parent_inode - 1] != KIND_DIR:
             return None
@@ -203,6 +205,15 @@ class Namespace:
                 self._stale.notify()
         self.pusher.looked_up(int(tree.groups[fidx]), fidx)
         return tree.inode_of(fidx)
+
+    def _aliased(self, name: bytes, uid: int) -> int | None:
+        """The dataset file an :func:`~tierfs.tree.inode_alias` name stands for (the pusher's lookups, which give
+        the kernel its inode: pusher.py), to the owner and root alone."""
+        inode = aliased_inode(name)
+        if inode is None or not privileged(uid) or inode > self.tree.n_nodes or \
+                self.tree.kinds[inode - 1] != KIND_FILE:
+            return None
+        return inode
 
     async def run(self) -> None:
         """Under ``substitute``, until cancelled: have the kernel drop the entries the substitutions found stale
@@ -267,6 +278,17 @@ class Namespace:
         if not self._shares_links():
             meta[self.tree.kinds[nodes] == KIND_FILE, 1] = 1
         return (meta, *columns)
+
+    def dir_released(self, inode: int, listing: Listing, cached: bool) -> None:
+        """The handle of an ``opendir`` of ``inode`` that got ``listing`` (the kernel may cache it: ``cached``)
+        closed.  Under ``substitute`` the entries that listing gave the kernel -- each name at its own file --
+        are stale where the name resolves to another file (substitute.py, ``listed``)."""
+        self.listings.released(inode, listing, cached)
+        subs = self.substitutions
+        if subs is not None and listing.nodes is not None:
+            subs.listed(inode - 1, listing.nodes[self.tree.kinds[listing.nodes] == KIND_FILE])
+            if subs.stale:
+                self._stale.notify()
 
     def listed(self, dir_inode: int) -> None:
         """The kernel got this directory's entries (readdirplus): push what lacked an inode."""

@@ -22,9 +22,12 @@ pass's: an entry holds its inode, and with it the inode's pages, which the subst
 from (every file of the view was served in the last pass, under some name).  Nor a name served as its own file:
 its entry points at the file it is most likely served as again.  When a new mini-epoch begins, the entries of
 the last pass, and those of names served as their own file, are stale too where their file left the view (all
-of them between two mini-epochs of one epoch; none with ``nm`` 1, where every name stays its own file).  A
-drop that comes late (the name was looked up again meanwhile) costs that name one lookup more, never a wrong
-file.
+of them between two mini-epochs of one epoch; none with ``nm`` 1, where every name stays its own file).  A listing
+gives the kernel an entry of every name it shows, at the name's own file (readdirplus): when the listing is
+closed, the entries of names whose file is out of the view are stale too -- else the first open of each name of
+a data set built once would be two lookups.  A drop that comes late (the name was looked up again meanwhile)
+costs that name one lookup more, never a wrong file; one that drops the only entry holding a file's inode
+costs nothing either: the pusher gives the kernel the inodes it pushes into (pusher.py, "Inodes").
 
 A directory with no file in the view serves the name's own file (out of view, counted as such).  A lookup and
 its open are two requests: a name resolved just before a switch (another reader ended the mini-epoch's last
@@ -130,6 +133,14 @@ class Substitutions:
             self._own = {}  # (one whose file stays in view: its entry is right, and no longer watched)
             self._others_before = {key for key in self._others if kept[chosen[key]]}
         self._others = set()
+
+    def listed(self, dir_node: int, names: np.ndarray) -> None:
+        """A listing of directory ``dir_node`` gave the kernel an entry of each of its file names ``names``
+        (nodes) at the name's own file: stale where that file is out of the view (module docstring)."""
+        view = self.schedule.view
+        if view is not None and names.size:
+            out = names[~view.mask[names - 1]].tolist()  # (file node i is file i - 1)
+            self.stale.extend(zip([dir_node] * len(out), out, strict=True))
 
     def take_stale(self) -> list[tuple[int, int]]:
         """The stale entries found so far, handed over once."""

@@ -274,13 +274,17 @@ def test_substitute_gives_a_loader_built_once_mini_epochs_with_no_change(mount_d
         assert st["backing_bytes_read"] <= total * epochs / rf + 2 * biggest
 
 
-def test_under_substitute_an_open_is_one_lookup_once_the_stale_entries_are_dropped(mount_dirs, benchmark_module):
-    """The data set built once listed every name, so the kernel holds an entry of each, at its own file: in the
-    first epoch an open of a name served as another file is two LOOKUPs and a FORGET (the kernel asks about its
-    entry, gets this pass's substitute, drops that and looks the name up again).  From then on the entries of
-    names served in earlier passes are dropped before their next open (status ``entries_dropped``), and an open
-    is one LOOKUP; every read still a whole file of the name's class folder.  Counted by the daemon itself
-    (``benchmarks/fuse_requests.py`` wraps its handlers)."""
+def test_under_substitute_an_open_is_one_lookup_and_a_new_mini_epoch_is_read_from_the_page_cache(
+        mount_dirs, benchmark_module):
+    """The data set built once listed every name, so the kernel got an entry of each, at its own file; an open of a
+    name now served as another file would be two LOOKUPs and a FORGET (the kernel asks about its entry, gets this
+    pass's substitute, drops that and looks the name up again).  The entries of names whose file is out of the view
+    are dropped when the listing closes, those of names served in earlier passes before their next open (status
+    ``entries_dropped``): an open is one LOOKUP from the first epoch on.  And a new mini-epoch's files, whose inodes
+    the kernel let go with their last entries, get them back by the daemon's own lookups of their aliases in
+    ``/.tierfs`` (``push.inode_aliases``): their pages are pushed before the first pass, which sends no READ.  Every
+    read still a whole file of the name's class folder.  Counted by the daemon itself (``benchmarks/fuse_requests.py``
+    wraps its handlers; lookups in ``/.tierfs`` apart)."""
     from tierfs.testing import mounted
 
     requests = benchmark_module("fuse_requests")
@@ -292,20 +296,22 @@ def test_under_substitute_an_open_is_one_lookup_once_the_stale_entries_are_dropp
     with mounted(backing, mnt, cache, sum(files.values()), nm=4, rf=2, listing="all", substitute=True,
                  composition="stratified", env={"TIERFS_REQUEST_COUNTS": counts, "PYTHONPATH": str(ROOT)},
                  wrapper=(sys.executable, requests.__file__, "--daemon")) as m:
-        names = _listing(m.mountpoint)  # built once: the kernel now has an entry of every name
-        lookups = []
+        names = _listing(m.mountpoint)  # built once: the kernel got an entry of every name
+        per_open = []
         for epoch in range(4):
             order = random.Random(epoch).sample(names, len(names))
             before = requests._counts(m.process, counts)
             data = _read_all(order)
-            lookups.append((requests._counts(m.process, counts) - before)["lookup"] / len(order))
+            per_open.append({k: v / len(order) for k, v in (requests._counts(m.process, counts) - before).items()})
             for name, got in zip(order, data, strict=True):
                 assert by_bytes[got].split("/")[0] == os.path.relpath(name, m.mountpoint).split("/")[0]
-        dropped = m.status()["substitution"]["entries_dropped"]
-    # (measured: 1.84 in the first epoch, 1.02-1.22 after; 1.88-1.97 after with no entry dropped)
-    assert lookups[0] > 1.5, lookups  # the listing's entries (a name served as its own file: one lookup)
-    assert max(lookups[1:]) < 1.5, lookups  # (a drop that lands after the name's next open: two)
-    assert dropped > len(names), dropped
+        st = m.status()
+    # (measured: lookups 1.05-1.23 an open, reads 0; before: 1.84 in the first epoch, reads 0.31-0.38 after it)
+    assert max(p["lookup"] for p in per_open) < 1.4, per_open  # (a drop that lands after the name's next open: two)
+    assert max(p.get("read", 0) for p in per_open[1:]) < 0.1, per_open  # (a mini-epoch's first pass: 1 in rf 2)
+    assert sum(p.get("lookup_control", 0) for p in per_open) > 0, per_open
+    assert st["substitution"]["entries_dropped"] > len(names), st["substitution"]
+    assert st["push"]["waiting_for_inode"] == 0, st["push"]
 
 
 def test_without_substitute_a_dataset_built_once_is_told_within_one_pass(mount_dirs):
