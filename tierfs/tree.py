@@ -20,7 +20,6 @@ no filesystem crossed).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import functools
 import itertools
@@ -377,11 +376,19 @@ class Tree:
         if 0 < i <= self._n_files:
             return None
         s = self.dir_slot(i)
-        lo, hi = int(self.first[s]), int(self.first[s + 1])
-        kids = self.kids
-        at = bisect.bisect_left(range(lo, hi), name, key=lambda k: self.name(int(kids[k]))) + lo
-        if at < hi and self.name(int(kids[at])) == name:
-            return int(kids[at])
+        lo, hi = self.first.item(s), self.first.item(s + 1)
+        kids, ends, names = self.kids, self._name_ends, self._names  # (a lookup per open: no Python call a step)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            k = kids.item(mid)  # (a child is never the root: its name starts where node k - 1's ends)
+            if names[ends.item(k - 1):ends.item(k)] < name:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < self.first.item(s + 1):
+            k = kids.item(lo)
+            if names[ends.item(k - 1):ends.item(k)] == name:
+                return k
         return None
 
     def names_of(self, nodes: np.ndarray) -> list[bytes]:
