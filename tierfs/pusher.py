@@ -316,9 +316,11 @@ class Pusher:
         big tree hands over millions, on the trio thread."""
         if wanted_now is not None:
             self.pushed = {f for f in self.pushed if wanted_now[f]}
-            gone = [f for f in self.aliased if not wanted_now[f]]
-            self.aliased.difference_update(gone)
-            self._unalias += gone
+            if self.aliased:
+                held = np.fromiter(self.aliased, np.int64, len(self.aliased))
+                gone = held[~wanted_now[held]].tolist()
+                self.aliased.difference_update(gone)
+                self._unalias += gone
         self.window = sum(int(self.tree.sizes[f]) for f in self.pushed)
         self.unknown = {}
         have = files[self.cache.cached(files)]
