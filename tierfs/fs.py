@@ -193,21 +193,21 @@ class TierOperations(pyfuse3.Operations):
     @_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         inode = self.engine.names.lookup(parent_inode, name, ctx.uid)
+        # An inode alias (/.tierfs/.inode-N, the pusher's): the kernel keeps no entry of one, found or not.  A kept
+        # entry would let anyone who can search /.tierfs reach the file past the permissions of the directories
+        # above its real names; a kept negative one would refuse the owner what another user was refused.
+        alias = parent_inode == _CTL_DIR and name.startswith(INODE_ALIAS_PREFIX)
         if inode is None:
             # A negative entry the kernel keeps (st_ino 0): the tree is fixed for the mount's life (files added
             # to the backing show from the next mount), so a name that is not there now stays absent.  Loaders
             # probe for names that do not exist (``.tierfs`` in a sub-directory, ``__init__.py``, sidecar files).
-            # Not an inode alias's: one refused to another user is still the owner's to look up.
             a = pyfuse3.EntryAttributes()
             a.st_ino = 0
-            a.entry_timeout = 0.0 if parent_inode == _CTL_DIR and name.startswith(INODE_ALIAS_PREFIX) else ATTR_TIMEOUT
-            return a
-        a = self._entry(inode)
-        if parent_inode == _CTL_DIR and inode < _CTL_DIR:
-            # An inode alias: its entry holds the inode for the pusher, but every other path walk through it must
-            # ask again -- the kernel would let anyone who can search /.tierfs reach the file by a kept entry,
-            # past the permissions of the directories above its real names.
-            a.entry_timeout = 0.0
+            a.entry_timeout = ATTR_TIMEOUT
+        else:
+            a = self._entry(inode)
+        if alias:
+            a.entry_timeout = 0.0  # (the entry still holds the inode for the pusher; every other walk asks again)
         return a
 
     def _entry(self, inode: int) -> pyfuse3.EntryAttributes:
