@@ -34,16 +34,13 @@ def _daemon(argv: list[str]) -> None:
     """Run ``python -m tierfs ...`` (argv after this program's name) with counted handlers."""
     import tierfs.fs as fs
     from tierfs.cli import main
-    from tierfs.tree import CONTROL_INODES
 
     counts: Counter[str] = Counter()
     out = os.environ["TIERFS_REQUEST_COUNTS"]
-    control_dir = CONTROL_INODES[b".tierfs"]
 
     def counted(name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # (lookups in /.tierfs apart: the daemon's own, of inode aliases for its pushes, not a reader's)
-            counts["lookup_control" if name == "lookup" and args[1] == control_dir else name] += 1
+            counts[name] += 1
             return await fn(*args, **kwargs)
 
         return wrapper
@@ -144,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             control_files("status read + control write + missing-name probe (per round)")
         print(f"{args.files * 2} files of ~{args.size // 1024} KiB, view {rows[0][1]} files; load "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; options {opts}")
-        kinds = [k for k in (*HANDLERS, "lookup_control") if any(r[3][k] for r in rows)]
+        kinds = [k for k in HANDLERS if any(r[3][k] for r in rows)]
         print("| pass | files/s (rounds/s) | requests/file | " + " | ".join(kinds) + " |")
         print("|---|---:|---:|" + "---:|" * len(kinds))
         for name, n, dt, c in rows:

@@ -54,7 +54,7 @@ from tierfs.namespace import Listing
 from tierfs.protocol import CACHE_PATH_XATTR
 from tierfs.pusher import KernelCache
 from tierfs.threads import in_thread
-from tierfs.tree import CONTROL_INODES, INODE_ALIAS_PREFIX, KIND_FILE
+from tierfs.tree import CONTROL_INODES, KIND_FILE
 from tierfs.users import privileged
 
 __all__ = ["ATTR_TIMEOUT", "TierOperations"]
@@ -145,9 +145,7 @@ class TierOperations(pyfuse3.Operations):
     def init(self) -> None:
         # Only now is there a kernel to notify (engine tests without a mount keep a KernelCache of no-ops).
         # Both calls can wait on the kernel's page locks: KernelCache makes them from a thread of its own.
-        mountpoint = self.engine.config.mountpoint
-        self.engine.attach_kernel(KernelCache(pyfuse3, os.path.abspath(mountpoint) if mountpoint else None),
-                                  caches_listings=CACHES_LISTINGS)
+        self.engine.attach_kernel(KernelCache(pyfuse3), caches_listings=CACHES_LISTINGS)
         # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
         with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)
             trio.lowlevel.spawn_system_task(self._widen_read_ahead)
@@ -192,11 +190,7 @@ class TierOperations(pyfuse3.Operations):
 
     @_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        inode = self.engine.names.lookup(parent_inode, name, ctx.uid)
-        # An inode alias (/.tierfs/.inode-N, the pusher's): the kernel keeps no entry of one, found or not.  A kept
-        # entry would let anyone who can search /.tierfs reach the file past the permissions of the directories
-        # above its real names; a kept negative one would refuse the owner what another user was refused.
-        alias = parent_inode == _CTL_DIR and name.startswith(INODE_ALIAS_PREFIX)
+        inode = self.engine.names.lookup(parent_inode, name)
         if inode is None:
             # A negative entry the kernel keeps (st_ino 0): the tree is fixed for the mount's life (files added
             # to the backing show from the next mount), so a name that is not there now stays absent.  Loaders
@@ -204,11 +198,8 @@ class TierOperations(pyfuse3.Operations):
             a = pyfuse3.EntryAttributes()
             a.st_ino = 0
             a.entry_timeout = ATTR_TIMEOUT
-        else:
-            a = self._entry(inode)
-        if alias:
-            a.entry_timeout = 0.0  # (the entry still holds the inode for the pusher; every other walk asks again)
-        return a
+            return a
+        return self._entry(inode)
 
     def _entry(self, inode: int) -> pyfuse3.EntryAttributes:
         """A directory entry's attributes (see :meth:`_entry_timeout`)."""

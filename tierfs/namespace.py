@@ -24,8 +24,8 @@ from tierfs.consumers import ANONYMOUS, Consumers
 from tierfs.pusher import Pusher
 from tierfs.schedule import Schedule
 from tierfs.substitute import Substitutions, SubstitutionStatistics
-from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree, aliased_inode
-from tierfs.users import OWNER_UID, privileged
+from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
+from tierfs.users import OWNER_UID
 from tierfs.wakeup import Wakeup
 
 __all__ = ["KernelListings", "Listing", "ListingStatistics", "Namespace", "NamespaceEvents"]
@@ -181,14 +181,12 @@ class Namespace:
     def node(self, inode: int) -> Node | None:
         return self.tree.node_of_inode(inode)
 
-    def lookup(self, parent_inode: int, name: bytes, uid: int = OWNER_UID) -> int | None:
-        """Inode of ``name`` in directory ``parent_inode``, in view or not, as user ``uid`` asks; None if there is
-        none."""
+    def lookup(self, parent_inode: int, name: bytes) -> int | None:
+        """Inode of ``name`` in directory ``parent_inode``, in view or not; None if there is none."""
         if parent_inode == 1 and name == b".tierfs":
             return _CTL_DIR
         if parent_inode == _CTL_DIR:
-            inode = CONTROL_INODES.get(name) if name != b".tierfs" else None
-            return inode if inode is not None else self._aliased(name, uid)
+            return CONTROL_INODES.get(name) if name != b".tierfs" else None
         tree = self.tree
         if not 0 < parent_inode <= tree.n_nodes or tree.kinds[parent_inode - 1] != KIND_DIR:
             return None
@@ -205,15 +203,6 @@ class Namespace:
                 self._stale.notify()
         self.pusher.looked_up(int(tree.groups[fidx]), fidx)
         return tree.inode_of(fidx)
-
-    def _aliased(self, name: bytes, uid: int) -> int | None:
-        """The dataset file an :func:`~tierfs.tree.inode_alias` name stands for (the pusher's lookups, which give
-        the kernel its inode: pusher.py), to the owner and root alone."""
-        inode = aliased_inode(name)
-        if inode is None or not privileged(uid) or inode > self.tree.n_nodes or \
-                self.tree.kinds[inode - 1] != KIND_FILE:
-            return None
-        return inode
 
     async def run(self) -> None:
         """Under ``substitute``, until cancelled: have the kernel drop the entries the substitutions found stale

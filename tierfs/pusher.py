@@ -15,16 +15,9 @@ stops by :meth:`KernelCache.close` -- no new call, and a wait for the one in fli
 :class:`Pusher` (a background task, started in the engine's nursery) pushes the staged copies of the current
 and next mini-epochs into the page cache, so a first pass over a mini-epoch is served like a repeated one (no
 READ requests): current mini-epoch first (what a switch left unpushed), then the next as its copies land, at
-most ``budget`` bytes of the two.
-
-**Inodes.**  A push needs the kernel to hold the file's inode, and the kernel holds a FUSE inode only while a
-name of it is in its dentry cache (FUSE drops an inode with its last dentry, its pages with it): from a lookup or
-a listing.  A file no loader looked up -- a file list read without a listing; under ``substitute`` every file
-whose names now stand for others, as all of a new mini-epoch's do -- gets an inode from the kernel thread itself:
-it looks up the file's :func:`~tierfs.tree.inode_alias` in ``/.tierfs`` (answered only to the owner and root,
-never listed), whose entry then holds the inode while the file is wanted, and is dropped when it no longer is.
-Without a mount path to look up (engine tests) such a file waits for its next lookup (:meth:`Pusher.looked_up`)
-or its directory's next listing (:meth:`Pusher.listed`).
+most ``budget`` bytes of the two.  The kernel must know the inode (from a lookup or a listing); a file it does
+not know waits for its next lookup (:meth:`Pusher.looked_up`) or its directory's next listing
+(:meth:`Pusher.listed`).
 
 **Versions** (:class:`KernelVersions`, the pusher's).  A file changed in the backing dir has attributes and
 pages in the kernel that belong to the old version, which handles opened before the change may still be
@@ -54,11 +47,10 @@ import trio
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copies import CopyDamaged, open_copy
 from tierfs.filequeue import FileQueue
-from tierfs.protocol import CONTROL_DIR
 from tierfs.schedule import Schedule
 from tierfs.staging import Stager
 from tierfs.threads import in_thread
-from tierfs.tree import CONTROL_INODES, Tree, inode_alias
+from tierfs.tree import Tree
 from tierfs.wakeup import Wakeup
 
 __all__ = ["KernelCache", "KernelCalls", "KernelVersions", "Pusher", "PusherEvents", "PusherStatistics",
@@ -70,7 +62,6 @@ _PUSH_CHUNK = 1 << 20  # bytes per notify_store message
 _PUSH_BUDGET_MAX = 1 << 30
 _PUSH_BATCH_FILES = 32  # files per worker-thread hop
 _DROP_BATCH = 256  # kernel entries dropped per worker-thread hop
-_CTL_DIR = CONTROL_INODES[CONTROL_DIR.encode()]  # (where the inode aliases are)
 #: A push of a file the kernel was just told about (its lookup or listing is answered in the same handler that
 #: tells the pusher, before the kernel has read the reply and made the inode) may still find no inode: it is
 #: tried again this much later, up to _LEARN_TRIES times, before it waits for the next lookup or listing.
@@ -105,16 +96,13 @@ class KernelCache:
     """The kernel side of the mount, reached from one worker thread only (see the module docstring).
 
     ``calls``: pyfuse3 (``notify_store``, ``invalidate_inode``, ``invalidate_entry``); None (engine tests without
-    a mount): nothing to notify.  ``mountpoint``: where the mount is, to look up inode aliases at (see "Inodes"
-    in the module docstring); None: files the kernel has no inode for wait for a loader's lookup."""
+    a mount): nothing to notify."""
 
-    def __init__(self, calls: KernelCalls | None = None, mountpoint: str | None = None) -> None:
+    def __init__(self, calls: KernelCalls | None = None) -> None:
         #: pushes go to this (None once the kernel said it cannot: ENOSYS)
         self.store: Callable[[int, int, bytes], None] | None = calls.notify_store if calls is not None else None
         self._invalidate = calls.invalidate_inode if calls is not None else None
         self._drop_entry = calls.invalidate_entry if calls is not None else None
-        self._aliases = (os.path.join(os.fsencode(mountpoint), CONTROL_DIR.encode())
-                         if calls is not None and mountpoint is not None else None)
         self.limiter = trio.CapacityLimiter(1)
         self.invalidations = 0
         self.closed = False  # read by the worker thread too: a bool, atomic under the GIL
@@ -150,18 +138,16 @@ class KernelCache:
                                        limiter=self.limiter, abandon_on_cancel=True)
         return dropped
 
-    async def store_files(self, data_fd: int, jobs: list[tuple[str, int, tuple[int, int], int]]
-                          ) -> list[tuple[int | str, bool]]:
+    async def store_files(self, data_fd: int, jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
         """Push cached copies' bytes into the page cache; ``jobs``: (copy name in ``data_fd``, size, copy id,
-        inode).  Per job the bytes pushed, ``-errno`` (``-ENOENT``: the kernel has no inode for it and none could
-        be given; the copy was not even opened; ``-ESHUTDOWN``: closed), or the reason the copy is damaged
-        (:class:`~tierfs.copies.CopyDamaged`); and whether its inode alias was looked up for it (the kernel
-        lacked the inode: see "Inodes" in the module docstring)."""
+        inode).  Per job the bytes pushed, ``-errno`` (``-ENOENT``: the kernel has no inode for it; the copy
+        was not even opened; ``-ESHUTDOWN``: closed), or the reason the copy is damaged
+        (:class:`~tierfs.copies.CopyDamaged`)."""
         assert self.store is not None
         if self.closed:
-            return [(-errno.ESHUTDOWN, False)] * len(jobs)
-        return await in_thread(_store_files, self._store_now, self._give_inode, data_fd, jobs,
-                               limiter=self.limiter, abandon_on_cancel=True)
+            return [-errno.ESHUTDOWN] * len(jobs)
+        return await in_thread(_store_files, self._store_now, data_fd, jobs, limiter=self.limiter,
+                               abandon_on_cancel=True)
 
     async def close(self, timeout: float) -> bool:
         """No call from now on, and wait up to ``timeout`` seconds for the one in flight to come back (the
@@ -191,16 +177,6 @@ class KernelCache:
         with self._inside():
             self.store(inode, offset, data)
 
-    def _give_inode(self, inode: int) -> bool:
-        """Look up the inode alias of ``inode`` (the trio thread answers), so that the kernel holds the inode;
-        False where there is no mount path, or the lookup failed."""
-        if self._aliases is None or self.closed:
-            return False
-        with self._inside(), contextlib.suppress(OSError):
-            os.stat(os.path.join(self._aliases, inode_alias(inode)), follow_symlinks=False)
-            return True
-        return False
-
     def _drop_now(self, entries: list[tuple[int, bytes]]) -> int:
         assert self._drop_entry is not None
         dropped = 0
@@ -220,25 +196,18 @@ class KernelCache:
             self._invalidate(inode, attr_only)
 
 
-def _store_files(store: Callable[[int, int, bytes], None], give_inode: Callable[[int], bool], data_fd: int,
-                 jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[tuple[int | str, bool]]:
-    out: list[tuple[int | str, bool]] = []
+def _store_files(store: Callable[[int, int, bytes], None], data_fd: int,
+                 jobs: list[tuple[str, int, tuple[int, int], int]]) -> list[int | str]:
+    out: list[int | str] = []
     for name, size, copy_id, inode in jobs:
-        given = False  # (its inode alias looked up: the kernel lacked the inode)
         try:
-            try:
-                store(inode, 0, b"")  # a probe: fails at once, before any open or read, when the kernel lacks it
-            except OSError as exc:
-                if exc.errno != errno.ENOENT or not give_inode(inode):
-                    raise
-                given = True
-                store(inode, 0, b"")
+            store(inode, 0, b"")  # a probe: fails at once, before any open or read, when the kernel lacks the inode
             fd = open_copy(data_fd, name, size, copy_id)
         except CopyDamaged as exc:
-            out.append((str(exc), given))
+            out.append(str(exc))
             continue
         except OSError as exc:
-            out.append((-(exc.errno or errno.EIO), given))
+            out.append(-(exc.errno or errno.EIO))
             continue
         try:
             off = 0
@@ -248,9 +217,9 @@ def _store_files(store: Callable[[int, int, bytes], None], give_inode: Callable[
                     break
                 store(inode, off, data)
                 off += len(data)
-            out.append((off, given))
+            out.append(off)
         except OSError as exc:
-            out.append((-(exc.errno or errno.EIO), given))
+            out.append(-(exc.errno or errno.EIO))
         finally:
             os.close(fd)
     return out
@@ -263,7 +232,6 @@ class PusherStatistics:
     budget: int
     queued: int
     waiting_for_inode: int  # staged copies the kernel has no inode for yet (pushed on lookup or listing)
-    inode_aliases: int  # inodes the kernel holds by their alias (it had none: see "Inodes")
 
 
 class PusherEvents(Protocol):
@@ -295,8 +263,6 @@ class Pusher:
         self.window = 0  # their bytes, held under budget
         self.queue = FileQueue()
         self.unknown: dict[int, set[int]] = {}  # dir node -> files whose inode the kernel lacked
-        self.aliased: set[int] = set()  # files whose inode alias the kernel holds (while they are wanted)
-        self._unalias: list[int] = []  # files whose alias is to be dropped (no longer wanted)
         self.inflight: dict[int, trio.Event] = {}
         self._known_meanwhile: set[int] = set()  # looked up or listed since their push was queued again
         self._later: deque[tuple[float, int]] = deque()  # (when, file): pushes to try again (_LEARN_DELAY)
@@ -316,11 +282,6 @@ class Pusher:
         big tree hands over millions, on the trio thread."""
         if wanted_now is not None:
             self.pushed = {f for f in self.pushed if wanted_now[f]}
-            if self.aliased:
-                held = np.fromiter(self.aliased, np.int64, len(self.aliased))
-                gone = held[~wanted_now[held]].tolist()
-                self.aliased.difference_update(gone)
-                self._unalias += gone
         self.window = sum(int(self.tree.sizes[f]) for f in self.pushed)
         self.unknown = {}
         have = files[self.cache.cached(files)]
@@ -401,10 +362,6 @@ class Pusher:
             now = trio.current_time()
             while self._later and self._later[0][0] <= now:
                 self.queue.append(self._later.popleft()[1])
-            if self._unalias:  # (the entries that held inodes no longer wanted: the kernel may let them go)
-                gone, self._unalias = self._unalias, []
-                await self.kernel.drop_entries([(_CTL_DIR, inode_alias(self.tree.inode_of(f))) for f in gone])
-                continue
             batch = self._take_batch()
             if not batch:
                 with trio.move_on_at(self._later[0][0] if self._later else math.inf):
@@ -421,9 +378,7 @@ class Pusher:
                     self.inflight.pop(fidx).set()
                     if self.cache.unpin(entry):
                         self.stager.notify()
-            for (fidx, entry), (n, given) in zip(batch, results, strict=True):
-                if given:
-                    self.aliased.add(fidx)
+            for (fidx, entry), n in zip(batch, results, strict=True):
                 if isinstance(n, str):
                     await self.events.copy_damaged(entry, n)
                 else:
@@ -455,7 +410,7 @@ class Pusher:
 
     def statistics(self) -> PusherStatistics:
         return PusherStatistics(self.pushed_bytes, self.window, self.budget, len(self.queue),
-                                sum(len(v) for v in self.unknown.values()), len(self.aliased))
+                                sum(len(v) for v in self.unknown.values()))
 
 
 class KernelVersions:

@@ -406,7 +406,7 @@ NOT_METRICS: dict[str, str] = {
     "backing_bytes_read": "the same count as backing.bytes_read (tierfs_backing_read_bytes_total)",
     "pushed_bytes": "the same count as push.pushed_bytes (tierfs_pushed_bytes_total)",
     "push.window_bytes": _DIAGNOSTIC, "push.budget": _DIAGNOSTIC, "push.queued": _DIAGNOSTIC,
-    "push.waiting_for_inode": _DIAGNOSTIC, "push.inode_aliases": _DIAGNOSTIC,
+    "push.waiting_for_inode": _DIAGNOSTIC,
     "slow_tier.since": _SINCE, "slow_tier.staging_bytes_per_s": _MEASURED,
     "slow_tier.consumption_bytes_per_s": _MEASURED, "slow_tier.rf_needed": _MEASURED,
     "slow_tier.why": _TEXT, "slow_tier.fix": _TEXT,

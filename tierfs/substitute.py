@@ -26,8 +26,7 @@ of them between two mini-epochs of one epoch; none with ``nm`` 1, where every na
 gives the kernel an entry of every name it shows, at the name's own file (readdirplus): when the listing is
 closed, the entries of names whose file is out of the view are stale too -- else the first open of each name of
 a data set built once would be two lookups.  A drop that comes late (the name was looked up again meanwhile)
-costs that name one lookup more, never a wrong file; one that drops the only entry holding a file's inode
-costs nothing either: the pusher gives the kernel the inodes it pushes into (pusher.py, "Inodes").
+costs that name one lookup more, never a wrong file.
 
 A directory with no file in the view serves the name's own file (out of view, counted as such).  A lookup and
 its open are two requests: a name resolved just before a switch (another reader ended the mini-epoch's last

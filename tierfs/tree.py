@@ -47,7 +47,6 @@ log = logging.getLogger("tierfs")
 
 __all__ = [
     "CONTROL_INODES",
-    "INODE_ALIAS_PREFIX",
     "KIND_DIR",
     "KIND_FILE",
     "KIND_LINK",
@@ -56,9 +55,7 @@ __all__ = [
     "Node",
     "ScanCount",
     "Tree",
-    "aliased_inode",
     "fingerprint",
-    "inode_alias",
     "path_hash",
     "path_hashes",
     "stat_fingerprints",
@@ -69,22 +66,6 @@ KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL = 0, 1, 2, 3
 #: Inode numbers of ``/.tierfs`` and its files, far above any tree inode (tree inode = node index + 1).
 CONTROL_BASE = 1 << 60
 CONTROL_INODES = {os.fsencode(name): CONTROL_BASE + i for i, name in enumerate((CONTROL_DIR, *CONTROL_FILES))}
-#: ``/.tierfs/.inode-<inode>``: a dataset file by its inode number, never listed, looked up by the daemon itself
-#: to give the kernel an inode to push pages into (pusher.py, "Inodes"); answered to the owner and root alone
-INODE_ALIAS_PREFIX = b".inode-"
-
-
-def inode_alias(inode: int) -> bytes:
-    """The name in the control dir that stands for dataset inode ``inode``."""
-    return b"%s%d" % (INODE_ALIAS_PREFIX, inode)
-
-
-def aliased_inode(name: bytes) -> int | None:
-    """The inode number an :func:`inode_alias` name stands for; None for any other name (one spelling only)."""
-    digits = name[len(INODE_ALIAS_PREFIX):]
-    if not name.startswith(INODE_ALIAS_PREFIX) or not digits.isdigit() or digits.startswith(b"0"):
-        return None
-    return int(digits)
 
 
 Fingerprint = tuple[int, int, int, int]

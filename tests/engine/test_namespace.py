@@ -15,8 +15,7 @@ import pytest
 from tierfs import fs
 from tierfs.fs import TierOperations
 from tierfs.testing import make_dataset
-from tierfs.tree import CONTROL_INODES, inode_alias
-from tierfs.users import OWNER_UID
+from tierfs.tree import CONTROL_INODES
 
 CTX = pyfuse3.RequestContext()  # a request by root (uid 0): who may see and steer everything
 
@@ -76,35 +75,6 @@ def test_every_backing_path_resolves_and_reads(open_engine, dataset, t):
 
     t.run(main)
     assert e.data.out_of_view == len(files) - len(e.schedule.view.files) or e.data.out_of_view > 0
-
-
-def test_an_inode_alias_in_the_control_dir_is_the_owners_alone(open_engine, dataset, t):
-    """``/.tierfs/.inode-N`` (how the pusher gives the kernel an inode: pusher.py) is dataset file N to the owner
-    and root, in an entry the kernel never keeps (every path walk asks again); never listed; nothing to anyone
-    else, nor for a number that is not a file's, nor in another spelling -- and no negative entry kept either."""
-    _, files = dataset
-    e = open_engine()
-    ops = TierOperations(e)
-    ctl = CONTROL_INODES[b".tierfs"]
-
-    async def main():
-        rel = sorted(files)[0]
-        attr = await _resolve(ops, rel)
-        alias = await ops.lookup(ctl, inode_alias(attr.st_ino), CTX)
-        assert (alias.st_ino, alias.st_size, alias.st_mode) == (attr.st_ino, attr.st_size, attr.st_mode)
-        assert alias.entry_timeout == 0
-        assert e.names.lookup(ctl, inode_alias(attr.st_ino), OWNER_UID) == attr.st_ino
-        assert e.names.lookup(ctl, inode_alias(attr.st_ino), 4242 if OWNER_UID != 4242 else 4243) is None
-        dir_inode = (await _resolve(ops, rel.split("/")[0])).st_ino
-        for name in (inode_alias(dir_inode), inode_alias(10**9), b".inode-0", b".inode-0%d" % attr.st_ino,
-                     b".inode-", b".inode-1x", b".inode--1"):
-            neg = await ops.lookup(ctl, name, CTX)
-            assert neg.st_ino == 0 and neg.entry_timeout == 0, name
-        fh = await ops.opendir(ctl, CTX)
-        assert not [n for n, _ in ops._dirs[fh][1] if n.startswith(b".inode")]
-        await ops.releasedir(fh)
-
-    t.run(main)
 
 
 def test_root_lists_view_and_every_data_dir(open_engine, dataset, t):

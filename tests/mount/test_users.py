@@ -61,42 +61,6 @@ def test_other_users_learn_no_names_from_the_control_files(tmp_path, other_user)
         assert "rf=1000" in seen["control"]
 
 
-# As nobody: open each name in /.tierfs; print the bytes read, or the errno's name.
-_READ_IN_CONTROL_DIR = """
-import errno, os, sys
-for name in sys.argv[2:]:
-    try:
-        with open(os.path.join(sys.argv[1], '.tierfs', name), 'rb') as f:
-            print(len(f.read()))
-    except OSError as e:
-        print(errno.errorcode[e.errno])
-"""
-
-
-def test_an_inode_alias_takes_nobody_past_a_directory_it_may_not_search(tmp_path, other_user):
-    """The daemon gives the kernel the inodes of staged files no reader looked up, by its own lookups of their
-    aliases in ``/.tierfs`` (``push.inode_aliases``: pusher.py), to push their pages.  nobody, who may search
-    ``/.tierfs`` but not a 0700 directory, reaches none of that directory's files through an alias (the kernel
-    asks the daemon at every walk through one, and nobody is refused); the owner reads them through it."""
-    mnt, as_nobody = other_user
-    backing = tmp_path / "backing"
-    hidden = backing / "hidden"
-    hidden.mkdir(parents=True, mode=0o700)
-    secrets = [os.urandom(4096 + i) for i in range(4)]
-    for i, data in enumerate(secrets):
-        (hidden / f"secret_{i}.bin").write_bytes(data)
-        (hidden / f"secret_{i}.bin").chmod(0o644)
-    with mounted(backing, mnt, tmp_path / "cache", "16M", nm=1, rf=1000, allow_other=True) as m:
-        wait_until(lambda: m.status()["push"]["inode_aliases"] == len(secrets), timeout=30,
-                   what="the staged files' inodes given to the kernel by their aliases")
-        names = [f".inode-{os.stat(m.path('hidden', f'secret_{i}.bin')).st_ino}" for i in range(len(secrets))]
-        assert as_nobody(_READ_IN_CONTROL_DIR, mnt, *names) == ["ENOENT"] * len(secrets)
-        assert as_nobody(_READ_IN_CONTROL_DIR, mnt, "../hidden/secret_0.bin") == ["EACCES"]  # (its real name)
-        for name, data in zip(names, secrets, strict=True):
-            with open(m.path(".tierfs", name), "rb") as f:
-                assert f.read() == data
-
-
 def test_one_user_holding_descriptors_starves_nobody_else(dataset, tmp_path, other_user):
     """nobody opens files without end on a daemon limited to 512 descriptors: it gets EMFILE past its share,
     while root's opens all succeed and status.fds stays a count."""
