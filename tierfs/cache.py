@@ -498,6 +498,14 @@ class CacheStore:
         save_index(self.path, ((e.name, tree.path_hash_of(e.fidx), e.fp, e.disk, e.digest, e.copy_id)
                                for e in self.entries.values() if not e.doomed))
 
+    def data_dir_held(self) -> bool:
+        """Whether the ``data/`` the copies are in is still linked: an ``fstat`` of its descriptor, no path walk
+        and never the disk (the trio thread's quick check; :meth:`data_dir_lost` is the whole one)."""
+        try:
+            return os.fstat(self.data_fd).st_nlink > 0
+        except OSError:
+            return False
+
     def data_dir_lost(self) -> bool:
         """Whether ``data/`` was deleted (or replaced) under us (worker thread)."""
         try:

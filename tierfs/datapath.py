@@ -11,8 +11,10 @@ again, the cache's ``data/`` is gone.
 
 **Never waits on the slow tier for the fast one.**  An open of a cached file whose fingerprint is fresh (see
 revalidate.py) makes no backing call; the copy is opened and checked (size, inode, ctime, mtime) with one
-local ``open`` + ``fstat``; a damaged copy is a cache miss (:meth:`DataPath.repair`).  Backing calls go through
-:class:`~tierfs.backing.Backing` with ``backing_timeout``.
+local ``open`` + ``fstat``; a damaged copy is a cache miss (:meth:`DataPath.repair`).  A copy whose bytes the
+pusher gave the kernel is only pinned at the open, and opened and checked at the first read that reaches the
+daemon: its reads are served from the mount's page cache, so most opens make no file-system call at all.
+Backing calls go through :class:`~tierfs.backing.Backing` with ``backing_timeout``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ log = logging.getLogger("tierfs")
 @dataclass(eq=False)
 class FileHandle:
     """One open dataset file: a descriptor of the cached copy (``entry``) or of the backing file, held for the
-    user ``uid`` (counted in the data path's :class:`~tierfs.users.FdBudget`)."""
+    user ``uid`` (counted in the data path's :class:`~tierfs.users.FdBudget`); ``_NOT_OPEN`` while the copy is
+    pinned but not opened (its bytes were pushed: reads may never come)."""
 
     fidx: int
     fd: int
@@ -60,6 +63,11 @@ class FileHandle:
     keep_cache: bool
     direct_io: bool
     uid: int
+    opening: trio.Event | None = None  # set while a read opens the pinned copy (the other reads wait for it)
+
+
+#: a handle's ``fd`` while its copy is pinned but not opened (``DataPath._open_file``)
+_NOT_OPEN = -1
 
 
 def _pread_rest(fd: int, buf: bytearray, done: int, offset: int) -> int:
@@ -169,7 +177,8 @@ class DataPath:
             raise
 
     def release_copy(self, entry: CacheEntry, fd: int) -> None:
-        os.close(fd)  # a local file opened read-only: closing never waits on the disk
+        if fd != _NOT_OPEN:
+            os.close(fd)  # a local file opened read-only: closing never waits on the disk
         if self.cache.unpin(entry):
             self.stager.notify()
 
@@ -226,7 +235,13 @@ class DataPath:
         fd = None
         if entry is not None and self.settings.current.verify == "xxhash" and not entry.verified:
             entry = await self._verify(entry)
-        if entry is not None:
+        if entry is not None and self.pusher.holds(fidx) and self.cache.data_dir_held():
+            # Its bytes, checked, are in the mount's own page cache: the reads stay in the kernel, so the copy is
+            # only pinned here, and opened (and checked) at the first read that reaches us (_open_pinned).  (A
+            # data dir someone deleted is found here, as the open of a copy would find it: then made again.)
+            self.cache.pin(entry)
+            fd = _NOT_OPEN
+        elif entry is not None:
             fd = await self.open_copy(entry)
         if fd is not None:
             assert entry is not None
@@ -245,7 +260,9 @@ class DataPath:
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
         handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct, uid=uid)
         self.handles += 1
-        if entry is not None and not entry.advised and size <= ADVISE_WHOLE:
+        if fd == _NOT_OPEN and direct:  # (changed meanwhile: its reads will come, each one)
+            await self._open_pinned(handle)
+        elif fd != _NOT_OPEN and entry is not None and not entry.advised and size <= ADVISE_WHOLE:
             # Start reading a small copy into the page cache now, while the open's reply travels: the read that
             # follows then mostly finds it there and needs no thread hop (big files get the kernel's read-ahead).
             # WILLNEED on a local copy only queues read-ahead on the fast tier and returns: never the backing.
@@ -357,6 +374,8 @@ class DataPath:
             opened(fidx, entry.size, OWNER_UID)
 
     async def read(self, handle: FileHandle, offset: int, size: int) -> bytes | bytearray:
+        if handle.fd == _NOT_OPEN:
+            await self._open_pinned(handle)
         entry = handle.entry
         if entry is not None:
             # The cached copy: bytes already in the page cache are copied right here (RWF_NOWAIT never blocks
@@ -388,6 +407,25 @@ class DataPath:
             self.stall_seconds += time.monotonic() - t0
         self.served_bytes += len(data)
         return data
+
+    async def _open_pinned(self, handle: FileHandle) -> None:
+        """Open the pinned copy of a handle opened without it; a damaged copy is repaired, and the handle's
+        reads come from the backing file (if it is still the file the copy was made of)."""
+        while handle.fd == _NOT_OPEN:
+            if handle.opening is not None:  # (the kernel's read-ahead sends a handle's reads side by side)
+                await handle.opening.wait()
+                continue
+            entry = handle.entry
+            assert entry is not None
+            handle.opening = opening = trio.Event()
+            try:
+                handle.fd = open_copy(self.cache.data_fd, entry.name, entry.size, entry.copy_id)
+            except CopyDamaged as exc:
+                await self.repair(entry, str(exc))
+                await self._handle_to_backing(handle)
+            finally:
+                handle.opening = None
+                opening.set()
 
     async def _handle_to_backing(self, handle: FileHandle) -> None:
         entry = handle.entry

@@ -304,6 +304,11 @@ class Pusher:
             self.pushed.discard(fidx)
             self.window -= int(self.tree.sizes[fidx])
 
+    def holds(self, fidx: int) -> bool:
+        """Whether the kernel was given ``fidx``'s bytes (checked, of its copy now): its reads stay in the mount's
+        page cache unless the kernel let the inode go since (then they reach the daemon, as any read does)."""
+        return fidx in self.pushed
+
     def wake(self) -> None:
         self._wake.notify()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import force_unmount, mounted, wait_until
+from tierfs.testing import force_unmount, mounted, wait_until, within
 
 
 def _listed_files(mnt: str) -> list[str]:
@@ -323,3 +323,64 @@ def test_order0_carries_every_name_and_order_quotes_what_a_line_cannot(tmp_path)
         for p in paths + [ln for ln in lines if not ln.startswith(b'"')]:
             with open(os.path.join(os.fsencode(mnt), p), "rb") as f:
                 assert f.read() == p
+
+
+def _copy_descriptors(pid: int, cache: str) -> int:
+    """Descriptors the daemon holds on files of its cache dir's ``data/`` (copies)."""
+    data = os.path.join(os.path.realpath(cache), "data") + os.sep
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        n += target.startswith(data)
+    return n
+
+
+def test_an_open_of_pushed_bytes_holds_no_copy_until_a_read_reaches_the_daemon(tierfs_mount, dataset, mount_dirs):
+    # Opens of files whose bytes the kernel was given pin their copies without opening them: a loader holding
+    # many open costs the daemon no descriptors.  Once the kernel drops the pages, the reads that reach the daemon
+    # open the copy then -- and a copy damaged meanwhile is repaired, its bytes read from the backing file.
+    backing, files = dataset
+    _, cache = mount_dirs
+    with tierfs_mount(capacity="4M", nm=2, rf=100) as m:
+        for rel in files:
+            os.stat(m.path(rel))  # the kernel learns every inode (a push needs one)
+        _wait_next_ready(m)
+        _listed_files(m.mountpoint)
+        _wait_pushed(m)
+        m.control("advance")
+        listed = _listed_files(m.mountpoint)
+        pid = m.process.pid
+        held = [open(m.path(rel), "rb", buffering=0) for rel in listed]  # noqa: SIM115 (held open on purpose)
+        try:
+            assert _copy_descriptors(pid, cache) == 0
+            before = m.status()
+            for rel, f in zip(listed, held, strict=True):
+                assert within(m.mountpoint, f.readall) == files_bytes(backing, rel)
+            assert m.status()["served_bytes"] == before["served_bytes"]  # all from the mount's page cache
+            assert _copy_descriptors(pid, cache) == 0
+            # The kernel lets the pages go: the next reads reach the daemon, which opens each copy now.
+            copy = os.getxattr(m.path(listed[0]), "user.tierfs.cache_path")
+            with open(copy, "r+b") as c:  # (same size, other bytes: the copy is no longer what was committed)
+                c.write(bytes(b ^ 0xFF for b in c.read(16)))
+            with open("/proc/sys/vm/drop_caches", "w") as dc:
+                dc.write("1\n")
+            for rel, f in zip(listed, held, strict=True):
+                f.seek(0)
+                assert within(m.mountpoint, f.readall) == files_bytes(backing, rel)
+            after = m.status()
+            assert after["served_bytes"] > before["served_bytes"]
+            assert after["cache_repairs"] == before["cache_repairs"] + 1  # the damaged copy, found at its read
+            # (each handle whose pages went opened its copy; the damaged one reads the backing file instead)
+            assert 1 <= _copy_descriptors(pid, cache) <= len(held) - 1
+        finally:
+            for f in held:
+                f.close()
+        wait_until(lambda: _copy_descriptors(pid, cache) == 0, what="the copies' descriptors closed")
+
+
+def files_bytes(backing: Path | str, rel: str) -> bytes:
+    with open(os.path.join(backing, rel), "rb") as f:
+        return f.read()
