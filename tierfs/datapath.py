@@ -13,7 +13,7 @@ again, the cache's ``data/`` is gone.
 revalidate.py) makes no backing call; the copy is opened and checked (size, inode, ctime, mtime) with one
 local ``open`` + ``fstat``; a damaged copy is a cache miss (:meth:`DataPath.repair`).  A copy whose bytes the
 pusher gave the kernel is only pinned at the open, and opened and checked at the first read that reaches the
-daemon: its reads are served from the mount's page cache, so most opens make no file-system call at all.
+daemon: its reads are served from the mount's page cache, so most opens make no call on a copy at all.
 Backing calls go through :class:`~tierfs.backing.Backing` with ``backing_timeout``.
 """
 
@@ -237,8 +237,10 @@ class DataPath:
             entry = await self._verify(entry)
         if entry is not None and self.pusher.holds(fidx) and self.cache.data_dir_held():
             # Its bytes, checked, are in the mount's own page cache: the reads stay in the kernel, so the copy is
-            # only pinned here, and opened (and checked) at the first read that reaches us (_open_pinned).  (A
-            # data dir someone deleted is found here, as the open of a copy would find it: then made again.)
+            # only pinned here, and opened (and checked) at the first read that reaches us (_open_pinned; a file
+            # found changed meanwhile is read with direct_io, from the copy of the version it was opened at, as
+            # an opened copy would be).  (A data dir someone deleted is found here, as the open of a copy would
+            # find it: then made again.)
             self.cache.pin(entry)
             fd = _NOT_OPEN
         elif entry is not None:
@@ -260,9 +262,7 @@ class DataPath:
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
         handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct, uid=uid)
         self.handles += 1
-        if fd == _NOT_OPEN and direct:  # (changed meanwhile: its reads will come, each one)
-            await self._open_pinned(handle)
-        elif fd != _NOT_OPEN and entry is not None and not entry.advised and size <= ADVISE_WHOLE:
+        if fd != _NOT_OPEN and entry is not None and not entry.advised and size <= ADVISE_WHOLE:
             # Start reading a small copy into the page cache now, while the open's reply travels: the read that
             # follows then mostly finds it there and needs no thread hop (big files get the kernel's read-ahead).
             # WILLNEED on a local copy only queues read-ahead on the fast tier and returns: never the backing.

@@ -210,3 +210,38 @@ def test_a_file_looked_up_is_pushed_once_the_kernel_has_read_the_reply(open_engi
             assert bytes(kernel.pages[e.names.file_inode(f)]) == t.backing_bytes(e, f)
 
     _run_with_stager(e, t, body)
+
+
+def test_reads_side_by_side_of_a_pushed_file_whose_copy_was_damaged_read_the_backing_file(open_engine, t):
+    # An open of pushed bytes pins the copy without opening it; the reads that reach the daemon later (the kernel
+    # let the pages go) open it, and when it was damaged meanwhile, the one repair moves the handle to the backing
+    # file -- both reads sent side by side get the backing's bytes, and the release leaves nothing pinned.
+    e = open_engine()
+    kernel = FakeKernel()
+    _attach(e, kernel)
+
+    async def body():
+        await _settled(e, t)
+        f = next(int(x) for x in e.schedule.current if e.tree.sizes[x] > 1)
+        assert e.pusher.holds(f)
+        entry = e.cache.get(f)
+        handle = await e.data.open_file(f)
+        assert handle.fd < 0 and handle.entry is entry and entry.opens == 1  # pinned, not opened
+        with open(os.path.join(e.cache.data_path, entry.name), "r+b") as c:
+            c.write(b"\0")  # (the copy is no longer the one committed: its mtime moves)
+        want = t.backing_bytes(e, f)
+        half = len(want) // 2
+        got: dict[int, bytes] = {}
+
+        async def read(offset: int) -> None:
+            got[offset] = bytes(await e.data.read(handle, offset, len(want)))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(read, 0)
+            n.start_soon(read, half)
+        assert got == {0: want, half: want[half:]}
+        assert e.cache.repairs == 1 and handle.entry is None and handle.fd >= 0
+        await e.data.release(handle)
+        assert entry.opens == 0 and e.data.handles == 0
+
+    _run_with_stager(e, t, body)
