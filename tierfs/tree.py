@@ -357,7 +357,8 @@ class Tree:
         if 0 < i <= self._n_files:
             return None
         s = self.dir_slot(i)
-        lo, hi = self.first.item(s), self.first.item(s + 1)
+        lo, stop = self.first.item(s), self.first.item(s + 1)
+        hi = stop
         kids, ends, names = self.kids, self._name_ends, self._names  # (a lookup per open: no Python call a step)
         while lo < hi:
             mid = (lo + hi) >> 1
@@ -366,10 +367,8 @@ class Tree:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo < self.first.item(s + 1):
-            k = kids.item(lo)
-            if names[ends.item(k - 1):ends.item(k)] == name:
-                return k
+        if lo < stop and self.name(k := kids.item(lo)) == name:
+            return k
         return None
 
     def names_of(self, nodes: np.ndarray) -> list[bytes]:
