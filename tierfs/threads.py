@@ -2,7 +2,8 @@
 
 Everything the daemon does that may block -- staging copies, page-cache pushes, backing stats, unlinks, the
 journal -- runs through :func:`in_thread`: trio's own thread cache (``trio.to_thread.run_sync``, with its limiters
-and cancellation), each thread put under ``SCHED_BATCH`` before its first job.  A batch thread that wakes does not
+and cancellation), each thread put under ``SCHED_BATCH`` (``SCHED_IDLE`` on a CPU of the daemon's own, below)
+before its first job.  A batch thread that wakes does not
 preempt the thread running on its CPU (the kernel leaves it to the next tick or the next wait); it gets the same
 share of the CPU as before, only not at the wake-up.  What that changes: handing a job to a thread wakes that
 thread, and where it wakes on the trio thread's CPU -- a daemon with a CPU of its own, or a busy node -- a
@@ -12,8 +13,20 @@ as long as its copy or push runs.  Measured on the 2-CPU dev box, the daemon on 
 under ``SCHED_BATCH`` (docs/dev/benchmarks-history.md, "Worker threads behind the trio thread").  The trio
 thread itself stays a normal thread: it answers every request.
 
-Changing to ``SCHED_BATCH`` needs no privilege (and it can be changed back); where it is refused (a seccomp
-filter, a platform without it) the thread stays as it was and the job runs all the same.
+**A CPU of its own: ``SCHED_IDLE``.**  Where the daemon was given one CPU inside a larger cpuset (``taskset
+-c 0``, systemd's ``CPUAffinity=0``: operations.md, "A core for the daemon"), its worker threads share that CPU
+with the trio thread alone, and ``SCHED_BATCH`` still gives each of them the trio thread's share of it: at a
+mini-epoch's burst of copies and pushes a dozen of them are runnable at once, and the trio thread, woken by a
+request, waited its turn behind them 4-8 ms at a time (``perf sched`` on the dev box; every open of the burst
+waited with it).  Under ``SCHED_IDLE`` they run whenever the trio thread waits and never while it has work.
+Anywhere else they stay ``SCHED_BATCH``: on a CPU shared with the loader (a one-CPU container, or the loader
+and the daemon pinned together) ``SCHED_IDLE`` would give the copies next to nothing beside its busy workers
+-- measured, the staging fell behind and 5 % of the opens became misses (docs/dev/benchmarks-history.md,
+"The trio thread behind its own copies").  Which one (:func:`worker_policy`) is decided by each thread at its
+first job.
+
+Changing to either needs no privilege (and it can be changed back); where it is refused (a seccomp filter, a
+platform without it) the thread stays as it was and the job runs all the same.
 
 **Kept, not made again** (:func:`keep_idle_threads`).  trio lets a worker thread go after 10 s without a job,
 and making one blocks the thread that asks for it until the new thread has run (``Thread.start`` waits for it):
@@ -33,7 +46,7 @@ from typing import TypeVar
 
 import trio
 
-__all__ = ["IDLE_THREAD_S", "in_thread", "keep_idle_threads"]
+__all__ = ["IDLE_THREAD_S", "cpuset_cpus", "in_thread", "keep_idle_threads", "worker_policy"]
 
 T = TypeVar("T")
 
@@ -57,17 +70,63 @@ def keep_idle_threads(seconds: float) -> bool:
     return True
 
 
-def _batch_once() -> None:
-    """Put the calling thread under ``SCHED_BATCH`` (once per thread)."""
+def _cpu_list(text: str) -> set[int]:
+    """``0-3,8`` -> {0, 1, 2, 3, 8} (the kernel's CPU list format)."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def cpuset_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> set[int] | None:
+    """The CPUs this process's cgroup lets it use (cgroup v2's ``cpuset.cpus.effective``, from its own cgroup up
+    to the root; v1's cpuset hierarchy), whatever its own affinity; None where that cannot be read."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpuset" in controllers.split(","):  # (v1)
+            candidates = [os.path.join(root, "cpuset", *[p for p in path.split("/") if p], "cpuset.effective_cpus")]
+        elif controllers == "":  # (v2: the nearest cgroup that has the controller)
+            parts = [p for p in path.split("/") if p]
+            candidates = [os.path.join(root, *parts[:i], "cpuset.cpus.effective") for i in range(len(parts), -1, -1)]
+        else:
+            continue
+        for name in candidates:
+            try:
+                with open(name) as f:
+                    return _cpu_list(f.read()) or None
+            except (OSError, ValueError):
+                continue
+    return None
+
+
+def worker_policy() -> int:
+    """The calling thread's worker policy: ``SCHED_IDLE`` where it may run on one CPU only while its cgroup
+    allows more (a CPU given to the daemon), else ``SCHED_BATCH`` (see the module docstring)."""
+    mine = os.sched_getaffinity(0)
+    allowed = cpuset_cpus()
+    if len(mine) == 1 and allowed is not None and len(allowed) > 1:
+        return os.SCHED_IDLE
+    return os.SCHED_BATCH
+
+
+def _demote_once() -> None:
+    """Put the calling thread under its :func:`worker_policy` (once per thread)."""
     if getattr(_local, "tried", False):
         return
     _local.tried = True
     with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # (pid 0: the calling thread)
+        os.sched_setscheduler(0, worker_policy(), os.sched_param(0))  # (pid 0: the calling thread)
 
 
 def _run(fn: Callable[..., T], args: tuple[object, ...]) -> T:
-    _batch_once()
+    _demote_once()
     return fn(*args)
 
 

@@ -1,14 +1,18 @@
-"""``tierfs.threads.in_thread``: trio's worker threads, each under ``SCHED_BATCH`` from its first job on."""
+"""``tierfs.threads.in_thread``: trio's worker threads, each under ``SCHED_BATCH`` from its first job on (under
+``SCHED_IDLE`` where the process runs on one CPU of a larger cpuset)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import trio
 
-from tierfs.threads import in_thread
+from tierfs.threads import cpuset_cpus, in_thread
 
 
 def _policy_and_thread() -> tuple[int, int]:
@@ -59,3 +63,42 @@ def test_idle_threads_are_kept_as_long_as_asked_then_let_go():
         assert first == second
     finally:
         keep_idle_threads(before)
+
+
+def test_the_cpuset_is_read_from_cgroup_v1_or_from_the_nearest_v2_cgroup_that_has_it(tmp_path: Path):
+    proc = tmp_path / "cgroup"
+    root = tmp_path / "fs"
+    # v1 (a hybrid box: the v1 cpuset line comes first and wins)
+    proc.write_text("4:memory:/job\n3:cpuset:/job/step\n0::/job\n")
+    (root / "cpuset/job/step").mkdir(parents=True)
+    (root / "cpuset/job/step/cpuset.effective_cpus").write_text("0-3,8\n")
+    assert cpuset_cpus(str(proc), str(root)) == {0, 1, 2, 3, 8}
+    # v2: the process's own cgroup has no cpuset controller, its parent's answer holds
+    proc.write_text("0::/system.slice/tierfs@data.service\n")
+    (root / "system.slice/tierfs@data.service").mkdir(parents=True)
+    assert cpuset_cpus(str(proc), str(root)) is None  # (nothing anywhere up to the root)
+    (root / "system.slice/cpuset.cpus.effective").write_text("2,5-6\n")
+    assert cpuset_cpus(str(proc), str(root)) == {2, 5, 6}
+    (root / "system.slice/tierfs@data.service/cpuset.cpus.effective").write_text("5\n")
+    assert cpuset_cpus(str(proc), str(root)) == {5}
+    assert cpuset_cpus(str(tmp_path / "missing"), str(root)) is None
+
+
+_POLICY_IN_A_PINNED_PROCESS = """
+import os, sys, trio
+from tierfs.threads import in_thread
+os.sched_setaffinity(0, {int(sys.argv[1])})
+print(trio.run(in_thread, os.sched_getscheduler, 0), os.sched_getscheduler(0))
+"""
+
+
+def test_on_one_cpu_of_a_larger_cpuset_the_worker_threads_run_under_sched_idle_and_the_caller_stays_normal():
+    """A daemon given a CPU of its own: its threads take that CPU only when the trio thread waits.  (A process
+    of its own: the thread cache of this one keeps threads that already chose.)"""
+    allowed = cpuset_cpus()
+    if allowed is None or len(allowed) < 2 or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip(f"needs a cpuset of 2 CPUs or more (here {allowed}, affinity {os.sched_getaffinity(0)})")
+    cpu = max(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-c", _POLICY_IN_A_PINNED_PROCESS, str(cpu)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert [int(x) for x in out] == [os.SCHED_IDLE, os.SCHED_OTHER]
