@@ -89,7 +89,10 @@ def cpuset_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if "cpuset" in controllers.split(","):  # (v1)
             candidates = [os.path.join(root, "cpuset", *[p for p in path.split("/") if p], "cpuset.effective_cpus")]
         elif controllers == "":  # (v2: the nearest cgroup that has the controller)

@@ -82,6 +82,8 @@ def test_the_cpuset_is_read_from_cgroup_v1_or_from_the_nearest_v2_cgroup_that_ha
     (root / "system.slice/tierfs@data.service/cpuset.cpus.effective").write_text("5\n")
     assert cpuset_cpus(str(proc), str(root)) == {5}
     assert cpuset_cpus(str(tmp_path / "missing"), str(root)) is None
+    proc.write_text("garbage\n0::/system.slice/tierfs@data.service\n")  # (a line it cannot read is passed over)
+    assert cpuset_cpus(str(proc), str(root)) == {5}
 
 
 _POLICY_IN_A_PINNED_PROCESS = """
