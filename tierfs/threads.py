@@ -46,6 +46,8 @@ from typing import TypeVar
 
 import trio
 
+from tierfs.protocol import parse_indices
+
 __all__ = ["IDLE_THREAD_S", "cpuset_cpus", "in_thread", "keep_idle_threads", "worker_policy"]
 
 T = TypeVar("T")
@@ -68,16 +70,6 @@ def keep_idle_threads(seconds: float) -> bool:
         return False
     _thread_cache.IDLE_TIMEOUT = seconds
     return True
-
-
-def _cpu_list(text: str) -> set[int]:
-    """``0-3,8`` -> {0, 1, 2, 3, 8} (the kernel's CPU list format)."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def cpuset_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> set[int] | None:
@@ -103,7 +95,7 @@ def cpuset_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
         for name in candidates:
             try:
                 with open(name) as f:
-                    return _cpu_list(f.read()) or None
+                    return set(parse_indices(f.read().strip()))  # (the kernel's CPU lists: "0-3,8")
             except (OSError, ValueError):
                 continue
     return None
@@ -112,9 +104,7 @@ def cpuset_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
 def worker_policy() -> int:
     """The calling thread's worker policy: ``SCHED_IDLE`` where it may run on one CPU only while its cgroup
     allows more (a CPU given to the daemon), else ``SCHED_BATCH`` (see the module docstring)."""
-    mine = os.sched_getaffinity(0)
-    allowed = cpuset_cpus()
-    if len(mine) == 1 and allowed is not None and len(allowed) > 1:
+    if len(os.sched_getaffinity(0)) == 1 and len(cpuset_cpus() or ()) > 1:
         return os.SCHED_IDLE
     return os.SCHED_BATCH
 
