@@ -27,6 +27,7 @@ from typing import overload
 
 from tierfs import __version__
 from tierfs.client import Client, NotAMount
+from tierfs.mountpoint_lock import holders
 from tierfs.mounts import mount_at
 from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, parse_assignments
 from tierfs.progress import ScanProgress
@@ -293,22 +294,6 @@ def _dead_mount(path: str, exc: OSError) -> str:
             "resumes from its journal (docs/operations.md, A dead mount)")
 
 
-def _starting_daemons(mountpoint: str) -> list[int]:
-    """tierfs processes whose command line names ``mountpoint``: a mount that has not answered yet (its first
-    mount scans the backing dir first)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    args = [os.fsdecode(a) for a in f.read().split(b"\0")]
-            except OSError:
-                continue
-            if any("tierfs" in a for a in args[:3]) and any(os.path.abspath(a) == mountpoint for a in args[1:] if a):
-                pids.append(int(entry))
-    return pids
-
-
 def _not_a_mount(path: str) -> str | None:
     """Why ``path`` is not a tierfs mount, and what to do (None: no better reason than the client's)."""
     full = os.path.realpath(path)
@@ -319,10 +304,12 @@ def _not_a_mount(path: str) -> str | None:
         fstype = mounted[1]
         what = "a tierfs mount that does not answer" if fstype == "fuse.tierfs" else f"a {fstype} mount"
         return f"{path} is not a tierfs mount: it is {what}"
-    starting = _starting_daemons(full)
+    # (the daemon's lock on its mountpoint, never other processes' command lines: tierfs.mountpoint_lock)
+    starting = holders(full)
     if starting:
-        return (f"{path} is not a tierfs mount yet: tierfs (pid {starting[0]}) is starting there (a first mount "
-                "scans the backing dir; its progress is on its terminal or in its log); try again in a moment")
+        who = f"tierfs (pid {starting[0]})" if starting[0] > 0 else "a tierfs"
+        return (f"{path} is not a tierfs mount yet: {who} is starting there (a first mount scans the backing dir; "
+                "its progress is on its terminal or in its log); try again in a moment")
     return (f"{path} is not a tierfs mount (nothing is mounted there); mount one with 'tierfs mount BACKING {path} "
             "--cache DIR --capacity SIZE'")
 

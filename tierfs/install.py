@@ -4,7 +4,8 @@ mount(8) runs the helper of a ``fuse.tierfs`` fstab line as ``/sbin/mount.fuse.t
 with an *empty* environment (no PATH, no virtual environment), and it looks only in ``/sbin``, ``/sbin/fs.d``
 and ``/sbin/fs``.  systemd needs absolute paths in ``ExecStart=``.  So the install writes small ``/bin/sh``
 wrappers that name the Python interpreter and the package directory of *this* install (a virtual environment
-and an editable checkout work as well as a system install), and units that name those wrappers:
+and an editable checkout work as well as a system install) and run it isolated, importing nothing from the
+caller's current directory or ``PYTHON*`` variables (:data:`_ISOLATED_MAIN`), and units that name those wrappers:
 
 =================================================  ========================================================
 ``SBIN/mount.fuse.tierfs``                          the fstab helper (``SBIN`` = ``/sbin``: mount(8) looks
@@ -85,16 +86,26 @@ def _tool(name: str) -> str:
     return shutil.which(name) or f"/bin/{name}"
 
 
+#: What a wrapper runs: ``python -I`` (isolated: no current directory and no ``PYTHON*`` variable on the import
+#: path, no user site-packages) with this install's package directory put first by hand, then the command's
+#: ``__main__`` as ``-m`` would run it.  ``-m`` alone would put the caller's current directory first on
+#: ``sys.path``: a ``tierfs/`` or ``trio.py`` planted where root types ``tierfs status`` (or where mount(8) runs
+#: the helper) would run as root.  The package dir and the module come as arguments, so no path is ever quoted
+#: inside Python source.
+_ISOLATED_MAIN = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                  "runpy.run_module(sys.argv.pop(1), run_name=\"__main__\", alter_sys=True)")
+
+
 def _wrapper(module: str, purpose: str) -> str:
     python = sys.executable
     package_parent = str(_SOURCE_ROOT)
     return f"""#!/bin/sh
 # {MARKER} (tierfs {__version__}); `tierfs install --uninstall` removes it.
 # {purpose}
-# It runs the tierfs installed at {package_parent} with {python}, whatever the caller's environment.
+# It runs the tierfs installed at {package_parent} with {python}, whatever the caller's environment and
+# current directory: python -I imports nothing from either (docs/operations.md, Install).
 export PATH="${{PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}}"
-export PYTHONPATH={shlex.quote(package_parent)}
-exec {shlex.quote(python)} -m {module} "$@"
+exec {shlex.quote(python)} -I -c {shlex.quote(_ISOLATED_MAIN)} {shlex.quote(package_parent)} {module} "$@"
 """
 
 

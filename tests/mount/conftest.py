@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 
 import pytest
 
+from tierfs.mountpoint_lock import holders
 from tierfs.testing import force_unmount, make_dataset, mounted
 
 
@@ -92,3 +94,20 @@ def other_user():
     finally:
         force_unmount(mnt)
         os.rmdir(mnt)
+
+
+@pytest.fixture
+def daemons(mount_dirs):
+    """``daemons()``: the pids of the daemons of this test's mountpoint, from their lock on it
+    (:mod:`tierfs.mountpoint_lock`), looked up through a descriptor of the mountpoint's own directory, so never
+    through a mount on it (nor through other processes' command lines); any left at the end are killed."""
+    mnt, _ = mount_dirs
+    fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    underneath = f"/proc/self/fd/{fd}"  # (opens and stats the directory the fd holds, not what is mounted there)
+    try:
+        yield lambda: holders(underneath)
+        for pid in holders(underneath):
+            if pid > 0:
+                os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(fd)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tierfs.mountpoint_lock import holders
 from tierfs.testing import is_mounted
 
 TIERFS = [sys.executable, "-m", "tierfs"]
@@ -23,37 +24,12 @@ def run_tierfs(*args, timeout=60, env=None):
                           stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
 
 
-def daemon_pids(mnt) -> list[int]:
-    """Processes whose command line names ``mnt`` (the daemon), so a test can prove it is gone."""
-    pids = []
-    needle = os.fspath(mnt).encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if needle in args and any(b"tierfs" in a for a in args if a != needle):
-                pids.append(int(entry))
-    return pids
-
-
 def wait_for(pred, timeout=20.0, what="condition"):
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-@pytest.fixture
-def cleanup_daemons(mount_dirs):
-    """Kill any daemon left for this test's mountpoint (after the fixture's lazy unmount)."""
-    mnt, _ = mount_dirs
-    yield
-    for pid in daemon_pids(mnt):
-        os.kill(pid, signal.SIGKILL)
 
 
 def test_foreground_mount_exits_0_on_sigterm_and_unmounts(tierfs_mount, mount_dirs):
@@ -82,7 +58,7 @@ def test_external_unmount_ends_the_daemon_cleanly(tierfs_mount, mount_dirs):
         assert not is_mounted(mnt)
 
 
-def test_daemon_returns_once_ready_and_umount_ends_it(dataset, mount_dirs, cleanup_daemons):
+def test_daemon_returns_once_ready_and_umount_ends_it(dataset, mount_dirs, daemons):
     backing, files = dataset
     mnt, cache = mount_dirs
     res = run_tierfs("mount", backing, mnt, "--cache", cache, "--capacity", "1M", "--rf", "3", "--daemon")
@@ -92,10 +68,10 @@ def test_daemon_returns_once_ready_and_umount_ends_it(dataset, mount_dirs, clean
     assert status["rf"] == 3
     rel = next(iter(files))
     assert (mnt / rel).read_bytes() == (backing / rel).read_bytes()
-    assert daemon_pids(mnt)
+    assert daemons()
     res = run_tierfs("umount", mnt)
     assert res.returncode == 0, res.stderr
-    wait_for(lambda: not daemon_pids(mnt), what="the daemon to exit")
+    wait_for(lambda: not daemons(), what="the daemon to exit")
     assert not is_mounted(mnt)
     # the daemon's log never sits on the cache filesystem (a full cache disk must not cut it off: issue 11)
     from tierfs.mount import default_log_path
@@ -110,7 +86,7 @@ def test_daemon_returns_once_ready_and_umount_ends_it(dataset, mount_dirs, clean
         os.unlink(log)
 
 
-def test_daemon_reports_failure_with_exit_1_and_one_line(dataset, mount_dirs, cleanup_daemons):
+def test_daemon_reports_failure_with_exit_1_and_one_line(dataset, mount_dirs, daemons):
     backing, _ = dataset
     mnt, cache = mount_dirs
     # A cache too small for the largest file cannot work: refused before anything is mounted.
@@ -120,7 +96,7 @@ def test_daemon_reports_failure_with_exit_1_and_one_line(dataset, mount_dirs, cl
     assert len(lines) == 1 and lines[0].startswith("tierfs: error: "), res.stderr
     assert "capacity" in lines[0]
     assert not is_mounted(mnt)
-    wait_for(lambda: not daemon_pids(mnt), what="the failed daemon to exit")
+    wait_for(lambda: not daemons(), what="the failed daemon to exit")
 
 
 @pytest.mark.parametrize(
@@ -158,7 +134,7 @@ def test_runtime_errors_exit_1(tmp_path):
     assert not (tmp_path / "b" / "c").exists()
 
 
-def test_fstab_form_daemonizes_and_ignores_generic_options(dataset, mount_dirs, cleanup_daemons):
+def test_fstab_form_daemonizes_and_ignores_generic_options(dataset, mount_dirs, daemons):
     backing, _ = dataset
     mnt, cache = mount_dirs
     opts = f"rw,nosuid,nodev,noexec,_netdev,nofail,x-systemd.automount,cache={cache},capacity=1M,rf=5,nm=4"
@@ -172,11 +148,11 @@ def test_fstab_form_daemonizes_and_ignores_generic_options(dataset, mount_dirs, 
         assert line.split()[0] == str(backing) and line.split()[2] == "fuse.tierfs"
     finally:
         run_tierfs("umount", mnt)
-    wait_for(lambda: not daemon_pids(mnt), what="the daemon to exit")
+    wait_for(lambda: not daemons(), what="the daemon to exit")
 
 
 @pytest.mark.skipif(shutil.which("mount.fuse3") is None, reason="mount.fuse3 not installed")
-def test_mount_t_fuse_tierfs_goes_through_mount_fuse3(dataset, mount_dirs, cleanup_daemons, tmp_path):
+def test_mount_t_fuse_tierfs_goes_through_mount_fuse3(dataset, mount_dirs, daemons, tmp_path):
     """What an fstab line ``BACKING MNT fuse.tierfs cache=...,capacity=... 0 0`` runs."""
     backing, _ = dataset
     mnt, cache = mount_dirs
@@ -193,7 +169,7 @@ def test_mount_t_fuse_tierfs_goes_through_mount_fuse3(dataset, mount_dirs, clean
         assert json.loads((mnt / ".tierfs" / "status").read_bytes())["cache_capacity"] == 1 << 20
     finally:
         run_tierfs("umount", mnt)
-    wait_for(lambda: not daemon_pids(mnt), what="the daemon to exit")
+    wait_for(lambda: not daemons(), what="the daemon to exit")
 
 
 def test_systemd_readiness_is_sent_once_the_mount_answers(dataset, mount_dirs, tmp_path):
@@ -439,3 +415,98 @@ def test_status_of_a_dead_mount_and_of_a_plain_dir_says_what_to_do(tierfs_mount,
         res = run_tierfs("umount", mnt)  # the fix it names works
         assert res.returncode == 0, res.stderr
         assert not is_mounted(mnt)
+
+
+#: A process wedged on a FUSE mount that never answers: one thread reads its own memory where a file of the mount
+#: is mapped, through /proc/self/mem as a debugger or profiler does (the fault waits on the mount holding the
+#: process's memory map), then the main thread asks to change the map (munmap, which queues for it).  Until the
+#: mount answers, whoever reads the process's memory -- its /proc/PID/cmdline, environ -- waits too.  Any user can
+#: make a process of theirs so; a hung network mount does it by accident.
+WEDGE = """
+import ctypes, mmap, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+size = os.path.getsize(sys.argv[1])
+fd = os.open(sys.argv[1], os.O_RDONLY)
+addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+spare = libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+mem = os.open("/proc/self/mem", os.O_RDONLY)
+fault = threading.Thread(target=os.pread, args=(mem, 1, addr + size - 1), daemon=True)
+fault.start()
+while open(f"/proc/self/task/{fault.native_id}/stat").read().rsplit(")", 1)[1].split()[0] != "D":
+    time.sleep(0.01)
+print("faulting", flush=True)
+libc.munmap(spare, mmap.PAGESIZE)
+"""
+
+
+def _threads_waiting(pid: int) -> bool:
+    """Whether every thread of our child ``pid`` sleeps uninterruptibly (its own stat files: no memory read)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(s == "D" for s in states)
+
+
+def test_cli_on_a_plain_dir_never_waits_on_a_process_wedged_on_a_fuse_mount(tmp_path):
+    """`tierfs status/set/metrics/umount` where nothing is mounted answer at once, whatever other processes do:
+    they once read every process's /proc/PID/cmdline (to say "tierfs is starting there"), and waited as long as
+    any process stayed wedged on a FUSE mount (issue 46)."""
+    from tierfs.testing import passthrough
+
+    source, hung, plain = tmp_path / "source", tmp_path / "hung", tmp_path / "plain"
+    for d in (source, hung, plain):
+        d.mkdir()
+    (source / "big").write_bytes(os.urandom(4 << 20))
+    hang = tmp_path / "hang"
+    hang.write_text("read:big\n")  # its reads past the first byte never answer
+    with passthrough(source, hung, hang=str(hang)):
+        wedged = subprocess.Popen([sys.executable, "-c", WEDGE, str(hung / "big")], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert wedged.stdout is not None and wedged.stdout.readline() == "faulting\n"
+            wait_for(lambda: _threads_waiting(wedged.pid), what="the child to wedge")
+            for args in (["status", plain], ["set", plain, "rf=2"], ["metrics", plain], ["umount", plain]):
+                try:
+                    res = run_tierfs(*args, timeout=30)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"tierfs {args[0]} on a plain dir waited on a process wedged on a FUSE mount")
+                assert res.returncode == 1, res.stderr
+                assert f"{plain} is not a tierfs mount (nothing is mounted there)" in res.stderr, res.stderr
+        finally:
+            wedged.kill()
+            hang.write_text("")  # the fault is answered: the killed child can end
+            wedged.wait(timeout=30)
+            if wedged.stdout is not None:
+                wedged.stdout.close()
+
+
+def test_status_names_a_tierfs_that_is_starting_from_its_lock_on_the_mountpoint(mount_dirs, tmp_path):
+    """A tierfs that has not mounted yet (here: its backing's statfs never answers) holds a lock on its mountpoint
+    from the start; `tierfs status` there names its pid, found in /proc/locks (tierfs.mountpoint_lock)."""
+    from tierfs.testing import passthrough, wait_until
+
+    mnt, cache = mount_dirs
+    source, backing = tmp_path / "source", tmp_path / "backing"
+    source.mkdir()
+    backing.mkdir()
+    (source / "a").write_bytes(b"x" * 100)
+    hang = tmp_path / "hang"
+    hang.write_text(".\n")
+    with passthrough(source, backing, hang=str(hang)):
+        daemon = subprocess.Popen([*TIERFS, "mount", backing, mnt, "--cache", cache, "--capacity", "1M"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: holders(str(mnt)) == [daemon.pid], what="the daemon's lock on its mountpoint")
+            res = run_tierfs("status", mnt)
+            assert res.returncode == 1
+            assert res.stderr.startswith(f"tierfs: error: {mnt} is not a tierfs mount yet: tierfs (pid {daemon.pid}) "
+                                         "is starting there"), res.stderr
+        finally:
+            daemon.kill()
+            hang.write_text("")
+            daemon.wait(timeout=30)
+    assert holders(str(mnt)) == []  # the lock ends with the process

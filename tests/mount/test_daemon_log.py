@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,19 +20,8 @@ from tierfs.testing import is_mounted
 CAP = 300  # bytes: a mount and an unmount at log_level=debug write several times that
 
 
-def daemon_pids(mnt: Path) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                if os.fsencode(mnt) in args and int(entry) != os.getpid():
-                    pids.append(int(entry))
-    return pids
-
-
 @pytest.mark.skipif(os.getuid() != 0, reason="the documented path is root's (/var/log/tierfs)")
-def test_a_daemon_logs_where_the_docs_say_and_rotates_its_log(dataset, mount_dirs):
+def test_a_daemon_logs_where_the_docs_say_and_rotates_its_log(dataset, mount_dirs, daemons):
     backing, files = dataset
     mnt, cache = mount_dirs
     log = Path("/var/log/tierfs") / (str(mnt).strip("/").replace("-", "--").replace("/", "-") + ".log")
@@ -50,7 +38,7 @@ def test_a_daemon_logs_where_the_docs_say_and_rotates_its_log(dataset, mount_dir
                              timeout=60)
         assert res.returncode == 0, res.stderr
         deadline = time.monotonic() + 30
-        while daemon_pids(mnt):
+        while daemons():
             assert time.monotonic() < deadline, "the daemon did not exit"
             time.sleep(0.05)
         assert not is_mounted(mnt)
@@ -64,8 +52,6 @@ def test_a_daemon_logs_where_the_docs_say_and_rotates_its_log(dataset, mount_dir
             assert len(text.encode()) <= max(CAP, longest)  # rotated before a line would pass the cap
             assert all(line.startswith("tierfs: ") for line in text.splitlines())  # whole lines only
     finally:
-        for pid in daemon_pids(mnt):
-            os.kill(pid, signal.SIGKILL)
         for p in (log, old):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.install import MARKER, Layout, render
-from tierfs.testing import force_unmount, is_mounted
+from tierfs.install import Layout, render
+from tierfs.mountpoint_lock import holders
+from tierfs.testing import is_mounted
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # what `env -i PATH=...` leaves
@@ -118,64 +119,114 @@ def test_install_refuses_relative_dirs_and_reports_unwritable_ones(tmp_path):
     assert f"{blocked}/sbin" in res.stderr
 
 
-def _daemons(mnt: Path) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if os.fsencode(mnt) in args and any(b"tierfs" in a for a in args):
-                pids.append(int(entry))
-    return pids
+#: Modules a user may plant where root runs a command: the commands' own packages, what they import first, and
+#: what Python imports at startup from PYTHONPATH.  Each writes a marker if imported.
+PLANTED = ("tierfs/__init__.py", "tierfs/__main__.py", "dslide/__init__.py", "dslide/__main__.py", "trio.py",
+           "numpy/__init__.py", "sitecustomize.py", "usercustomize.py", "startup.py")
+
+
+def plant(where: Path, markers: Path) -> None:
+    for rel in PLANTED:
+        path = where / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"import os\nopen(os.path.join({str(markers)!r}, {rel.replace('/', '.')!r}), 'w').close()\n")
+    site = where / "userbase" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True)
+    shutil.copy(where / "usercustomize.py", site / "usercustomize.py")
+    (site / "planted.pth").write_text(f"import os; open(os.path.join({str(markers)!r}, 'pth'), 'w').close()\n")
+
+
+def test_installed_commands_import_nothing_from_the_callers_directory_or_environment(tmp_path):
+    """Root runs `tierfs status` (or mount(8) runs the helper) in a directory another user can write: a planted
+    `tierfs/`, `trio.py` or `numpy/` there, or PYTHON* variables, must never be imported (issue 46)."""
+    layout = temp_layout(tmp_path / "inst")
+    res = tierfs("install", *layout_args(layout))
+    assert res.returncode == 0, res.stderr
+    planted, markers = tmp_path / "planted", tmp_path / "markers"
+    markers.mkdir()
+    plant(planted, markers)
+    hostile = {"PYTHONPATH": str(planted), "PYTHONSTARTUP": str(planted / "startup.py"), "PYTHONHOME": str(planted),
+               "PYTHONUSERBASE": str(planted / "userbase"), "PYTHONSAFEPATH": "", "PYTHONNOUSERSITE": ""}
+    commands = {f"{layout.sbin_dir}/mount.fuse.tierfs": "tierfs", f"{layout.bin_dir}/tierfs": "tierfs",
+                f"{layout.bin_dir}/dslide": "dslide"}
+    for wrapper, name in commands.items():
+        for env in (MINIMAL_ENV, {**MINIMAL_ENV, **hostile}):
+            res = subprocess.run([wrapper, "--version"], cwd=planted, env=env, capture_output=True, text=True,
+                                 timeout=60, stdin=subprocess.DEVNULL)
+            assert (res.returncode, res.stdout.split()[:1]) == (0, [name]), (wrapper, env, res.stdout, res.stderr)
+            assert sorted(os.listdir(markers)) == [], (wrapper, env)
+        res = subprocess.run([wrapper, "--help"], cwd=planted, env={**MINIMAL_ENV, **hostile}, capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert res.returncode == 0 and "usage" in res.stdout.lower(), (wrapper, res.stderr)
+        assert sorted(os.listdir(markers)) == [], wrapper
 
 
 def _wait_gone(mnt: Path) -> None:
+    """Until no daemon holds ``mnt`` (its lock on the mountpoint: tierfs.mountpoint_lock)."""
     deadline = time.monotonic() + 30
-    while _daemons(mnt):
+    while holders(str(mnt)):
         assert time.monotonic() < deadline, "the daemon did not exit after umount"
         time.sleep(0.05)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="writes /sbin/mount.fuse.tierfs and runs mount(8)")
+def _can_unshare() -> bool:
+    return shutil.which("unshare") is not None and shutil.which("nsenter") is not None and subprocess.run(
+        ["unshare", "--mount", "true"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not _can_unshare(),
+                    reason="runs mount(8) in a private mount namespace (root, unshare and nsenter)")
 def test_mount_8_finds_the_helper_with_an_empty_environment(dataset, mount_dirs, tmp_path):
-    """`mount -t fuse.tierfs` and an fstab line, under `env -i PATH=...`; `umount` ends the daemon."""
+    """`mount -t fuse.tierfs` and an fstab line, under `env -i PATH=...`; `umount` ends the daemon.
+
+    mount(8) looks for the helper in /sbin only.  The helper is installed into a temp dir, which a private mount
+    namespace shows as /sbin: the real /sbin is never written, and a real install's helper there is neither run
+    nor touched (issue 46: this test once took a real helper carrying the install marker for its own and deleted
+    it)."""
     backing, files = dataset
     mnt, cache = mount_dirs
-    helper = Path("/sbin/mount.fuse.tierfs")
-    if helper.exists() and MARKER not in helper.read_text(errors="replace"):
-        pytest.skip(f"{helper} exists and is not ours")
-    layout = temp_layout(tmp_path, sbin_dir="/sbin")
+    layout = temp_layout(tmp_path / "inst")
+    res = tierfs("install", *layout_args(layout))
+    assert res.returncode == 0, res.stderr
+    real_sbin = sorted(os.listdir("/sbin"))
+    # a process that holds the namespace: /sbin is the temp dir there, and only there (propagation private)
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount --bind "$0" /sbin && echo ready && exec sleep 3600', layout.sbin_dir],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+
+    def inside(*cmd: object) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["nsenter", f"--target={holder.pid}", "--mount", "--", *map(str, cmd)],
+                              capture_output=True, timeout=60, env=MINIMAL_ENV, stdin=subprocess.DEVNULL)
+
     try:
-        res = tierfs("install", *layout_args(layout))
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        res = inside("mount", "-t", "fuse.tierfs", backing, mnt, "-o", f"nosuid,nodev,cache={cache},capacity=1M,rf=3")
         assert res.returncode == 0, res.stderr
+        assert not is_mounted(mnt)  # (in the namespace only)
+        assert json.loads(inside("cat", mnt / ".tierfs" / "status").stdout)["rf"] == 3
         rel = sorted(files)[0]
-        res = subprocess.run(["mount", "-t", "fuse.tierfs", str(backing), str(mnt), "-o",
-                              f"nosuid,nodev,cache={cache},capacity=1M,rf=3"],
-                             capture_output=True, text=True, timeout=60, env=MINIMAL_ENV)
+        assert inside("cat", mnt / rel).stdout == (backing / rel).read_bytes()
+        res = inside("umount", mnt)
         assert res.returncode == 0, res.stderr
-        assert is_mounted(mnt)
-        assert json.loads((mnt / ".tierfs" / "status").read_bytes())["rf"] == 3
-        assert (mnt / rel).read_bytes() == (backing / rel).read_bytes()
-        res = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60, env=MINIMAL_ENV)
-        assert res.returncode == 0, res.stderr
-        assert not is_mounted(mnt)
+        assert inside("mountpoint", "-q", mnt).returncode != 0
         _wait_gone(mnt)  # an external unmount ends the daemon
 
         # the same through an fstab line (mount -T reads another fstab), with the options systemd adds
         fstab = tmp_path / "fstab"
         fstab.write_text(f"{backing} {mnt} fuse.tierfs _netdev,nofail,x-systemd.requires-mounts-for={backing},"
                          f"cache={cache},capacity=1M,nm=2 0 0\n")
-        res = subprocess.run(["mount", "-T", str(fstab), str(mnt)], capture_output=True, text=True, timeout=60,
-                             env=MINIMAL_ENV)
+        res = inside("mount", "-T", fstab, mnt)
         assert res.returncode == 0, res.stderr
-        assert json.loads((mnt / ".tierfs" / "status").read_bytes())["nm"] == 2
-        res = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60, env=MINIMAL_ENV)
+        assert json.loads(inside("cat", mnt / ".tierfs" / "status").stdout)["nm"] == 2
+        res = inside("umount", mnt)
         assert res.returncode == 0, res.stderr
+        _wait_gone(mnt)
     finally:
-        force_unmount(mnt)
-        tierfs("install", "--uninstall", *layout_args(layout))
-        for pid in _daemons(mnt):
-            os.kill(pid, signal.SIGKILL)
-    assert not helper.exists()
+        for pid in holders(str(mnt)):  # a daemon left by a failure (its mount goes with the namespace)
+            if pid > 0:
+                os.kill(pid, signal.SIGKILL)
+        holder.kill()
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert sorted(os.listdir("/sbin")) == real_sbin
