@@ -202,8 +202,8 @@ def _group(text: str) -> str:
 
 
 def parse_peer_addr(text: str) -> tuple[str, int]:
-    """``HOST`` or ``HOST:PORT`` (``[V6]:PORT``): where a peer listens and what it announces; empty: every
-    interface, an ephemeral port, announced as the host name's address (peers.py)."""
+    """``HOST`` or ``HOST:PORT`` (``[V6]:PORT``): where a peer listens and what it announces; empty: the host
+    name's address and an ephemeral port (peers.py)."""
     if not text:
         return "", 0
     host, sep, port = text.rpartition(":")
@@ -275,7 +275,7 @@ OPTIONS: dict[str, Option] = {
         Option("peers", _choice("off", "mpi"), False, "mpi: the daemons of one job (started by mpiexec or srun, one "
                "rank per node) stage from each other's caches; rank and world_size come from MPI"),
         Option("peer_addr", _peer_addr, False, "HOST or HOST:PORT this node's peers reach it at (peers=mpi); "
-               "empty: every interface, a free port, announced as the host name's address"),
+               "empty: the host name's address, a free port"),
         Option("peer_timeout", _seconds, False, "seconds a peer may take to answer before the file is read from "
                "the backing instead (peers=mpi)"),
         Option("view", _choice("mini-epoch", "full"), False, "what the root shows"),

@@ -5,7 +5,10 @@
 the ranks ``allgather`` their addresses once (:func:`join_mpi_group`) and finalize MPI.  The bytes go over
 plain TCP, because a rank that dies makes MPI point-to-point calls hang, or the launcher abort the whole job,
 while a daemon that dies must be a *peer miss* for the others: a socket gives a deadline (``peer_timeout``)
-and ``ECONNREFUSED``.
+and ``ECONNREFUSED``.  With the addresses each rank gathers a Diffie-Hellman key share (RFC 7919's ffdhe2048):
+rank 0 draws the job's token and scatters it to each rank XORed with a key only the two of them derive, so
+not even MPI's network carries it in clear.  A node listens on the address it announces (by default the host
+name's, not every interface) and connects to its peers from it: the addresses the group lets in.
 
 **Who holds what.**  Every node derives the same plans from the seed, so without asking it knows which rank
 staged each file in epoch 0: that rank *owns* the file (:func:`plan_owners`), keeps its copy beyond its
@@ -22,10 +25,34 @@ and rename.  Anything else -- refused, a deadline passed, not held, another vers
 miss: counted by reason, and the file is copied from the backing as without peers.  A peer that refused or
 timed out is not asked again for :data:`DOWN_S` seconds (one dead peer costs one deadline, not one per file).
 
-**Serving** (:class:`PeerServer`): threads, never the trio thread.  A request's lookup and pin of the copy run
-on the trio thread through ``trio.from_thread`` (the cache's state is the trio thread's); the bytes go by
-``os.sendfile`` from the copy, pinned (:class:`~tierfs.pins.PinKeeper`) so that an eviction meanwhile only
-dooms it, and unpinned after.  A copy being written is not in the cache's index yet: "not held".
+**Serving** (:class:`PeerServer`): threads, never the trio thread.  One thread, the *doorman*, accepts every
+connection at once (a full pool never stops the accepting) and holds it, non-blocking, until it proves the job's
+token: a connection from an address that is not one of the job's (the peers' announced addresses) is closed at
+accept; one that has not sent a proven request by its deadline (``peer_timeout`` after its accept, for the whole
+request, however slowly its bytes come) is closed; of at most :data:`PENDING` unproven connections the oldest is
+closed as another comes (idle or trickling sockets cost the port nothing a real peer needs: it proves itself
+within a round trip).  A proven request waits for one of :data:`SERVING` server threads until the same deadline.
+A request's lookup and pin of the copy run on the trio thread through ``trio.from_thread`` (the cache's state is
+the trio thread's); the bytes go by ``os.sendfile`` from the copy, pinned (:class:`~tierfs.pins.PinKeeper`) so
+that an eviction meanwhile only dooms it, and unpinned after.  A copy being written is not in the cache's index
+yet: "not held".
+
+**The wire** (TCP, one request per connection; integers big-endian; ``MAC(label, ...)`` is HMAC-SHA256 keyed
+with the job's token over the label and the parts, concatenated)::
+
+    server -> client  hello    "TFP2" | server nonce (16 random bytes, fresh per connection)
+    client -> server  request  "TFP2" | rank u32 | file index u64 | path hash u64 | fingerprint 4 x i64
+                               | client nonce (16) | MAC("request", server nonce, the request's bytes before it)
+    server -> client  answer   "TFP2" | status u8 | size u64 | fingerprint 4 x i64 | xxh3 u64 | has xxh3 u8
+                               | MAC("answer", client nonce, server nonce, the answer's bytes before it)
+    server -> client  the copy's ``size`` bytes (status 0 only)
+
+The token itself never crosses the port: a request proves it for one server nonce only, so a request seen on the
+network and sent again (on another connection: another nonce) gets no byte, and an answer proves the server
+holds it (a process that took a dead peer's port cannot feed a node).  What the MACs do not cover: the copy's
+bytes (unencrypted, and an attacker *on the path* could alter them; under ``verify=xxhash`` they are checked
+against the proven xxh3, which is not a cryptographic hash) -- the peers' network must be the cluster's own.
+A status other than 0 (1 not held, 2 another version, 3 no such file) ends the answer.
 """
 
 from __future__ import annotations
@@ -33,10 +60,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import hmac
 import logging
 import os
+import queue
 import secrets
+import selectors
 import signal
 import socket
 import struct
@@ -64,11 +94,17 @@ __all__ = ["DOWN_S", "MISS_REASONS", "PeerFetch", "PeerGroup", "PeerLink", "Peer
 log = logging.getLogger("tierfs")
 
 DOWN_S = 5.0  # seconds a peer that refused or timed out is not asked again
-SERVING = 16  # requests served at once; more wait to be accepted (each thread holds a copy's descriptor)
+SERVING = 16  # proven requests served at once (a thread each, holding a copy's descriptor); more wait their turn
+#: accepted connections not yet proven; beyond, the oldest is closed (a real peer proves itself within a round
+#: trip: to push it out, an attacker must open this many connections in that time)
+PENDING = 1024
 CHUNK = 1 << 20
-_MAGIC = b"TFP1"
-_REQUEST = struct.Struct("!4s16sIQQ4q")  # magic, the job's token, requester's rank, file index, path hash, fingerprint
+_MAGIC = b"TFP2"
+_NONCE = 16
+_HELLO = struct.Struct(f"!4s{_NONCE}s")  # magic, server nonce
+_REQUEST = struct.Struct(f"!4sIQQ4q{_NONCE}s")  # magic, rank, file index, path hash, fingerprint, client nonce
 _ANSWER = struct.Struct("!4sBQ4qQB")  # magic, status, size, fingerprint of the copy, digest, has digest
+_MAC = hashlib.sha256().digest_size  # (each request and answer is followed by its MAC)
 _OK, _NOT_HELD, _OTHER_VERSION, _UNKNOWN = 0, 1, 2, 3
 #: why a peer did not give a file (status ``peers.misses``): ``down`` -- not asked, it refused or timed out
 #: less than DOWN_S ago
@@ -88,8 +124,9 @@ class PeerMiss(PeerMissed):
 @dataclass
 class PeerLink:
     """This node's place in the group: its rank, everyone's address (by rank), its listening socket, and the
-    job's token (random, drawn by rank 0 and given to every rank with the addresses): a request without it is
-    not answered, so the port serves the job's nodes, not whoever on the network connects to it."""
+    job's token (random, drawn by rank 0 and given to every rank with the addresses): a request that does not
+    prove it (module docstring, "The wire") is not answered, so the port serves the job's nodes, not whoever on
+    the network connects to it."""
 
     rank: int
     world_size: int
@@ -102,15 +139,36 @@ class PeerLink:
             self.listener.close()
             self.listener = None
 
+    def member_hosts(self) -> frozenset[str]:
+        """The numeric addresses of the job's nodes (a connection from any other is closed at accept)."""
+        hosts: set[str] = set()
+        for host, _ in self.addresses:
+            try:
+                hosts.update(_numeric(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+            except OSError as exc:
+                log.warning("peers: cannot resolve the address %s a peer announced (%s): it is not let in", host, exc)
+        return frozenset(hosts)
+
+
+def _numeric(host: str) -> str:
+    """``host`` as accept() names it on any socket: an IPv4 address seen on a dual-stack socket is itself."""
+    return host.removeprefix("::ffff:") if "." in host else host
+
 
 def listen(peer_addr: str) -> tuple[socket.socket, tuple[str, int]]:
-    """A listening socket on ``peer_addr`` and the address the others reach it at."""
+    """A listening socket on ``peer_addr`` and the address the others reach it at.  Empty: the host name's
+    address, only it (the one announced; ``0.0.0.0`` or ``::`` listen on every interface, announcing the host
+    name's address)."""
     host, port = parse_peer_addr(peer_addr)
-    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                backlog=128)
+    own = socket.gethostbyname(socket.gethostname())
+    sock = socket.create_server((host or own, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                backlog=PENDING)  # (connections wait here only while the doorman is busy)
     bound = sock.getsockname()
-    announced = host if host not in ("", "0.0.0.0", "::") else socket.gethostbyname(socket.gethostname())
-    return sock, (announced, bound[1])
+    return sock, (own if host in ("0.0.0.0", "::") else bound[0], bound[1])
+
+
+def _mac(token: bytes, label: bytes, *parts: bytes) -> bytes:
+    return hmac.new(token, b"".join((label, *parts)), hashlib.sha256).digest()
 
 
 def join_mpi_group(peer_addr: str) -> PeerLink:
@@ -126,20 +184,55 @@ def join_mpi_group(peer_addr: str) -> PeerLink:
         sock, addr = listen(peer_addr)
         mine: tuple[str, int] | str = addr
     except (OSError, ValueError) as exc:
-        mine = f"rank {comm.Get_rank()} cannot listen on peer_addr={peer_addr or '(any)'}: {exc}"
-    everyone = comm.allgather(mine)
-    token = comm.bcast(secrets.token_bytes(16) if comm.Get_rank() == 0 else None, root=0)
+        mine = f"rank {comm.Get_rank()} cannot listen on peer_addr={peer_addr or '(the host name)'}: {exc}"
     rank, size = comm.Get_rank(), comm.Get_size()
+    secret, share = _key_share()
+    everyone, shares = zip(*comm.allgather((mine, share)), strict=True)
+    # (the token crosses MPI's network wrapped for each rank by a key only rank 0 and that rank can derive)
+    token = secrets.token_bytes(_TOKEN) if rank == 0 else b""
+    wrapped = comm.scatter([_wrap(token, secret, shares[r]) if r else b"" for r in range(size)] if rank == 0
+                           else None, root=0)
+    if rank != 0:
+        token = _wrap(wrapped, secret, shares[0])
     MPI.Finalize()  # (membership only: nothing of MPI is used again, so a dead rank can hang nothing)
     # mpiexec (hydra, with -disable-auto-cleanup) tells the ranks left when one dies with SIGUSR1, whose default
     # action ends the process: here a dead peer is a peer miss, so this daemon goes on serving.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     failed = [a for a in everyone if isinstance(a, str)]
+    if not all(1 < s < _DH_PRIME - 1 for s in shares):  # (only ours run here: a share corrupted on the way)
+        failed.append("a rank's key share is invalid: the job's token cannot be trusted")
     if failed:
         if sock is not None:
             sock.close()
         raise ValueError(f"peers=mpi: {failed[0]}")
+    if not peer_addr and size > 1 and addr[0].startswith("127."):
+        log.warning("peers: this node's host name resolves to %s, which peers on other nodes cannot reach: set "
+                    "peer_addr to its address on the cluster's network", addr[0])
     return PeerLink(rank, size, [tuple(a) for a in everyone], sock, token)  # type: ignore[misc]
+
+
+#: The job's token: a key of HMAC-SHA256 (bytes)
+_TOKEN = 32
+#: RFC 7919's ffdhe2048 group (a safe prime, generator 2): the ranks' key shares to wrap the token with
+_DH_PRIME = int(
+    "FFFFFFFFFFFFFFFFADF85458A2BB4A9AAFDC5620273D3CF1D8B9C583CE2D3695A9E13641146433FBCC939DCE249B3EF97D2FE363630C"
+    "75D8F681B202AEC4617AD3DF1ED5D5FD65612433F51F5F066ED0856365553DED1AF3B557135E7F57C935984F0C70E0E68B77E2A689DAF"
+    "3EFE8721DF158A136ADE73530ACCA4F483A797ABC0AB182B324FB61D108A94BB2C8E3FBB96ADAB760D7F4681D4F42A3DE394DF4AE56E"
+    "DE76372BB190B07A7C8EE0A6D709E02FCE1CDF7E2ECC03404CD28342F619172FE9CE98583FF8E4F1232EEF28183C3FE3B1B4C6FAD733"
+    "BB5FCBC2EC22005C58EF1837D1683B2C6F34A26C1B2EFFA886B423861285C97FFFFFFFFFFFFFFFF", 16)
+
+
+def _key_share() -> tuple[int, int]:
+    """A rank's Diffie-Hellman secret (256 bits, as RFC 7919 asks of ffdhe2048 at least 225) and share."""
+    secret = secrets.randbits(256) | 1 << 255
+    return secret, pow(2, secret, _DH_PRIME)
+
+
+def _wrap(token: bytes, secret: int, share: int) -> bytes:
+    """``token`` XORed with a key derived from this rank's ``secret`` and the other's ``share`` (the same call
+    unwraps it): what a rank's token looks like on MPI's network, where a sniffer cannot derive the key."""
+    key = hashlib.sha256(b"tierfs peers token" + pow(share, secret, _DH_PRIME).to_bytes(256, "big")).digest()
+    return bytes(t ^ k for t, k in zip(token, key, strict=True))
 
 
 def detach_from_launcher(link: PeerLink) -> None:
@@ -319,9 +412,14 @@ class PeerGroup:
 
 # ========================================================================================== fetching
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes by ``deadline`` (monotonic) however they trickle in: ``TimeoutError`` past it."""
     buf = bytearray()
     while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{len(buf)} of {n} bytes by the deadline")
+        sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
             raise PeerMiss("short", f"the peer closed the connection after {len(buf)} of {n} bytes")
@@ -358,18 +456,15 @@ class PeerFetch:
 
     def _fetch(self, dst: int, expected: Fingerprint, hasher: xxhash.xxh3_64 | None,
                alive: Callable[[], None]) -> int:
-        with socket.create_connection(self.peer.address, timeout=self.group.timeout) as sock:
-            assert self.group.link is not None
-            sock.sendall(_REQUEST.pack(_MAGIC, self.group.link.token, self.group.rank, self.fidx, self.path_hash,
-                                       *expected))
-            magic, status, size, *rest = _ANSWER.unpack(_recv_exactly(sock, _ANSWER.size))
-            fp, digest, has_digest = tuple(rest[:4]), rest[4], rest[5]
-            if magic != _MAGIC:
-                raise PeerMiss("error", "not a tierfs peer")
-            if status != _OK:
-                raise PeerMiss("not_held" if status in (_NOT_HELD, _UNKNOWN) else "other_version")
-            if fp != expected or size != expected[0]:
-                raise PeerMiss("other_version", f"the peer sent {fp}, asked {expected}")  # (its bug: refused)
+        link, timeout = self.group.link, self.group.timeout
+        assert link is not None
+        deadline = time.monotonic() + timeout  # (the hello and the answer's header: one deadline for both)
+        # (from this node's announced address: the one its peers let in)
+        with socket.create_connection(self.peer.address, timeout=timeout,
+                                      source_address=(link.addresses[link.rank][0], 0)) as sock:
+            size, digest, has_digest = _ask(sock, link.token, link.rank, self.fidx, self.path_hash, expected,
+                                            deadline)
+            sock.settimeout(timeout)  # (the bytes: a deadline per chunk, however large the file)
             total = 0
             buf = bytearray(min(CHUNK, max(size, 1)))
             view = memoryview(buf)
@@ -389,6 +484,30 @@ class PeerFetch:
         return total
 
 
+def _ask(sock: socket.socket, token: bytes, rank: int, fidx: int, path_hash: int, expected: Fingerprint,
+         deadline: float) -> tuple[int, int, bool]:
+    """The request's exchange up to the copy's bytes (module docstring, "The wire"): its size, xxh3 and whether
+    the peer has that; :class:`PeerMiss` unless the peer proves the token and holds exactly ``expected``."""
+    magic, server_nonce = _HELLO.unpack(_recv_exactly(sock, _HELLO.size, deadline))
+    if magic != _MAGIC:
+        raise PeerMiss("error", f"not a tierfs peer of this version (hello {magic!r}, expected {_MAGIC!r})")
+    client_nonce = secrets.token_bytes(_NONCE)
+    request = _REQUEST.pack(_MAGIC, rank, fidx, path_hash, *expected, client_nonce)
+    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+    sock.sendall(request + _mac(token, b"request", server_nonce, request))
+    raw = _recv_exactly(sock, _ANSWER.size + _MAC, deadline)
+    head = raw[:_ANSWER.size]
+    if not hmac.compare_digest(raw[_ANSWER.size:], _mac(token, b"answer", client_nonce, server_nonce, head)):
+        raise PeerMiss("error", "the answer does not prove this job's token")
+    magic, status, size, *rest = _ANSWER.unpack(head)
+    fp, digest, has_digest = tuple(rest[:4]), rest[4], rest[5]
+    if status != _OK:
+        raise PeerMiss("not_held" if status in (_NOT_HELD, _UNKNOWN) else "other_version")
+    if fp != expected or size != expected[0]:
+        raise PeerMiss("other_version", f"the peer sent {fp}, asked {expected}")  # (its bug: refused)
+    return size, digest, bool(has_digest)
+
+
 # =========================================================================================== serving
 
 class PinsForPeers(Protocol):
@@ -401,72 +520,198 @@ class PinsForPeers(Protocol):
         """It was sent (or the send failed): undo :meth:`for_peer`."""
 
 
+@dataclass
+class _Caller:
+    """An accepted connection on its way to a proven request (the doorman's), then the request (a server
+    thread's)."""
+
+    conn: socket.socket
+    deadline: float  # (monotonic) its proven request answered by then, or the connection closed
+    nonce: bytes  # the server's, sent in the hello
+    received: bytearray = dataclasses.field(default_factory=bytearray)
+
+
+@dataclass(frozen=True)
+class _Proven:
+    """A request that proved the job's token: what a server thread answers."""
+
+    caller: _Caller
+    rank: int
+    fidx: int
+    path_hash: int
+    fp: Fingerprint
+    client_nonce: bytes
+
+
+class _Doorman:
+    """Accepts every connection to the port and keeps those from the job's addresses, non-blocking, until each
+    proves the token in a request (then handed to the server threads' queue) or is closed: past its deadline, or
+    the oldest of more than :data:`PENDING`.  :meth:`run` in a thread of its own; :meth:`stop` from any."""
+
+    def __init__(self, listener: socket.socket, link: PeerLink, group: PeerGroup,
+                 proven: queue.SimpleQueue[_Proven | None]) -> None:
+        self.listener, self.token, self.group, self.proven = listener, link.token, group, proven
+        self.members = link.member_hosts()
+        self.pending: dict[socket.socket, _Caller] = {}  # (insertion order: the oldest, the earliest deadline)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = False
+        self._sel = selectors.DefaultSelector()
+
+    def stop(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def run(self) -> None:
+        self.listener.setblocking(False)
+        self._sel.register(self.listener, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        try:
+            while not self._stopping:
+                first = next(iter(self.pending.values()), None)
+                events = self._sel.select(None if first is None else max(first.deadline - time.monotonic(), 0))
+                for key, _ in events:
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    elif key.fileobj in self.pending:  # (not turned away by an accept of this round)
+                        self._receive(key.data)
+                now = time.monotonic()
+                while self.pending and (first := next(iter(self.pending.values()))).deadline <= now:
+                    self._turn_away(first)
+        finally:
+            for caller in list(self.pending.values()):
+                self._turn_away(caller, counted=False)
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _accept(self) -> None:
+        """Every connection waiting (at most 128 a round: the callers already in get their turn)."""
+        for _ in range(128):
+            try:
+                conn, addr = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # (out of descriptors: the oldest unproven caller's is the one to give back)
+                    first = next(iter(self.pending.values()), None)
+                    if first is None:
+                        time.sleep(0.05)
+                    else:
+                        self._turn_away(first)
+                    return
+                continue  # (a connection reset before its accept, or a network error Linux passes on: the next)
+            if _numeric(addr[0]) not in self.members:
+                conn.close()  # (not one of the job's nodes: not even a hello)
+                self.group.stranger()
+                continue
+            caller = _Caller(conn, time.monotonic() + self.group.timeout, secrets.token_bytes(_NONCE))
+            try:
+                conn.setblocking(False)
+                if conn.send(_HELLO.pack(_MAGIC, caller.nonce)) != _HELLO.size:
+                    raise BlockingIOError  # (a fresh connection's buffer takes the 20 bytes, or it is gone)
+            except OSError:
+                conn.close()
+                continue
+            if len(self.pending) >= PENDING:
+                self._turn_away(next(iter(self.pending.values())))
+            self.pending[conn] = caller
+            self._sel.register(conn, selectors.EVENT_READ, caller)
+
+    def _receive(self, caller: _Caller) -> None:
+        """What ``caller`` sent; once its request is whole, proven (to the server threads) or turned away."""
+        size = _REQUEST.size + _MAC
+        try:
+            chunk = caller.conn.recv(size - len(caller.received))
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        caller.received += chunk
+        if chunk and len(caller.received) < size:
+            return
+        self._sel.unregister(caller.conn)
+        del self.pending[caller.conn]
+        request = bytes(caller.received[:_REQUEST.size])
+        if not chunk or not hmac.compare_digest(bytes(caller.received[_REQUEST.size:]),
+                                                _mac(self.token, b"request", caller.nonce, request)):
+            caller.conn.close()  # (gone early, another job's, or a request proven for another nonce: a replay)
+            self.group.stranger()
+            return
+        _, rank, fidx, path_hash, *fp, client_nonce = _REQUEST.unpack(request)
+        self.proven.put(_Proven(caller, rank, fidx, path_hash, tuple(fp), client_nonce))
+
+    def _turn_away(self, caller: _Caller, counted: bool = True) -> None:
+        self._sel.unregister(caller.conn)
+        del self.pending[caller.conn]
+        caller.conn.close()
+        if counted:
+            self.group.stranger()
+
+
 class PeerServer:
     """Sends this node's committed copies to its peers (see the module docstring); :meth:`run` in the mount's
-    nursery, the sockets in threads of their own."""
+    nursery, the sockets in threads of their own: the doorman's, and :data:`SERVING` server threads."""
 
     def __init__(self, group: PeerGroup, tree: Tree, cache: CacheStore, pins: PinsForPeers) -> None:
         self.group, self.tree, self.cache, self.pins = group, tree, cache, pins
         self._token: trio.lowlevel.TrioToken | None = None
-        self._slots = threading.BoundedSemaphore(SERVING)
+        self._key = b""  # the job's token (run())
+        self._proven: queue.SimpleQueue[_Proven | None] = queue.SimpleQueue()  # (run()'s: the doorman's to the threads)
 
     async def run(self) -> None:
-        """Accept connections in a thread until cancelled (the listening socket then closes)."""
+        """Accept and serve in threads until cancelled (the listening socket then closes)."""
         link = self.group.link
         if link is None or link.listener is None or not self.group.enabled:
             return
-        self._token = trio.lowlevel.current_trio_token()
-        listener = link.listener
-        accepting = threading.Thread(target=self._accept, args=(listener,), name="tierfs-peer-accept", daemon=True)
-        accepting.start()
+        self._token, self._key = trio.lowlevel.current_trio_token(), link.token
+        self._proven = queue.SimpleQueue()  # (a fresh one: a run after a failed one finds no stale stop)
+        doorman = _Doorman(link.listener, link, self.group, self._proven)
+        threads = [threading.Thread(target=doorman.run, name="tierfs-peer-door", daemon=True)]
+        threads += [threading.Thread(target=self._serve_proven, name="tierfs-peer", daemon=True)
+                    for _ in range(SERVING)]
+        for thread in threads:
+            thread.start()
         try:
             await trio.sleep_forever()
         finally:
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # (wakes the accept)
+            doorman.stop()
+            for _ in range(SERVING):
+                self._proven.put(None)
+            threads[0].join(5)  # (the doorman answers at once: its listener closes after it let go of it)
             link.close()
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            self._slots.acquire()  # (released as a request's thread ends: a deadline bounds each)
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                self._slots.release()
-                return  # closed: the mount ends
-            threading.Thread(target=self._serve_in_slot, args=(conn,), name="tierfs-peer", daemon=True).start()
+    def _serve_proven(self) -> None:
+        """(a server thread) Proven requests, one at a time, until ``None``."""
+        while (request := self._proven.get()) is not None:
+            with request.caller.conn:
+                if time.monotonic() < request.caller.deadline:  # (else it waited too long: its peer gave up)
+                    self._serve(request)
 
-    def _serve_in_slot(self, conn: socket.socket) -> None:
+    def _serve(self, request: _Proven) -> None:
+        """(a server thread) One proven request: the copy, or why not."""
+        conn, deadline = request.caller.conn, request.caller.deadline
+        conn.setblocking(True)
         try:
-            self._serve(conn)
+            lent = trio.from_thread.run_sync(self._lend, request.fidx, request.path_hash, request.fp,
+                                             trio_token=self._token)
+        except trio.RunFinishedError:
+            return
+        if not isinstance(lent, CacheEntry):
+            with contextlib.suppress(OSError):
+                conn.settimeout(max(deadline - time.monotonic(), 0.001))
+                conn.sendall(self._answer(request, lent, 0, (0, 0, 0, 0), None))
+            return
+        try:
+            self._send(conn, request, lent)
         finally:
-            self._slots.release()
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self.pins.peer_done, lent, trio_token=self._token)
 
-    def _serve(self, conn: socket.socket) -> None:
-        """(a thread) One request: the copy, or why not."""
-        with conn:
-            conn.settimeout(self.group.timeout)
-            try:
-                magic, token, rank, fidx, path_hash, *fp = _REQUEST.unpack(_recv_exactly(conn, _REQUEST.size))
-            except (PeerMiss, OSError, struct.error):
-                return
-            link = self.group.link
-            if magic != _MAGIC or link is None or not hmac.compare_digest(token, link.token):
-                self.group.stranger()
-                return
-            try:
-                lent = trio.from_thread.run_sync(self._lend, fidx, path_hash, tuple(fp), trio_token=self._token)
-            except trio.RunFinishedError:
-                return
-            if not isinstance(lent, CacheEntry):
-                with contextlib.suppress(OSError):
-                    conn.sendall(_ANSWER.pack(_MAGIC, lent, 0, 0, 0, 0, 0, 0, 0))
-                return
-            try:
-                self._send(conn, rank, lent)
-            finally:
-                with contextlib.suppress(trio.RunFinishedError):
-                    trio.from_thread.run_sync(self.pins.peer_done, lent, trio_token=self._token)
+    def _answer(self, request: _Proven, status: int, size: int, fp: Fingerprint, digest: int | None) -> bytes:
+        head = _ANSWER.pack(_MAGIC, status, size, *fp, digest or 0, digest is not None)
+        return head + _mac(self._key, b"answer", request.client_nonce, request.caller.nonce, head)
 
     def _lend(self, fidx: int, path_hash: int, fp: Fingerprint) -> CacheEntry | int:
         """(trio thread) The copy of ``fidx`` pinned for sending, or the status that says why not: the
@@ -482,22 +727,23 @@ class PeerServer:
         self.pins.for_peer(entry)
         return entry
 
-    def _send(self, conn: socket.socket, rank: int, entry: CacheEntry) -> None:
-        """(the request's thread) The header and the copy's bytes, by ``sendfile``; a copy found damaged is
-        "not held" (the data path repairs it at its next open)."""
+    def _send(self, conn: socket.socket, request: _Proven, entry: CacheEntry) -> None:
+        """(a server thread) The header and the copy's bytes, by ``sendfile``; a copy found damaged is "not
+        held" (the data path repairs it at its next open)."""
+        conn.settimeout(max(request.caller.deadline - time.monotonic(), 0.001))  # (the header: by the deadline)
         try:
             fd = open_copy(self.cache.data_fd, entry.name, entry.size, entry.copy_id)
         except (CopyDamaged, OSError):
             with contextlib.suppress(OSError):
-                conn.sendall(_ANSWER.pack(_MAGIC, _NOT_HELD, 0, 0, 0, 0, 0, 0, 0))
+                conn.sendall(self._answer(request, _NOT_HELD, 0, (0, 0, 0, 0), None))
             return
         try:
-            conn.sendall(_ANSWER.pack(_MAGIC, _OK, entry.size, *entry.fp, entry.digest or 0,
-                                      entry.digest is not None))
+            conn.sendall(self._answer(request, _OK, entry.size, entry.fp, entry.digest))
+            conn.settimeout(self.group.timeout)  # (the bytes, to a proven peer: a deadline per send)
             with open(fd, "rb", closefd=False) as f:
                 sent = conn.sendfile(f, 0, entry.size) if entry.size else 0  # (os.sendfile, waiting within the timeout)
             if sent == entry.size:  # (else the copy shrank under us: the requester sees a short read, a miss)
-                self.group.served(rank, sent)
+                self.group.served(request.rank, sent)
         except OSError:
             return  # the requester went (its deadline): its miss
         finally:

@@ -8,8 +8,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import resource
 import secrets
+import select
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -34,14 +37,16 @@ def _disk_total(backing) -> int:
 @pytest.fixture
 def pair(tmp_path, dataset):
     """Factory: ``pair(addresses=None, capacity=None, backing=..., **settings)`` -> [engine of rank 0, engine of
-    rank 1], opened, each listening on 127.0.0.1; ``addresses`` replaces the group's (a dead or stalled peer);
+    rank 1], opened, each listening on 127.0.0.1; ``addresses`` replaces the group's (a dead or stalled peer; a
+    function: of the listening addresses, as when a relay stands in the way);
     ``backing`` the data set (default: the ``dataset`` fixture's).  Caps: together they hold the data set,
     singly its half plus two mini-epochs' shares."""
     made: list[Engine] = []
 
     def factory(addresses=None, capacity=None, backing=dataset[0], **settings) -> list[Engine]:
         socks = [listen("127.0.0.1") for _ in range(2)]
-        addrs = addresses or [a for _, a in socks]
+        addrs = [a for _, a in socks]
+        addrs = addresses(addrs) if callable(addresses) else addresses or addrs
         token = secrets.token_bytes(16)  # (the job's: rank 0 draws it, MPI gives it to every rank)
         for r, (sock, _) in enumerate(socks):
             link = PeerLink(r, 2, list(addrs), sock, token)
@@ -136,20 +141,41 @@ def test_a_peer_holding_another_version_is_refused_and_the_backing_copied(pair, 
     t.run(main)
 
 
+def _held_by(a: Engine, b: Engine) -> int:
+    """A file of at least 256 bytes ``a`` owns and holds (``b`` asks ``a`` for it)."""
+    return next(int(f) for f in a.schedule.current if a.cache.get(int(f)) is not None
+                and int(a.peers.owners[f]) == a.peers.rank and a.cache.get(int(f)).size >= 256)
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+    """Everything the other side sends until it closes (within 10 s)."""
+    got = bytearray()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        sock.settimeout(deadline - time.monotonic())
+        try:
+            chunk = sock.recv(1 << 16)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    return bytes(got)
+
+
 def test_a_request_without_the_jobs_token_gets_no_byte(pair, t):
     a, b = pair()
 
     def ask(token: bytes) -> bytes:
-        """Ask ``a`` for a file it holds, as a peer would, with ``token``; what came back."""
-        fidx = int(next(f for f in a.schedule.current if a.cache.get(int(f)) is not None))
-        request = peers._REQUEST.pack(peers._MAGIC, token, 1, fidx, a.tree.path_hash_of(fidx),
-                                      *fingerprint(a.tree.file_node(fidx).st))
+        """Ask ``a`` for a file it holds, as a peer would, with ``token``; what came after the hello."""
+        fidx = _held_by(a, b)
         with socket.create_connection(a.peers.link.addresses[0], timeout=10) as sock:
-            sock.sendall(request)
-            got = bytearray()
-            while chunk := sock.recv(1 << 16):
-                got += chunk
-        return bytes(got)
+            try:
+                size, _, _ = peers._ask(sock, token, 1, fidx, a.tree.path_hash_of(fidx),
+                                        fingerprint(a.tree.file_node(fidx).st), time.monotonic() + 10)
+            except peers.PeerMiss:
+                return b""
+            return size.to_bytes(8, "big") + _recv_all(sock)
 
     async def main() -> None:
         async with _running(a, b) as n:
@@ -158,10 +184,237 @@ def test_a_request_without_the_jobs_token_gets_no_byte(pair, t):
             member = await trio.to_thread.run_sync(ask, a.peers.link.token)
             n.cancel_scope.cancel()
         assert stranger == b""  # (not even a "not held")
-        assert len(member) > peers._ANSWER.size  # the header and the bytes: the same request with the token
+        assert len(member) > 8  # the header and the bytes: the same request with the token
         assert a.peers.statistics(a.cache).strangers == 1
 
     t.run(main)
+
+
+class _Relay:
+    """A TCP relay on 127.0.0.1 in front of ``target`` that records what each connection's client sent (a
+    sniffer on the path) and what came back; it connects to ``target`` from ``source`` (a node outside the
+    job when not 127.0.0.1).  A thread; closed by :meth:`close`."""
+
+    def __init__(self, target: tuple[str, int], source: str = "127.0.0.1") -> None:
+        self.target, self.source = target, source
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()
+        self.sent: list[bytes] = []  # per connection: client -> target
+        self.answered: list[bytes] = []  # per connection: target -> client
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                with client, socket.create_connection(self.target, timeout=10,
+                                                      source_address=(self.source, 0)) as server:
+                    self._pump(client, server)
+
+    def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        sent, answered = bytearray(), bytearray()
+        self.sent.append(sent)
+        self.answered.append(answered)
+        ends = {client: (server, sent), server: (client, answered)}
+        deadline = time.monotonic() + 10
+        while ends and time.monotonic() < deadline:
+            readable, _, _ = select.select(list(ends), [], [], 0.1)
+            for sock in readable:
+                other, record = ends[sock]
+                try:
+                    chunk = sock.recv(1 << 16)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    with contextlib.suppress(OSError):
+                        other.shutdown(socket.SHUT_WR)
+                    del ends[sock]
+                    continue
+                record += chunk
+                with contextlib.suppress(OSError):
+                    other.sendall(chunk)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        self._thread.join(15)
+
+
+def _fetch(a: Engine, b: Engine, fidx: int, tmp_path) -> int:
+    """(a thread) ``b`` asks ``a`` for ``fidx`` as its stager does; the bytes' count, or -1 for a miss."""
+    with open(tmp_path / f"fetched-{fidx}", "wb") as dst:
+        fetch = b.peers.source_for(fidx)
+        assert fetch is not None and fetch.peer.rank == a.peers.rank
+        try:
+            return fetch.fetch_into(dst.fileno(), fingerprint(b.tree.file_node(fidx).st), None, lambda: None)
+        except peers.PeerMiss:
+            return -1
+
+
+def test_a_sniffed_request_sent_again_gets_no_byte(pair, t, tmp_path):
+    # rank 1 reaches rank 0 through a relay that records its request; the recording, sent again on a new
+    # connection from the same address, must get nothing of the file (today's token went in clear)
+    relay: list[_Relay] = []
+
+    def through_relay(real):
+        relay.append(_Relay(real[0]))
+        return [relay[0].address, real[1]]
+
+    a, b = pair(addresses=through_relay)
+
+    async def main() -> tuple[int, bytes, bytes]:
+        async with _running(a, b) as n:
+            await _settled([a, b], t)
+            fidx = _held_by(a, b)
+            got = await trio.to_thread.run_sync(_fetch, a, b, fidx, tmp_path)
+            data = (tmp_path / f"fetched-{fidx}").read_bytes()
+
+            def replay() -> bytes:
+                with socket.create_connection(relay[0].target, timeout=10) as sock:
+                    sock.sendall(relay[0].sent[0])
+                    return _recv_all(sock)
+
+            answer = await trio.to_thread.run_sync(replay)
+            n.cancel_scope.cancel()
+        return got, data, answer
+
+    try:
+        got, data, answer = t.run(main)
+    finally:
+        relay[0].close()
+    assert got == len(data) >= 256 and data in relay[0].answered[0]  # (the member's fetch, through the relay)
+    assert data not in answer and data[:64] not in answer
+    assert len(answer) <= peers._HELLO.size  # the new connection's challenge, and nothing after it
+    assert a.peers.statistics(a.cache).strangers == 1
+
+
+def test_a_connection_from_outside_the_job_is_dropped_at_accept(pair, t, tmp_path):
+    # rank 1 holds the token but its connections reach rank 0 from 127.0.0.2, no address of the job's
+    relay: list[_Relay] = []
+
+    def from_outside(real):
+        relay.append(_Relay(real[0], source="127.0.0.2"))
+        return [relay[0].address, real[1]]
+
+    a, b = pair(addresses=from_outside)
+
+    async def main() -> int:
+        async with _running(a, b) as n:
+            await _settled([a, b], t)
+            got = await trio.to_thread.run_sync(_fetch, a, b, _held_by(a, b), tmp_path)
+            n.cancel_scope.cancel()
+        return got
+
+    try:
+        got = t.run(main)
+    finally:
+        relay[0].close()
+    assert got == -1 and relay[0].answered == [b""]  # not a byte, not even the challenge
+    assert a.peers.statistics(a.cache).strangers == 1 and a.peers.statistics(a.cache).served_files == 0
+
+
+class _Flood:
+    """An attack on ``target``'s peer port from an address of the job (another user on one of its nodes), in a
+    thread: ``idle`` connections kept open that send nothing (a new wave each second, the last one closed:
+    the port may close them), and ``slow`` ones that send a byte each 1/16 s (reopened when closed).  Bounded:
+    it stops at :meth:`close` or after 120 s."""
+
+    def __init__(self, target: tuple[str, int], idle: int = 2000, slow: int = 32) -> None:
+        self.target, self.idle_n, self.slow_n = target, idle, slow
+        self.idle: list[socket.socket] = []
+        self.slow: list[socket.socket] = []
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _open(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.connect_ex(self.target)  # (not waited for: beyond a full backlog it stays half-open)
+        self.opened += 1
+        return sock
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 120
+        next_wave = 0.0
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if time.monotonic() >= next_wave:
+                for sock in self.idle:
+                    sock.close()
+                self.idle = []
+                for _ in range(self.idle_n // 200):  # (200 at a time: a backlog's worth, not a SYN flood)
+                    self.idle += [self._open() for _ in range(200)]
+                    if self._stop.wait(0.02):
+                        break
+                next_wave = time.monotonic() + 1.0
+            self.slow += [self._open() for _ in range(self.slow_n - len(self.slow))]
+            for sock in list(self.slow):
+                try:
+                    sock.send(b"\x00")
+                except BlockingIOError:
+                    pass  # (still connecting)
+                except OSError:
+                    sock.close()
+                    self.slow.remove(sock)
+            self._stop.wait(1 / 16)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for sock in self.idle + self.slow:
+            sock.close()
+
+
+@pytest.fixture
+def many_fds():
+    """The soft limit on open files raised for a flood (2,000 sockets and the port's side of them)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 8192 if hard == resource.RLIM_INFINITY else min(hard, 8192)
+    if want < 6000:
+        pytest.skip(f"the hard limit on open files ({hard}) is too low for 2,000 connections each side")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_under_idle_and_slow_connections_the_peers_keep_fetching(pair, t, many_fds):
+    # 2,000 idle connections and 32 trickling a byte at a time at rank 0's port, from an address of the job:
+    # epochs 1 and 2 still come from the other node's cache, every copy (none from the slow tier)
+    engines = pair(peer_timeout=2)
+    a = engines[0]
+
+    async def main() -> None:
+        async with _running(*engines) as n:
+            await _walk(engines, t, (1, 0))
+            before = [e.backing.statistics().bytes_read for e in engines]
+            fetched = engines[1].peers.statistics(engines[1].cache).fetched_files
+            flood = _Flood(a.peers.link.addresses[0])
+            try:
+                await trio.sleep(1.5)  # (the first wave in, the trickles going)
+                with trio.fail_after(120):
+                    await _walk(engines, t, (3, 1))
+                assert flood.opened >= 2000 + 32
+            finally:
+                await trio.to_thread.run_sync(flood.close)
+            after = [e.backing.statistics().bytes_read for e in engines]
+            n.cancel_scope.cancel()
+        assert after == before, [e.peers.statistics(e.cache).misses for e in engines]
+        assert engines[1].peers.statistics(engines[1].cache).fetched_files > fetched  # (from rank 0, under the flood)
+        assert a.peers.statistics(a.cache).strangers >= 2000  # (the flood, turned away)
+
+    t.run(main)
+
+
+def test_by_default_the_port_listens_on_the_announced_address_only():
+    sock, announced = listen("")
+    with sock:
+        assert sock.getsockname() == announced  # (not 0.0.0.0: every interface, the job's network or not)
+    sock, announced = listen("0.0.0.0")  # (every interface, when asked for)
+    with sock:
+        assert sock.getsockname()[0] == "0.0.0.0" and announced[0] != "0.0.0.0"
 
 
 @pytest.mark.parametrize("peer", ["refused", "timeout"])
