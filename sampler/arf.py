@@ -14,7 +14,9 @@ API
     Call when a new mini-epoch starts; resets the per-mini-epoch state (score: best and wait counter).  The
     optional index labels the following history entries (else they count up from 0).
 ``Controller.score`` (last score or None), ``Controller.history`` (list of JSON-ready dicts, one per observation:
-``mini_epoch``, ``pass``, ``score``, ``decision``, plus ``best``/``wait`` or ``best``/``sigma``/``lower``/``upper``).
+``mini_epoch``, ``pass``, ``score``, ``decision``, plus ``best``/``wait`` or ``best``/``sigma``/``lower``/``upper``;
+only the last :data:`HISTORY_KEPT` observations, so a controller fed for months -- or flooded with feedback --
+holds no more).
 ``parse_weights("1,0.5,0") -> (1.0, 0.5, 0.0)`` for control-file values.
 
 Rules
@@ -51,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 __all__ = [
+    "HISTORY_KEPT",
     "METRIC_NAMES",
     "MODES",
     "BollingerController",
@@ -64,6 +67,8 @@ __all__ = [
 Decision = Literal["continue", "advance"]
 MODES = ("off", "fixed", "score", "bollinger")
 METRIC_NAMES = ("loss", "train_err", "val_err")
+#: Observations a controller's history keeps, the newest (tierfs journals as many): about 0.5 MB of dicts.
+HISTORY_KEPT = 1000
 
 
 def parse_weights(text: str) -> tuple[float, float, float]:
@@ -117,6 +122,8 @@ class Controller:
         self.history.append(
             {"mini_epoch": self.mini_epoch, "pass": self.passes, "score": score, "decision": decision, **extra}
         )
+        if len(self.history) > HISTORY_KEPT:
+            del self.history[:-HISTORY_KEPT]  # (one entry at a time: a move of HISTORY_KEPT pointers)
         return decision
 
     def new_mini_epoch(self, mini_epoch: int | None = None) -> None:

@@ -17,7 +17,11 @@ subdirectory in ``data/``, a symlink anywhere -- refuses the mount with the name
 A cache made by a release without the marker is adopted (marked) only when it passes the same check *and* has
 its ``lock`` file, which every tierfs cache has had since the first release; a dir of a user's files that
 happens to use these names never has both.  Nothing here is followed through a symlink: the dir and ``data/``
-are reached through descriptors opened with ``O_NOFOLLOW``, also when ``data/`` is made again at runtime.
+are reached through descriptors opened with ``O_NOFOLLOW``, also when ``data/`` is made again at runtime, and
+every file in them -- copies, marker, lock, journal, index, saved tree -- through those descriptors, never a
+path: a cache dir swapped for a symlink while mounted redirects no write.  The way to the dir is checked before
+it is opened (safepath.py): a cache dir that another user could swap (its parent, or a directory above, is
+hers or writable by others without the sticky bit) is refused.
 
 The directory ``data/`` *is* the index: a copy appears there only by an atomic rename from a ``.tmp-`` name,
 and its name carries the fingerprint of the backing file it was copied from (and, with ``verify=xxhash``, the
@@ -76,6 +80,7 @@ from tierfs.cacheindex import INDEX_NAME, indexed_copies, save_index
 from tierfs.journal import JOURNAL_NAME
 from tierfs.opening import OLD_TREE_NAMES, TREE_NAME
 from tierfs.protocol import COPY_MTIME_NS
+from tierfs.safepath import open_parent
 from tierfs.threads import in_thread
 from tierfs.tree import Fingerprint, Tree, path_hash
 from tierfs.wakeup import Wakeup
@@ -385,12 +390,16 @@ class CacheStore:
         create it if missing, else refuse (``ValueError`` with what is there and the fix) a dir of someone
         else's, a non-empty dir without tierfs's marker, and a marked one holding names tierfs did not write.
         Reads only; :meth:`open` marks an adopted dir."""
-        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        parent_fd, name = open_parent(self.path, create=True)  # (ValueError: another user could swap it)
         try:
-            self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            self.dir_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
         except OSError as exc:
             raise ValueError(f"cannot open cache dir {self.path}: {exc.strerror} (a symlink is never followed: "
                              f"name the directory itself)") from None
+        finally:
+            os.close(parent_fd)
         st = os.fstat(self.dir_fd)
         if st.st_uid != os.getuid():
             raise ValueError(f"cache dir {self.path} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
@@ -416,7 +425,7 @@ class CacheStore:
         assert self.dir_fd >= 0, "claim() first"
         if self._adopt:
             # the marker comes first: a crash right after it leaves a dir that is plainly tierfs's
-            atomic_write(os.path.join(self.path, MARKER_NAME), _MARKER)
+            atomic_write(MARKER_NAME, _MARKER, dir_fd=self.dir_fd)
             self._adopt = False
         if stat.S_IMODE(os.fstat(self.dir_fd).st_mode) != 0o700:
             os.fchmod(self.dir_fd, 0o700)  # cached data is private to the daemon's user
@@ -438,7 +447,8 @@ class CacheStore:
             self.data_fd = self.make_data_dir()
         elif stat.S_IMODE(os.fstat(self.data_fd).st_mode) != 0o700:
             os.fchmod(self.data_fd, 0o700)
-        self.block = cache_block(self.data_path)
+        st = os.fstatvfs(self.data_fd)
+        self.block = max(512, st.f_frsize or st.f_bsize)
         listed, self._data_names = self._data_names, []  # (as claim() listed it, through the same descriptor)
         taken = self._take_indexed(tree, listed, need_digest=need_digest)
         kept, removed = len(taken), 0
@@ -484,7 +494,7 @@ class CacheStore:
     def _take_indexed(self, tree: Tree, listed: list[str], *, need_digest: bool) -> set[str]:
         """Entries for the listed copies that the index of the last clean unmount describes (cacheindex.py)."""
         taken: set[str] = set()
-        for f, name, fp, disk, digest, copy_id in indexed_copies(self.path, tree, listed, need_digest=need_digest):
+        for f, name, fp, disk, digest, copy_id in indexed_copies(self.dir_fd, tree, listed, need_digest=need_digest):
             if f not in self.entries:
                 self.entries[f] = CacheEntry(f, name, fp[0], disk, fp, digest, copy_id)
                 self.committed += disk
@@ -495,7 +505,7 @@ class CacheStore:
 
     def save_index(self, tree: Tree) -> None:
         """Write the index of the copies for the next mount (a clean unmount; see cacheindex.py)."""
-        save_index(self.path, ((e.name, tree.path_hash_of(e.fidx), e.fp, e.disk, e.digest, e.copy_id)
+        save_index(self.dir_fd, ((e.name, tree.path_hash_of(e.fidx), e.fp, e.disk, e.digest, e.copy_id)
                                for e in self.entries.values() if not e.doomed))
 
     def data_dir_held(self) -> bool:

@@ -6,7 +6,8 @@ cost seconds of ``stat`` and parsing at mount time, the index a fraction of that
 than before: every open and lend checks it against its entry (``copies.open_copy``), and a name is never
 reused, so a name still in ``data/`` is the copy the index describes or a damaged one that the first open
 repairs.  Names the index lacks (staged after it was written, or any name after a crash: no index then) take
-the slow way, one ``stat`` each.
+the slow way, one ``stat`` each.  Read, written and removed through the cache dir's descriptor, never its path
+(see cache.py).
 """
 
 from __future__ import annotations
@@ -44,17 +45,17 @@ class SavedIndex:
 Row = tuple[str, int, Fingerprint, int, "int | None", tuple[int, int]]
 
 
-def save_index(cache_dir: str, rows: Iterable[Row]) -> None:
-    """Write (name, path hash, fingerprint, disk bytes, digest, copy id) of each copy atomically; a disk that
-    cannot take it (full) is logged: the next mount then stats every copy."""
+def save_index(dir_fd: int, rows: Iterable[Row]) -> None:
+    """Write (name, path hash, fingerprint, disk bytes, digest, copy id) of each copy atomically into the cache
+    dir ``dir_fd``; a disk that cannot take it (full) is logged: the next mount then stats every copy."""
     try:
-        _write(os.path.join(cache_dir, INDEX_NAME), list(rows))
+        _write(dir_fd, list(rows))
     except OSError as exc:
         log.warning("tierfs: the cache index was not saved (%s): the next mount checks every copy", exc)
 
 
-def _write(path: str, rows: list[Row]) -> None:
-    with atomic_open(path) as f:
+def _write(dir_fd: int, rows: list[Row]) -> None:
+    with atomic_open(INDEX_NAME, dir_fd=dir_fd) as f:
         np.savez(f, version=np.array(INDEX_FORMAT),
                  names=np.frombuffer("\n".join(r[0] for r in rows).encode(), np.uint8),
                  path_hashes=np.array([r[1] for r in rows], np.uint64),
@@ -65,10 +66,11 @@ def _write(path: str, rows: list[Row]) -> None:
                  copy_ids=np.array([r[5] for r in rows], np.int64).reshape(-1, 2))
 
 
-def load_index(path: str) -> SavedIndex | None:
-    """The index saved at ``path``, or None (none, another format, damaged)."""
+def load_index(dir_fd: int) -> SavedIndex | None:
+    """The index saved in the cache dir ``dir_fd``, or None (none, another format, damaged)."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        fd = os.open(INDEX_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        with open(fd, "rb") as f, np.load(f, allow_pickle=False) as z:
             a = {k: z[k] for k in z.files}
         if int(a["version"]) != INDEX_FORMAT:
             return None
@@ -83,15 +85,15 @@ def load_index(path: str) -> SavedIndex | None:
         return None
 
 
-def indexed_copies(cache_dir: str, tree: Tree, listed: list[str], *, need_digest: bool
+def indexed_copies(dir_fd: int, tree: Tree, listed: list[str], *, need_digest: bool
                    ) -> list[tuple[int, str, Fingerprint, int, int | None, tuple[int, int]]]:
-    """(file index, name, fingerprint, disk bytes, digest, copy id) of each listed copy that the saved index
-    describes and whose backing file ``tree`` still knows with the same path and fingerprint.  The index is
-    removed: it is written again at the next clean unmount (a crash leaves none, so no stale one)."""
-    path = os.path.join(cache_dir, INDEX_NAME)
-    index = load_index(path)
+    """(file index, name, fingerprint, disk bytes, digest, copy id) of each listed copy that the index saved in
+    the cache dir ``dir_fd`` describes and whose backing file ``tree`` still knows with the same path and
+    fingerprint.  The index is removed: it is written again at the next clean unmount (a crash leaves none, so
+    no stale one)."""
+    index = load_index(dir_fd)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+        os.unlink(INDEX_NAME, dir_fd=dir_fd)
     if index is None or not index.names:
         return []
     present = set(listed)

@@ -26,6 +26,11 @@ yet): the :class:`Arf` controller scores it within that mini-epoch (its best sco
 afresh only at the first feedback about a new mini-epoch), and its history records that epoch and mini-epoch.
 An ``advance`` decision applies only while that mini-epoch is still current; about one already left it is
 recorded and has no effect (the switch it asks for has happened).
+
+**Bounded, however much feedback comes.**  A controller keeps the last :data:`sampler.arf.HISTORY_KEPT`
+observations (the journal keeps as many), and :class:`ConsumerArfs` keeps the controllers of at most
+:data:`ARFS_KEPT` named consumers: a member of the steering group writing feedback lines under ever new consumer
+names as fast as she can grows neither (issue 46: 54 -> 707 MB in 20 s before).
 """
 
 from __future__ import annotations
@@ -34,16 +39,20 @@ import errno
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from sampler.arf import Controller, make_controller
+from sampler.arf import HISTORY_KEPT, Controller, make_controller
 from tierfs.consumers import ANONYMOUS
 from tierfs.options import Settings
 from tierfs.protocol import CONTROL_WRITE_MAX, parse_control
 
-__all__ = ["Arf", "BatchReports", "ControlTarget", "ControlWriter", "apply_control", "apply_feedback"]
+__all__ = ["ARFS_KEPT", "Arf", "BatchReports", "ConsumerArfs", "ControlTarget", "ControlWriter", "apply_control",
+           "apply_feedback"]
 
 _REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
 _ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
 _LIMIT_KEYS = frozenset({"rf", "rf_max", "advance"})  # what bounds the passes of the current mini-epoch
+#: Named consumers whose ARF controllers are kept: as many as the consumer table keeps consumers
+#: (``consumers.MAX_CONSUMERS``); beyond it the one fed longest ago is forgotten.
+ARFS_KEPT = 64
 
 
 class BatchReports(Protocol):
@@ -100,7 +109,7 @@ class Arf:
 
     def __init__(self, controller: Controller | None = None, history: list[dict[str, Any]] | None = None) -> None:
         self.controller = controller or make_controller("off")
-        self.controller.history.extend(history or ())
+        self.controller.history.extend(list(history or ())[-HISTORY_KEPT:])  # (a journal edited by hand: bounded too)
         self.about: tuple[int, int] | None = None  # (epoch, mini_epoch) of the observations so far
 
     @staticmethod
@@ -131,6 +140,32 @@ class Arf:
         decision = self.controller.observe(metrics)
         self.controller.history[-1]["epoch"] = about[0]
         return decision
+
+
+class ConsumerArfs:
+    """The ARF controllers of the named consumers (the anonymous consumer's is the mount's own ``Engine.arf``),
+    each made for the ARF settings in force when it was made: after a change, a consumer's next feedback starts
+    a fresh one.  At most :data:`ARFS_KEPT`, the ones fed most recently: a forgotten consumer that reports again
+    starts afresh, as after a settings change (its best score and wait counter only; its advance vote is the
+    consumer table's)."""
+
+    def __init__(self) -> None:
+        self._arfs: dict[str, tuple[tuple[object, ...], Arf]] = {}  # in the order they were last fed
+
+    def __len__(self) -> int:
+        return len(self._arfs)
+
+    def of(self, who: str, settings: Settings) -> Arf:
+        """Consumer ``who``'s controller, made now if it has none for ``settings``."""
+        s = settings
+        made_for = (s.arf, s.arf_wait, s.arf_window, s.arf_k, s.arf_weights)
+        known = self._arfs.pop(who, None)
+        if known is None or known[0] != made_for:
+            known = (made_for, Arf(Arf.controller_for(s)))
+        self._arfs[who] = known  # (last: the most recently fed)
+        if len(self._arfs) > ARFS_KEPT:
+            del self._arfs[next(iter(self._arfs))]
+        return known[1]
 
 
 def apply_feedback(engine: ControlTarget, metrics: Mapping[str, float], who: str = ANONYMOUS) -> None:

@@ -3,15 +3,18 @@
 Written atomically (``atomic.atomic_write``) at every pass end and mini-epoch switch and on close, so after a
 clean or a killed stop the next mount of the same cache resumes the same epoch, mini-epoch and pass.  Reads
 made within the interrupted pass are not journalled: that pass starts over.  Together with the ``data/``
-directory (see cache.py) this is all the state a restart needs.
+directory (see cache.py) this is all the state a restart needs.  It is read and written through the cache
+dir's descriptor (:class:`CacheDir`), never its path: a cache dir swapped for a symlink while mounted is never
+written through.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -19,7 +22,7 @@ from sampler.atomic import atomic_write
 from tierfs.threads import in_thread
 from tierfs.wakeup import Wakeup
 
-__all__ = ["JOURNAL_NAME", "JournalWriter", "Position", "encode_position", "load_position", "save_position"]
+__all__ = ["JOURNAL_NAME", "CacheDir", "JournalWriter", "Position", "encode_position", "load_position"]
 
 JOURNAL_NAME = "journal.json"
 _VERSION = 1
@@ -39,10 +42,20 @@ class Position:
     switch_due: bool = False  # a switch waits for the next epoch's plan (made at the next mount's start)
 
 
-def load_position(cache_dir: str) -> Position | None:
-    """The journalled position, or None if there is none or it is unreadable (then the mount starts afresh)."""
+class CacheDir(Protocol):
+    """The cache dir, opened once and checked (:class:`tierfs.cache.CacheStore`): ``dir_fd`` (-1 once closed)."""
+
+    dir_fd: int
+
+
+def load_position(cache_dir: str | int) -> Position | None:
+    """The journalled position, or None if there is none or it is unreadable (then the mount starts afresh).
+    ``cache_dir``: the cache dir's descriptor (the mount's way), or its path (tools and tests)."""
+    name, dir_fd = (JOURNAL_NAME, cache_dir) if isinstance(cache_dir, int) else \
+        (os.path.join(cache_dir, JOURNAL_NAME), None)
     try:
-        with open(os.path.join(cache_dir, JOURNAL_NAME), "rb") as f:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        with open(fd, "rb") as f:
             raw = json.load(f)
     except (OSError, ValueError):
         return None
@@ -72,10 +85,6 @@ def _pair(value: Any) -> list[int] | None:
     return None
 
 
-def save_position(cache_dir: str, pos: Position) -> None:
-    atomic_write(os.path.join(cache_dir, JOURNAL_NAME), encode_position(pos))
-
-
 def encode_position(pos: Position) -> bytes:
     raw = asdict(pos)
     raw["pass"] = raw.pop("pass_index")
@@ -88,8 +97,8 @@ class JournalWriter:
     task writes it (fsync and all) in a cache thread.  A write that fails (a full cache disk) is kept as
     ``error`` and tried again; the mount goes on serving.  ``flush()`` writes what is pending, at close."""
 
-    def __init__(self, cache_dir: str) -> None:
-        self.cache_dir = cache_dir
+    def __init__(self, cache: CacheDir) -> None:
+        self.cache = cache  # (its descriptor is read at each write: a closed cache dir is an error, not a path)
         self.error: str | None = None
         self._pending: bytes | None = None
         self._wake = Wakeup()
@@ -115,7 +124,9 @@ class JournalWriter:
                 self._wake.notify()
 
     def _write(self, data: bytes) -> None:
-        atomic_write(os.path.join(self.cache_dir, JOURNAL_NAME), data)
+        if self.cache.dir_fd < 0:
+            raise OSError(errno.EBADF, "the cache dir is not open")
+        atomic_write(JOURNAL_NAME, data, dir_fd=self.cache.dir_fd)
 
     def flush(self) -> None:
         """Write the pending position now (on close, or where no background task runs); errors are kept."""

@@ -200,6 +200,8 @@ class PlanJob:
 
 #: which view: (plan generation, epoch, mini-epoch, pass) -- the seed and listing are no live settings
 ViewKey = tuple[int, int, int, int]
+#: Mini-epochs whose passes ``rf_effective`` keeps (the newest): its length must not grow with the mount's life.
+RF_EFFECTIVE_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -439,6 +441,7 @@ class Schedule:
         self.pos.pass_index = 0
         self.pos.switch_due = False
         self.pos.rf_effective.append(0)
+        del self.pos.rf_effective[:-RF_EFFECTIVE_KEPT]  # (switches as fast as "advance" lines come: bounded)
         self.advance_requested = False
         self.enter(epoch, me, cached)
 

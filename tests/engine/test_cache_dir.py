@@ -7,6 +7,7 @@ replaced by a symlink while mounted is never followed.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import trio
 
 from sampler.atomic import TEMP_PREFIX
 from tierfs.cache import MARKER_NAME
+from tierfs.mount import MountError, check_paths
+from tierfs.options import MountConfig, Settings
 from tierfs.testing import snapshot
 
 
@@ -179,3 +182,107 @@ def test_data_replaced_by_a_symlink_while_mounted_is_never_followed(open_engine,
     t.run(main)
     assert snapshot(other) == {"keep.txt": b"mine"}  # nothing staged into, nor deleted from, the link's target
     assert os.path.islink(cache / "data")
+
+
+# ------------------------------------------------------- the way to the cache dir (issue 46, 11)
+# The daemon (often root) writes its state files into the cache dir.  Once open, every one goes through the dir's
+# descriptor: swapping the dir for a symlink redirects nothing.  And a dir that another user could swap is refused.
+
+def _swap_for_a_link(cache: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """What a user who may rename entries of the cache dir's parent does: moves the dir away and puts a link to
+    her own dir in its place.  Returns (where the real dir is now, her dir)."""
+    hers = tmp_path / "hers"
+    hers.mkdir()
+    moved = tmp_path / "moved-away"
+    os.rename(cache, moved)
+    os.symlink(hers, cache)
+    return moved, hers
+
+
+def _journalled_pass(cache: Path) -> int | None:
+    try:
+        return json.loads((cache / "journal.json").read_bytes())["pass"]
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_cache_dir_swapped_for_a_link_after_the_mount_opened_it_gets_every_state_file(open_engine, tmp_path, t):
+    e = open_engine(rf=2)
+    cache = Path(e.config.cache)
+    os.unlink(cache / "journal.json")  # (written at open: what is there at the end was written after the swap)
+    real, hers = _swap_for_a_link(cache, tmp_path)
+    e.control_write(b"next-pass\n")  # a journal write, through the engine's own call
+
+    async def main():  # the background jobs: the journal writer and the saved tree of the first scan
+        async with trio.open_nursery() as n:
+            await n.start(e.run)
+            e.control_write(b"next-pass\n")
+            with trio.fail_after(30):  # (wherever they went: the assertions below say where)
+                while not any((d / "tree.bin").exists() and _journalled_pass(d) == 2 for d in (real, hers)):
+                    await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+
+    t.run(main)
+    e.close()  # the journal and the index, at unmount
+    assert os.listdir(hers) == []  # not a byte, not a temp name, where the link points
+    assert {"journal.json", "tree.bin", "index.npz"} <= set(os.listdir(real))
+    assert _journalled_pass(real) == 2  # both next-pass: after the swap
+    assert os.path.islink(cache)
+
+
+def test_a_cache_dir_whose_parent_every_user_may_write_is_refused(open_engine, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # (no sticky bit: anyone may rename the cache dir away and put a link there)
+    with pytest.raises(ValueError, match=rf"cache dir {shared}/cache refused: {shared} is writable by every user "
+                                         r"\(mode 0777, not sticky\).*chmod g-w,o-w or \+t"):
+        open_engine(cache=shared / "cache")
+    assert os.listdir(shared) == []  # refused before anything was made
+    with pytest.raises(ValueError, match=rf"{shared} is writable by every user"):
+        open_engine(cache=shared / "deeper" / "cache")  # (any directory on the way: checked from / down)
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: a user renames only her own entries
+    assert open_engine(cache=shared / "cache").cache.dir_fd >= 0
+
+
+def test_mount_refuses_a_cache_dir_whose_parent_every_user_may_write(tmp_path):
+    (tmp_path / "backing").mkdir()
+    (tmp_path / "mnt").mkdir()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, shared / "link")  # (a link in a dir anyone may write: she may point it elsewhere)
+    for cache in (shared / "cache", shared / "link" / "cache"):
+        cfg = MountConfig(backing=str(tmp_path / "backing"), mountpoint=str(tmp_path / "mnt"), cache=str(cache),
+                          capacity=1 << 20, settings=Settings())
+        with pytest.raises(MountError, match=rf"{shared} is writable by every user"):
+            check_paths(cfg)
+    assert os.listdir(real) == [] and sorted(os.listdir(shared)) == ["link"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a directory to another user")
+def test_a_cache_dir_another_user_could_swap_is_refused(open_engine, tmp_path):
+    nobody = 65534
+    theirs = tmp_path / "theirs"  # a dir of another user's on the way
+    theirs.mkdir()
+    os.chown(theirs, nobody, nobody)
+    with pytest.raises(ValueError, match=rf"{theirs} belongs to .*uid {nobody}"):
+        open_engine(cache=theirs / "cache")
+    group = tmp_path / "project"  # writable by a group that is not the daemon user's own
+    group.mkdir()
+    os.chown(group, 0, nobody)
+    os.chmod(group, 0o775)
+    with pytest.raises(ValueError, match=rf"{group} is writable by group .*gid {nobody}"):
+        open_engine(cache=group / "cache")
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    os.symlink(real, link)
+    os.lchown(link, nobody, nobody)  # a link on the way that another user may point elsewhere
+    with pytest.raises(ValueError, match=rf"the symlink {link} on the way belongs to"):
+        open_engine(cache=link / "cache")
+    assert os.listdir(theirs) == [] and os.listdir(group) == [] and os.listdir(real) == []
+    os.lchown(link, 0, 0)  # root's own link: followed, and the dir it leads to is checked
+    assert open_engine(cache=link / "cache").cache.dir_fd >= 0
+    assert "cache" in os.listdir(real)

@@ -102,3 +102,34 @@ def test_an_empty_dir_is_adopted_and_a_remount_uses_the_kept_copies(dataset, mou
         for rel in sorted(files):
             assert read(m.path(rel)) == (backing / rel).read_bytes()
         assert json.loads((mnt / ".tierfs" / "status").read_bytes())["reads"]["hits"] > 0
+
+
+def test_a_cache_dir_swapped_for_a_link_while_mounted_gets_its_journal_and_index_at_unmount(dataset, mount_dirs,
+                                                                                             tmp_path):
+    # (issue 46, 11) Whoever may rename entries of the cache dir's parent moves the dir away and puts a link to
+    # her own dir there: the daemon writes through the dir it opened, never the path.
+    backing, files = dataset
+    mnt, cache = mount_dirs
+    hers = tmp_path / "hers"
+    hers.mkdir()
+    moved = tmp_path / "moved-away"
+    with mounted(backing, mnt, cache, "4M", rf=100) as m:
+        read(m.path(next(iter(files))))
+        os.rename(cache, moved)
+        os.symlink(hers, cache)
+        subprocess.run(["sh", "-c", f"echo next-pass > '{m.path('.tierfs', 'control')}'"], check=True, timeout=30)
+        assert m.status()["pass"] == 1
+    assert os.listdir(hers) == []  # the journal, the index, their temp names: none through the link
+    assert json.loads((moved / "journal.json").read_bytes())["pass"] == 1
+    assert (moved / "index.npz").is_file()
+
+
+def test_a_cache_dir_under_a_dir_every_user_may_write_is_refused_with_that_dir(dataset, mount_dirs, tmp_path):
+    backing, _ = dataset
+    mnt, _ = mount_dirs
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # (not sticky: anyone may swap the cache dir for a link)
+    line = mount_refused(backing, mnt, shared / "cache", "--daemon")  # (a mount by mistake returns, unmounted after)
+    assert f"cache dir {shared}/cache refused: {shared} is writable by every user (mode 0777, not sticky)" in line
+    assert os.listdir(shared) == []

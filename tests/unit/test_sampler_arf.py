@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sampler.arf import MODES, make_controller, parse_weights
+from sampler.arf import HISTORY_KEPT, MODES, make_controller, parse_weights
 from sampler.iomodel import stall_free_rf
 
 
@@ -154,3 +154,24 @@ def test_bad_arguments(call, name):
 
 def test_parse_weights():
     assert parse_weights(" 1, 0.5 ,0") == (1.0, 0.5, 0.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_history_keeps_only_the_newest_observations(mode):
+    # Whoever writes feedback decides how many observations come (a flood grew the daemon by 650 MB: issue
+    # 46, 7): the history keeps the last HISTORY_KEPT, and the decisions are those of an untrimmed controller.
+    c = make_controller(mode, rf=3, wait=2, window=2)
+    twin = make_controller(mode, rf=3, wait=2, window=2)
+    twin_history = []
+    n = 2 * HISTORY_KEPT + 7
+    for i in range(n):
+        if i % 5 == 0:
+            c.new_mini_epoch()
+            twin.new_mini_epoch()
+        metrics = {"loss": 1.0 + (i * 7919 % 13) / 10}
+        assert c.observe(metrics) == twin.observe(metrics)
+        twin_history.append(twin.history[-1])
+        assert len(c.history) <= HISTORY_KEPT
+    assert len(c.history) == HISTORY_KEPT
+    assert c.history == twin_history[-HISTORY_KEPT:]
+    json.dumps(c.history)
