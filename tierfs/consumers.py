@@ -6,13 +6,24 @@ cache, one read of the slow tier per epoch -- if passes are counted per job: a *
 **Who is who.**  A job names itself with ``TIERFS_CONSUMER=NAME`` in its environment (``TIERFS_CONSUMER=lr0.1
 python train.py``): every process started with it -- the DataLoader's workers inherit it -- is that consumer.
 The daemon reads the variable from ``/proc/PID/environ`` of the requesting process (the environment the process
-was started with, so it must be set on the job's command line, not changed from inside), once per process and
-again after :data:`PID_TTL` seconds (pids are reused), in a worker thread (reading another process's environment
-waits on that process's memory map, which a page fault into this very mount may hold).  Readers without it are
+was started with, so it must be set on the job's command line, not changed from inside).  Readers without it are
 the one *anonymous* consumer: a mount used by one job, or by readers that never name themselves, counts passes
 exactly as before.  Neither the process group nor the session tells jobs apart (measured: two jobs started from
 one non-interactive shell script share both with each other and with their DataLoader workers), so the name is
 explicit.
+
+**Names, safely** (:meth:`Consumers.name_of`).  Only the users who steer (``Steering.steers``: the owner, root,
+the steering group) have names: everyone else's opens are served uncounted, so their environments are never read
+and they are all the anonymous consumer.  A name is kept per *process*, not per pid: the key is (uid, pid, the
+process's start time from ``/proc/PID/stat``, which never waits on the process's memory), read again after
+:data:`PID_TTL` seconds, so a pid reused by another job -- of another user or the same -- is read afresh.
+Reading another process's environment waits on that process's memory map, which its owner can hold at will (a
+page fault into a FUSE mount that never answers; a hung NFS mount does it by accident): each read runs in a
+worker thread, each user has its own :data:`READS_PER_USER` of them, and a read that takes over
+:data:`_ENV_READ_TIMEOUT` seconds is left behind (the process reads as anonymous).  So a user's wedged processes
+hold at most that user's threads and delay only that user's new processes; no other user's open waits on them.
+Warnings about one user's names (a name that is not one, a read left behind, a cap reached) are rate-limited per
+user: the first at once, then at most one per :data:`WARN_EVERY` seconds with the count of those left out.
 
 **Passes.**  A consumer's pass ends when it has opened every file of the view since its pass began, or when it
 lists the root again after opening at least one file, or on ``next-pass`` written by it.  Its listings and its
@@ -29,6 +40,13 @@ consumer that holds the mount back is *dropped* from the count (killed, paused, 
 slower), the mount moves on, and the waiter goes on.  A dropped consumer is served as before; it rejoins at the
 mount's current position with its next root listing (or ``order`` open) and first open of a view file.
 
+**The table, bounded.**  It keeps :data:`MAX_CONSUMERS` consumers, at most :data:`MAX_CONSUMERS_PER_USER`
+named by any one user (the user whose process named it first; a name is one consumer whichever steering user's
+process presents it).  A new name past either cap first forgets the consumer seen longest ago that is not live
+(of that user, for the user's cap); when every one is live, the new name's processes read as the anonymous
+consumer (logged) until one is dropped or forgotten -- a job reads, counted with the anonymous readers, never
+refused.
+
 This module owns the table of consumers and their pass state and reports them (``status.consumers``); the
 engine decides what a consumer's pass end means for the mount.  Plain Python and numpy on the trio thread, but
 for the environment read.
@@ -37,6 +55,7 @@ for the environment read.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 import zlib
@@ -47,10 +66,11 @@ import trio
 
 from tierfs.schedule import Schedule
 from tierfs.threads import in_thread
+from tierfs.users import Steering
 from tierfs.view import View
 
 __all__ = ["ANONYMOUS", "CONSUMER_ENV", "Consumer", "ConsumerStatistics", "Consumers", "ConsumersStatistics",
-           "consumer_name"]
+           "consumer_name", "process_start"]
 
 log = logging.getLogger("tierfs")
 
@@ -60,10 +80,16 @@ CONSUMER_ENV = "TIERFS_CONSUMER"
 ANONYMOUS = "anonymous"
 #: What a name may be: it shows in status, metrics labels and the log.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]{0,63}")
-#: Seconds a process's name is kept before it is read again (a pid may be reused by another job).
+#: Seconds a process's name is kept before it is read again.
 PID_TTL = 30.0
 #: Consumers kept in the table; beyond it the one seen longest ago that is not live is forgotten.
 MAX_CONSUMERS = 64
+#: Named consumers one user may hold in the table (see the module docstring: past it, anonymous).
+MAX_CONSUMERS_PER_USER = 16
+#: Environment reads in flight per user, each a worker thread: what one user's wedged processes can hold.
+READS_PER_USER = 4
+#: Seconds between two warnings about one user's consumer names (the first is logged at once).
+WARN_EVERY = 60.0
 _PIDS_KEPT = 4096
 _ENV_READ_TIMEOUT = 2.0  # a process whose memory map stays locked that long is taken as anonymous
 _KEY = (CONSUMER_ENV + "=").encode()
@@ -71,25 +97,64 @@ _KEY = (CONSUMER_ENV + "=").encode()
 NEW, LIVE, DROPPED = "new", "live", "dropped"
 
 
-def consumer_name(pid: int) -> str:
-    """The consumer name in the environment process ``pid`` was started with; :data:`ANONYMOUS` if it has none,
-    it cannot be read (gone, another user's) or it is not a valid name (logged).  Blocking: a worker thread."""
+def consumer_name(pid: int) -> tuple[str, str | None]:
+    """(name, None): the consumer name in the environment process ``pid`` was started with, :data:`ANONYMOUS`
+    if it has none or it cannot be read (gone, another user's); (:data:`ANONYMOUS`, the value) for a value that
+    is not a valid name (the caller logs it).  Blocking, and may block for good on a process whose memory map
+    is held: a worker thread that may be left behind."""
     if pid <= 0:
-        return ANONYMOUS
+        return ANONYMOUS, None
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read(1 << 20)
     except OSError:
-        return ANONYMOUS
+        return ANONYMOUS, None
     for item in env.split(b"\0"):
         if item.startswith(_KEY):
             name = item[len(_KEY):].decode("utf-8", "replace")
-            if NAME.fullmatch(name):
-                return name
-            log.warning("tierfs: process %d: %s=%r is not a consumer name (letters, digits, _.:@+=- up to 64 "
-                        "characters); it reads as the anonymous consumer", pid, CONSUMER_ENV, name[:80])
-            return ANONYMOUS
-    return ANONYMOUS
+            return (name, None) if NAME.fullmatch(name) else (ANONYMOUS, name)
+    return ANONYMOUS, None
+
+
+def process_start(pid: int) -> int | None:
+    """When process (or thread) ``pid`` started, in clock ticks since boot (field 22 of ``/proc/PID/stat``):
+    with the pid, one process for the life of the system.  None if it is gone.  Read on the trio thread: unlike
+    ``environ`` and ``cmdline``, ``stat`` never waits on the process's memory map (tested with a wedged one)."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    fields = data.rpartition(b")")[2].split()  # (the command name before it may hold spaces and parentheses)
+    try:
+        return int(fields[19])  # (field 22; the fields after the name start at field 3)
+    except (IndexError, ValueError):
+        return None
+
+
+class _Warnings:
+    """Warnings about one user's consumer names, rate-limited per uid: the first at once, then at most one per
+    :data:`WARN_EVERY` seconds, which says how many were left out since the last.  Only users who steer are ever
+    warned about, so the map stays as small as the steering group."""
+
+    def __init__(self) -> None:
+        self._by_uid: dict[int, tuple[float, int]] = {}  # uid -> (monotonic time of its last warning, left out)
+
+    def warn(self, uid: int, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._by_uid.get(uid)
+        if last is not None and now - last[0] < WARN_EVERY:
+            self._by_uid[uid] = (last[0], last[1] + 1)
+            return
+        self._by_uid[uid] = (now, 0)
+        left_out = last[1] if last is not None else 0
+        tail = f" ({left_out} more such warnings about uid {uid} left out)" if left_out else ""
+        log.warning("tierfs: consumer names of uid %d: " + message + "%s", uid, *args, tail)
 
 
 @dataclass(frozen=True)
@@ -144,6 +209,7 @@ class Consumer:
         self.rate = 0.0
         self.waiting_since: float | None = None
         self.advance_vote = False  # its ARF said advance in the current mini-epoch
+        self.uid: int | None = None  # the user whose process named it first (None: made by the engine itself)
 
     def new_pass(self, view_files: int) -> None:
         if self.marks is not None:
@@ -168,37 +234,83 @@ class Consumer:
 class Consumers:
     """See the module docstring: the consumers of one mount, by name, and the names of the requesting pids."""
 
-    def __init__(self, schedule: Schedule) -> None:
+    def __init__(self, schedule: Schedule, steering: Steering | None = None) -> None:
         self.schedule = schedule
+        self.steering = steering if steering is not None else Steering()
         self._table: dict[str, Consumer] = {}
-        self._pids: dict[int, tuple[str, float]] = {}  # pid -> (name, monotonic time it was read)
-        self._limiter = trio.CapacityLimiter(4)
+        # (uid, pid, start time) -> (name, monotonic time it was read): a process, not a pid (pids are reused)
+        self._pids: dict[tuple[int, int, int], tuple[str, float]] = {}
+        self._readers: dict[int, trio.CapacityLimiter] = {}  # uid -> its environment reads (users who steer)
+        self._warnings = _Warnings()
         self.drops = 0
 
     # ============================================================================================ names
 
-    async def name_of(self, pid: int) -> str:
-        """The consumer that process ``pid`` reads as (read from its environment once per :data:`PID_TTL`)."""
+    async def name_of(self, pid: int, uid: int) -> str:
+        """The consumer that process ``pid`` of user ``uid`` reads as (see the module docstring): anonymous for a
+        user who does not steer (nothing read), else from its environment once per :data:`PID_TTL`, within
+        ``uid``'s own :data:`READS_PER_USER` reads and at most :data:`_ENV_READ_TIMEOUT` seconds."""
+        if pid <= 0 or not self.steering.steers(uid):
+            return ANONYMOUS  # (served uncounted: a name would name nothing)
+        start = process_start(pid)
+        if start is None:
+            return ANONYMOUS
+        key = (uid, pid, start)
         now = time.monotonic()
-        known = self._pids.get(pid)
+        known = self._pids.get(key)
         if known is not None and now - known[1] < PID_TTL:
-            return known[0]
-        name = ANONYMOUS
-        with trio.move_on_after(_ENV_READ_TIMEOUT):
-            name = await in_thread(consumer_name, pid, limiter=self._limiter, abandon_on_cancel=True)
+            return self.admit(known[0], uid)
+        readers = self._readers.get(uid)
+        if readers is None:
+            readers = self._readers[uid] = trio.CapacityLimiter(READS_PER_USER)
+        name, invalid = ANONYMOUS, None
+        with trio.move_on_after(_ENV_READ_TIMEOUT) as waited:
+            # (left behind on timeout: the thread keeps its slot of this user's until the read returns)
+            name, invalid = await in_thread(consumer_name, pid, limiter=readers, abandon_on_cancel=True)
+        if waited.cancelled_caught:
+            self._warnings.warn(uid, "the environment of process %d was not read within %g s (its memory map is "
+                                "held: a hung mount?); it reads as the anonymous consumer", pid, _ENV_READ_TIMEOUT)
+        elif invalid is not None:
+            self._warnings.warn(uid, "process %d: %s=%r is not a consumer name (letters, digits, _.:@+=- up to 64 "
+                                "characters); it reads as the anonymous consumer", pid, CONSUMER_ENV, invalid[:80])
         if len(self._pids) >= _PIDS_KEPT:
-            self._pids = {p: v for p, v in self._pids.items() if now - v[1] < PID_TTL}
-        self._pids[pid] = (name, now)
+            self._pids = {k: v for k, v in self._pids.items() if now - v[1] < PID_TTL}
+            if len(self._pids) >= _PIDS_KEPT:  # (all fresh: the older half goes, they are read again if asked)
+                self._pids = dict(list(self._pids.items())[len(self._pids) // 2:])
+        self._pids[key] = (name, now)
+        return self.admit(name, uid)
+
+    def admit(self, name: str, uid: int) -> str:
+        """``name`` if it is in the table or joins it now as ``uid``'s; past ``uid``'s or the table's cap (when
+        no consumer that is not live can be forgotten for it): :data:`ANONYMOUS`, logged (module docstring)."""
+        if name == ANONYMOUS or name in self._table:
+            return name
+        mine = [c for c in self._table.values() if c.uid == uid]
+        if len(mine) >= MAX_CONSUMERS_PER_USER and not self._forget_one(mine):
+            self._warnings.warn(uid, "%d consumers named already (the most one user may have); %s reads as the "
+                                "anonymous consumer until one of them is dropped or forgotten", len(mine), name)
+            return ANONYMOUS
+        if len(self._table) >= MAX_CONSUMERS and not self._forget_one(list(self._table.values())):
+            self._warnings.warn(uid, "the table holds %d consumers, all live; %s reads as the anonymous consumer "
+                                "until one is dropped", len(self._table), name)
+            return ANONYMOUS
+        self.get(name).uid = uid
         return name
+
+    def _forget_one(self, among: list[Consumer]) -> bool:
+        """Forget the consumer of ``among`` seen longest ago that is neither live nor waiting; False: none."""
+        idle = [c for c in among if c.state != LIVE and c.waiting_since is None and c.name != ANONYMOUS]
+        if not idle:
+            return False
+        del self._table[min(idle, key=lambda x: x.last_seen).name]
+        return True
 
     def get(self, name: str) -> Consumer:
         """The consumer ``name`` (made now if new; the table keeps :data:`MAX_CONSUMERS`)."""
         c = self._table.get(name)
         if c is None:
             if len(self._table) >= MAX_CONSUMERS:
-                idle = [x for x in self._table.values() if x.state != LIVE and x.waiting_since is None]
-                if idle:
-                    del self._table[min(idle, key=lambda x: x.last_seen).name]
+                self._forget_one(list(self._table.values()))
             seed = self.schedule.settings.seed
             if name != ANONYMOUS:  # (the anonymous consumer's order is the mount's own: as before consumers)
                 seed += (zlib.crc32(name.encode()) + 1) << 32

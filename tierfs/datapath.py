@@ -15,6 +15,12 @@ local ``open`` + ``fstat``; a damaged copy is a cache miss (:meth:`DataPath.repa
 pusher gave the kernel is only pinned at the open, and opened and checked at the first read that reaches the
 daemon: its reads are served from the mount's page cache, so most opens make no call on a copy at all.
 Backing calls go through :class:`~tierfs.backing.Backing` with ``backing_timeout``.
+
+**Never the new bytes on the old permission check.**  The kernel let the requester in on the mode and owner it
+had been told.  An open that finds its file changed in the backing dir with another mode, owner or group (a file
+replaced by a private one, or ``chmod 600``'d after a rewrite) serves nothing: it fails with
+:class:`AccessChanged` (``ESTALE``), and the kernel, told the new attributes (fs.py, namespace.py), checks
+them itself and opens again -- or refuses.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from tierfs.threads import in_thread
 from tierfs.tree import Node, Tree
 from tierfs.users import OWNER_UID, FdBudget
 
-__all__ = ["LEND_SECONDS", "DataPath", "DataPathEvents", "FileHandle"]
+__all__ = ["LEND_SECONDS", "AccessChanged", "DataPath", "DataPathEvents", "FileHandle"]
 
 log = logging.getLogger("tierfs")
 
@@ -64,6 +70,14 @@ class FileHandle:
     direct_io: bool
     uid: int
     opening: trio.Event | None = None  # set while a read opens the pinned copy (the other reads wait for it)
+
+
+class AccessChanged(BackingError):
+    """An open found its file's mode, owner or group changed in the backing dir: the kernel let the requester
+    in on the old ones (see the module docstring).  ``ESTALE``."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ESTALE, "its mode or owner changed in the backing dir: the kernel checks again")
 
 
 #: a handle's ``fd`` while its copy is pinned but not opened (``DataPath._open_file``)
@@ -220,6 +234,7 @@ class DataPath:
             raise
 
     async def _open_file(self, fidx: int, uid: int, who: str) -> FileHandle:
+        access = self.tree.access_serial  # (a change of this file's mode or owner found from here on: refused)
         entry = self.cache.get(fidx)
         if entry is not None and not self.reval.fresh(fidx):
             # (an uncached file needs no separate check: its copy, or its backing open, compares fingerprints)
@@ -245,8 +260,13 @@ class DataPath:
             fd = _NOT_OPEN
         elif entry is not None:
             fd = await self.open_copy(entry)
-        if fd is not None:
-            assert entry is not None
+        if fd is None:
+            entry = None
+            fd, size = await self._open_backing(fidx, self.tree.file_node(fidx))
+        if self.tree.access_serial != access and self.tree.access_changed_since(fidx + 1, access):
+            await self._let_go(entry, fd)
+            raise AccessChanged
+        if entry is not None:
             self.cache.touch(entry)
             if was_cached:
                 self.hits += 1
@@ -254,8 +274,6 @@ class DataPath:
                 self.misses += 1  # fetched on demand: the reader waited on the backing dir
             size = entry.size
         else:
-            entry = None
-            fd, size = await self._open_backing(fidx, self.tree.file_node(fidx))
             self.misses += 1
         direct = await self.versions.opened(fidx)
         # (a changed file can change again between this open and its reads, and the kernel keeps one size and
@@ -272,6 +290,14 @@ class DataPath:
                 os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
         self._opened(fidx, size, uid, who)
         return handle
+
+    async def _let_go(self, entry: CacheEntry | None, fd: int) -> None:
+        """Close what an open opened: its copy (``entry``), or its backing file (in a backing thread: a network
+        filesystem may ask its server)."""
+        if entry is not None:
+            self.release_copy(entry, fd)
+        else:
+            await self.backing.close(fd)
 
     async def _open_backing(self, fidx: int, node: Node) -> tuple[int, int]:
         t0 = time.monotonic()
@@ -441,9 +467,6 @@ class DataPath:
         self.handles -= 1
         self.versions.released(handle.fidx, handle.direct_io)
         try:
-            if handle.entry is not None:
-                self.release_copy(handle.entry, handle.fd)
-            else:
-                await self.backing.close(handle.fd)  # (a backing thread: a network filesystem may ask its server)
+            await self._let_go(handle.entry, handle.fd)
         finally:
             self.fd_budget.give(handle.uid)  # once the descriptor is closed: it counts while a close hangs

@@ -52,7 +52,7 @@ from sampler.iomodel import stall_free_rf
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore, disk_estimates
 from tierfs.consumers import ANONYMOUS, Consumer, Consumers
-from tierfs.control import Arf, ControlWriter, apply_control
+from tierfs.control import Arf, ConsumerArfs, ControlWriter, apply_control
 from tierfs.datapath import DataPath
 from tierfs.following import LoaderWatch
 from tierfs.journal import JournalWriter, Position, load_position
@@ -78,8 +78,6 @@ __all__ = ["Engine"]
 
 log = logging.getLogger("tierfs")
 
-_ARF_HISTORY_KEPT = 1000
-
 
 class Engine:
     """See the module docstring.  ``mount.py``: ``open()``, then ``run()`` beside ``pyfuse3.main()``, ``close()``."""
@@ -93,10 +91,9 @@ class Engine:
         self.root_fd = -1
         self.arf = Arf()  # the configured controller is made in open()
         self.control_error: str | None = None
-        self.journal = JournalWriter(config.cache)
+        self.journal = JournalWriter(self.cache)  # (through the cache dir's descriptor, once claim() opened it)
         self.pace = PaceWatch()  # whether staging keeps up: repeats beyond rf and stalls, put down to the tier
-        #: the named consumers' ARF controllers, with the settings they were made for (the anonymous one's: ``arf``)
-        self._arfs: dict[str, tuple[tuple[object, ...], Arf]] = {}
+        self.consumer_arfs = ConsumerArfs()  # the named consumers' ARF controllers (the anonymous one's: ``arf``)
         self._moved = trio.Event()  # set when the mount's pass ends or its settings change: waiting consumers look
         self._nursery: trio.Nursery | None = None
         self._opened = self._closed = False
@@ -119,9 +116,9 @@ class Engine:
             self.cache.close()
             raise
         self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        journalled = load_position(cfg.cache)
+        journalled = load_position(self.cache.dir_fd)
         pos = journalled or Position()
-        self.trees = TreeKeeper(self.root_fd, backing, cfg.cache)
+        self.trees = TreeKeeper(self.root_fd, backing, self.cache.dir_fd)
         try:
             self.tree = tree = self.trees.load(resumed=journalled is not None, progress=scan_progress)
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)
@@ -154,7 +151,7 @@ class Engine:
                              reval=self.reval, stager=self.stager, pusher=self.pusher, schedule=self.schedule,
                              policy=self.policy, pins=self.pins, settings=self.live, events=self)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
-        self.consumers = Consumers(self.schedule)
+        self.consumers = Consumers(self.schedule, self.steering)  # (only those who steer are named)
         self.trimmer = HeapTrimmer()  # the heap's freed memory back to the system after the peaks
         self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, events=self,
                                substitute=s.substitute and policy.walks_plans)
@@ -198,9 +195,9 @@ class Engine:
                 if self.policy.walks_plans:
                     nursery.start_soon(supervised, "planner", self.planner.run)
                     nursery.start_soon(supervised, "pusher", self.pusher.run)
-                    if self.names.substitutions is not None:
-                        nursery.start_soon(supervised, "entry dropper", self.names.run)
                     nursery.start_soon(supervised, "stager", self.stager.run)
+                # (changed modes and owners told to the kernel; under substitute, stale entries dropped)
+                nursery.start_soon(supervised, "kernel entries", self.names.run)
                 task_status.started()
         finally:
             self._nursery = self.data.nursery = self.versions.nursery = None
@@ -370,7 +367,7 @@ class Engine:
         """Journal the position: handed to the background writer while mounted (never a disk write on the trio
         thread), written at once otherwise (engine tests, close)."""
         pos = self.schedule.pos
-        pos.arf_history = self.arf.history[-_ARF_HISTORY_KEPT:]
+        pos.arf_history = list(self.arf.history)  # (the controller keeps the last HISTORY_KEPT)
         pos.last_pass = list(self.last_pass) if self.last_pass is not None else None
         self.journal.save(pos)
         if self._nursery is None:
@@ -482,14 +479,7 @@ class Engine:
 
     def arf_of(self, who: str) -> Arf:
         """The ARF controller fed by consumer ``who``'s ``feedback`` (the anonymous consumer's is the mount's)."""
-        if who == ANONYMOUS:
-            return self.arf
-        s = self.settings
-        made_for = (s.arf, s.arf_wait, s.arf_window, s.arf_k, s.arf_weights)
-        known = self._arfs.get(who)
-        if known is None or known[0] != made_for:
-            known = self._arfs[who] = (made_for, Arf(Arf.controller_for(s)))
-        return known[1]
+        return self.arf if who == ANONYMOUS else self.consumer_arfs.of(who, self.settings)
 
     def arf_advance(self, who: str) -> None:
         """Consumer ``who``'s ARF says advance: leave the mini-epoch when every live consumer's ARF says so."""

@@ -14,6 +14,10 @@ Caveats worth knowing:
 * Dataset files get long entry and attribute timeouts and ``keep_cache`` (the kernel page cache stays valid
   across opens); when the engine finds a backing file changed on open it invalidates the inode, so the next
   read sees the new size and bytes.
+* An ``allow_other`` mount's permission checks are the kernel's, on the attributes it was told: an open or
+  ``opendir`` it let in on a mode or owner that has changed since (in the backing dir: a file replaced by a
+  private one, a ``chmod 700`` of a directory) is answered ``ESTALE`` once the kernel has been told the new ones,
+  and the kernel checks again (namespace.py, datapath.py).
 * ``/.tierfs/status``, ``order``, ``metrics``, ``control`` and ``plan`` are rendered once per open into a buffer
   (``direct_io``, size 0 like /proc files), so one ``cat`` sees one consistent snapshot.  Opening ``plan``
   pins the copies it names until the pass ends (see :mod:`tierfs.plans`).  Those that name files (``status``,
@@ -47,7 +51,7 @@ import pyfuse3
 import trio
 
 from tierfs.control import ControlWriter
-from tierfs.datapath import FileHandle
+from tierfs.datapath import AccessChanged, FileHandle
 from tierfs.engine import Engine
 from tierfs.mounts import mountinfo
 from tierfs.namespace import Listing
@@ -324,7 +328,7 @@ class TierOperations(pyfuse3.Operations):
                 data = await eng.names.order_file(ctx.uid, ctx.pid, nul=inode == CONTROL_INODES[b"order0"])
             fh = next(self._fh)
             # (a control write is its writer's consumer's: whose pass next-pass ends, whose ARF feedback feeds)
-            writer = eng.control_writer(await eng.consumers.name_of(ctx.pid)) if writes else None
+            writer = eng.control_writer(await eng.consumers.name_of(ctx.pid, ctx.uid)) if writes else None
             self._handles[fh] = _Virtual(data, writer)
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
         if flags & _WRITE_FLAGS:
@@ -332,7 +336,12 @@ class TierOperations(pyfuse3.Operations):
         if inode == _CTL_DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
         fidx = eng.names.file_index(inode)
-        handle = await eng.data.open_file(fidx, ctx.uid, await eng.consumers.name_of(ctx.pid))
+        await eng.names.ensure_kernel_checked(inode)  # (ESTALE: the kernel let it in on an older mode or owner)
+        try:
+            handle = await eng.data.open_file(fidx, ctx.uid, await eng.consumers.name_of(ctx.pid, ctx.uid))
+        except AccessChanged:
+            await eng.names.ensure_kernel_checked(inode)  # (this open found it: the kernel is told before ESTALE)
+            raise
         fh = next(self._fh)
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
@@ -390,7 +399,7 @@ class TierOperations(pyfuse3.Operations):
         node = self.engine.names.node(inode)
         if node is None or node.kind != KIND_FILE:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        path = await self.engine.data.lend(node.fidx, ctx.uid, await self.engine.consumers.name_of(ctx.pid))
+        path = await self.engine.data.lend(node.fidx, ctx.uid, await self.engine.consumers.name_of(ctx.pid, ctx.uid))
         if path is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return path

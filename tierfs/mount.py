@@ -42,8 +42,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from tierfs.memory import trim_heap, tune_malloc
+from tierfs.mountpoint_lock import hold as hold_mountpoint
 from tierfs.mounts import mount_at
 from tierfs.options import MountConfig, check_layout, format_size
+from tierfs.safepath import check_parents
 from tierfs.textfile import mountpoint_file_name
 from tierfs.threads import IDLE_THREAD_S, in_thread, keep_idle_threads
 
@@ -108,6 +110,10 @@ def check_paths(config: MountConfig, *, nonempty: bool = False) -> MountConfig:
         if not os.path.isdir(parent):
             raise MountError(f"cannot create cache dir {cache}: its parent {parent} does not exist "
                              f"(tierfs creates only the last component)")
+    try:
+        check_parents(config.cache)  # (the path as given: a symlink on it that another user could swap counts)
+    except ValueError as exc:
+        raise MountError(str(exc)) from None
     _check_capacity(config.capacity, cache if exists else os.path.dirname(cache), cache if exists else None)
     if not exists:
         try:
@@ -487,6 +493,9 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
         config = dataclasses.replace(config, settings=dataclasses.replace(
             config.settings, rank=link.rank, world_size=link.world_size))
         log.info("peers: rank %d of %d, serving at %s:%d", link.rank, link.world_size, *link.addresses[link.rank])
+    # held until the serving process ends (the fd is never closed): how `tierfs status` sees that a mount is
+    # starting there while the first scan runs, without looking at other processes (tierfs.mountpoint_lock)
+    hold_mountpoint(config.mountpoint)
     engine = Engine(config, link)
 
     def scanning(count: ScanCount) -> None:

@@ -8,6 +8,15 @@ can be looked up and opened, in view or not; only the view is listed (every file
 things here are news for other parts: a lookup or a listing tells the pusher the kernel now has an inode (pushes
 wait for one), and a listing of the root (or an ``order`` file) starts a consumer's pass -- listing it again
 after reads may end the pass -- which is the engine's to decide, by who listed (:class:`NamespaceEvents`).
+
+**Modes and owners the kernel checked.**  On an ``allow_other`` mount the kernel checks other users against the
+attributes the mount reported, kept for the attribute timeout.  When a node's mode, owner or group changes in
+the backing dir (the tree counts it: "Access changes" in tree.py), the kernel is told at once -- its cached
+attributes of the node invalidated, from the pusher's kernel thread (:meth:`Namespace.run`) -- and until it has
+been, an open of the node or of anything beneath it (:meth:`Namespace.ensure_kernel_checked`) tells it first and
+answers ``ESTALE``: the kernel then looks the path up again and checks the new attributes itself, with everything
+it knows of the requester (its groups, its capabilities); a reader who may still read gets in on that retry,
+unaware.  The daemon judges no user itself.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import trio
 
 from tierfs.backing import BackingError
 from tierfs.consumers import ANONYMOUS, Consumers
@@ -25,7 +35,7 @@ from tierfs.pusher import Pusher
 from tierfs.schedule import Schedule
 from tierfs.substitute import Substitutions, SubstitutionStatistics
 from tierfs.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
-from tierfs.users import OWNER_UID
+from tierfs.users import OWNER_UID, Reader, listable_dirs, privileged
 from tierfs.wakeup import Wakeup
 
 __all__ = ["KernelListings", "Listing", "ListingStatistics", "Namespace", "NamespaceEvents"]
@@ -157,6 +167,8 @@ class Namespace:
         #: a file's entry (fs.py gives it an entry timeout of 0)
         self.substitutions = Substitutions(schedule) if substitute else None
         self._stale = Wakeup()  # (the substitutions found stale kernel entries: run() drops them)
+        self._access = Wakeup()  # (the tree found a mode or owner changed: run() tells the kernel)
+        tree.access_watcher = self
         self.listings = KernelListings(tree)  # which listings the kernel may cache
 
     def substitution_statistics(self) -> SubstitutionStatistics:
@@ -205,9 +217,47 @@ class Namespace:
         return tree.inode_of(fidx)
 
     async def run(self) -> None:
-        """Under ``substitute``, until cancelled: have the kernel drop the entries the substitutions found stale
-        (substitute.py), from the pusher's kernel thread (a drop waits for the lookups of its directory in
-        flight, which only the trio thread answers)."""
+        """Until cancelled: tell the kernel of changed modes and owners (see the module docstring) and, under
+        ``substitute``, have it drop the entries the substitutions found stale (substitute.py); from the pusher's
+        kernel thread (a drop waits for the lookups of its directory in flight, which only the trio thread
+        answers)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tell_access_changes)
+            if self.substitutions is not None:
+                nursery.start_soon(self._drop_stale_entries)
+
+    def access_changed(self) -> None:
+        """(AccessWatcher) A node's mode, owner or group changed: the kernel is to be told."""
+        self._access.notify()
+
+    async def _tell_access_changes(self) -> None:
+        while True:
+            await self._access.wait()
+            untold = dict(self.tree.access_untold)
+            if untold:
+                await self._tell_kernel(untold)
+
+    async def _tell_kernel(self, nodes: dict[int, int]) -> None:
+        """Invalidate the kernel's attributes of ``nodes`` (as of their serials), waiting until it did: its next
+        permission check asks for the ones the tree has now.  Attributes only: a file's pages are its versions'
+        (pusher.py)."""
+        for i in nodes:
+            await self.pusher.kernel.invalidate(i + 1, attr_only=True)
+        self.tree.told(nodes)
+
+    async def ensure_kernel_checked(self, inode: int) -> None:
+        """Before an open of ``inode`` is served: if the kernel may have checked it against older modes or owners
+        than the tree's (it or a directory above changed, and the kernel was not told yet), tell it and raise
+        ``ESTALE``, so that it checks the new ones itself (see the module docstring).  Costs nothing while no
+        mode or owner changed."""
+        if not self.tree.access_untold or not 0 < inode <= self.tree.n_nodes:
+            return
+        untold = self.tree.untold_among(inode - 1)
+        if untold:
+            await self._tell_kernel(untold)
+            raise BackingError(errno.ESTALE, "a mode or owner changed in the backing dir: the kernel checks again")
+
+    async def _drop_stale_entries(self) -> None:
         subs = self.substitutions
         assert subs is not None
         while True:
@@ -229,8 +279,10 @@ class Namespace:
 
     async def open_dir(self, inode: int, uid: int, pid: int) -> Listing:
         """The listing for one ``opendir`` by process ``pid`` of user ``uid``: a listing of the root starts a
-        pass of its consumer, which may first wait for the other consumers (the engine's ``begin_pass``)."""
-        who = await self.consumers.name_of(pid)
+        pass of its consumer, which may first wait for the other consumers (the engine's ``begin_pass``).
+        ``ESTALE`` where the kernel let it in on an older mode or owner (:meth:`ensure_kernel_checked`)."""
+        await self.ensure_kernel_checked(inode)
+        who = await self.consumers.name_of(pid, uid)
         if inode == 1:
             await self.events.begin_pass(uid, who, relisted=True)
         return self.list_dir(inode, uid, who)
@@ -308,16 +360,25 @@ class Namespace:
     async def order_file(self, uid: int, pid: int, *, nul: bool) -> bytes:
         """``order`` (``order0`` if ``nul``) opened by process ``pid`` of user ``uid``: its consumer starts a
         pass (it may wait for the others first, like a listing of the root) and gets its own order."""
-        who = await self.consumers.name_of(pid)
+        who = await self.consumers.name_of(pid, uid)
         await self.events.begin_pass(uid, who, relisted=False)
-        return self.order0_text(who) if nul else self.order_text(who)
+        # a steering group's member reads it too: it names no file in a directory the member may not list
+        listable = None if privileged(uid) else self.listable_by(Reader.of(uid, pid))
+        return self.order0_text(who, listable) if nul else self.order_text(who, listable)
 
-    def order_text(self, who: str = ANONYMOUS) -> bytes:
-        """``/.tierfs/order``: this pass's serving order for consumer ``who``."""
+    def listable_by(self, reader: Reader) -> np.ndarray:
+        """Per tree node, whether ``reader`` may list it, from the attributes the mount shows (the revalidator
+        keeps directories' current)."""
+        tree = self.tree
+        return listable_dirs(reader, tree.parents, tree.meta, tree.meta_idx)
+
+    def order_text(self, who: str = ANONYMOUS, listable: np.ndarray | None = None) -> bytes:
+        """``/.tierfs/order``: this pass's serving order for consumer ``who`` (only the files of the directories
+        marked in ``listable``, if given)."""
         view = self.consumers.view_of(who)
-        return view.order_text() if view is not None else b""
+        return view.order_text(listable) if view is not None else b""
 
-    def order0_text(self, who: str = ANONYMOUS) -> bytes:
+    def order0_text(self, who: str = ANONYMOUS, listable: np.ndarray | None = None) -> bytes:
         """``/.tierfs/order0``: the same paths, NUL-terminated."""
         view = self.consumers.view_of(who)
-        return view.order0_text() if view is not None else b""
+        return view.order0_text(listable) if view is not None else b""

@@ -2,8 +2,9 @@
 
 * :func:`check_dirs` refuses a backing dir, cache dir and mountpoint that cannot work together;
 * :class:`TreeKeeper` owns the backing tree's provenance: loaded from the saved tree (``tree.bin`` in the cache
-  dir, when a position was journalled) or scanned, and -- after a load -- rescanned in the background, whose
-  news it hands to the engine (:class:`RescanEvents`); it reports what ``status`` shows as ``tree``;
+  dir, when a position was journalled; read and written through the dir's descriptor, see cache.py) or scanned,
+  and -- after a load -- rescanned in the background, whose news it hands to the engine
+  (:class:`RescanEvents`); it reports what ``status`` shows as ``tree``;
 * :func:`supervised` and :func:`once` run the mount's background jobs so that a failure is logged, never a
   dead mount.
 """
@@ -68,12 +69,13 @@ class RescanEvents(Protocol):
 
 
 class TreeKeeper:
-    """See the module docstring.  ``root_fd`` is the backing dir's, ``backing`` its real path."""
+    """See the module docstring.  ``root_fd`` is the backing dir's, ``backing`` its real path, ``cache_fd`` the
+    cache dir's."""
 
-    def __init__(self, root_fd: int, backing: str, cache_dir: str) -> None:
+    def __init__(self, root_fd: int, backing: str, cache_fd: int) -> None:
         self.root_fd = root_fd
         self.backing = backing
-        self.path = os.path.join(cache_dir, TREE_NAME)
+        self.cache_fd = cache_fd
         self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0)
 
     def load(self, *, resumed: bool, progress: Callable[[ScanCount], None] | None = None) -> Tree:
@@ -82,8 +84,8 @@ class TreeKeeper:
         t0 = time.monotonic()
         for old in OLD_TREE_NAMES:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(os.path.dirname(self.path), old))
-        saved = Tree.load(self.path, os.fstat(self.root_fd)) if resumed else None
+                os.unlink(old, dir_fd=self.cache_fd)
+        saved = Tree.load(TREE_NAME, os.fstat(self.root_fd), dir_fd=self.cache_fd) if resumed else None
         tree = saved or Tree.scan(self.root_fd, self.backing, progress)
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),
                                     "pending" if saved else "done", 0, 0, 0)
@@ -103,6 +105,9 @@ class TreeKeeper:
             # (abandoned on unmount: it works on its own dup of the root descriptor)
             new = await in_thread(Tree.scan, self.root_fd, self.backing, abandon_on_cancel=True)
             news, lost, added = tree.compare(new)
+            # (directories' modes and owners too: a chmod 700 made while unmounted closes them from this mount on)
+            for i, st in await in_thread(tree.dir_access_news, new, abandon_on_cancel=True):
+                tree.update_access(i, st)
             events.all_confirmed()
             for fidx, st in news:
                 events.changed(fidx, st)
@@ -114,12 +119,20 @@ class TreeKeeper:
                             "(added files show from the next mount)", added, len(lost))
             tree.release_path_index()  # (see below)
             tree = new
-        await in_thread(tree.save, self.path, limiter=limiter, abandon_on_cancel=True)
+        # (the save's own descriptor: one abandoned at unmount never writes through a number reused since)
+        await in_thread(_save, tree, os.dup(self.cache_fd), limiter=limiter, abandon_on_cancel=True)
         # the mount's tree needs its path hashes no more: the cache found its copies by them, the rescan compared
         tree.release_path_index()
 
     def statistics(self) -> TreeStatistics:
         return self.stats
+
+
+def _save(tree: Tree, cache_fd: int) -> None:
+    try:
+        tree.save(TREE_NAME, dir_fd=cache_fd)
+    finally:
+        os.close(cache_fd)
 
 
 async def supervised(name: str, task: Callable[[], Awaitable[None]]) -> None:

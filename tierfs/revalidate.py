@@ -15,6 +15,13 @@ mini-epoch, every one whose confirmation is older than half of ``revalidate``.  
 checked moments ago and makes no backing call at all, and a change in the backing is still seen within
 ``revalidate`` seconds.
 
+**Directories too.**  The kernel checks other users against a directory's mode and owner (``default_permissions``),
+so a ``chmod 700`` of a class directory on the backing must close it through the mount as well: every directory
+is re-stat'ed like the files, once its mode and owner are older than half of ``revalidate`` (under ``open``, of
+the default 30 s; under ``never``, not at all), and a change goes straight to the tree
+(:meth:`~tierfs.tree.Tree.update_access`), which has the kernel told (see the namespace).  A directory's other
+attributes, and its entries, stay the scan's.
+
 While the backing is lost (see backing.py) nothing is asked -- an open serves its copy, unconfirmed -- and once
 it is back every fingerprint counts as unconfirmed: it may have changed while nobody could see it.
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import math
 import os
 import stat
@@ -49,11 +57,16 @@ from tierfs.wakeup import Wakeup
 
 __all__ = ["BATCH", "Revalidator", "RevalidatorEvents", "RevalidatorStatistics", "Verdict"]
 
+log = logging.getLogger("tierfs")
+
 BATCH = 256  # paths per thread hop
 PARALLEL = 8  # batches in flight at once
 #: Confirmation times are float32 (4 bytes a file): seconds after a base that moves on this often, so recent
 #: ones stay below 2**12 s, where float32 resolves 0.5 ms.
 REBASE_S = float(1 << 12)
+#: ``revalidate`` for directories under ``revalidate=open`` (the default's: every open checks its file, not the
+#: directories above it)
+DIRS_UNDER_OPEN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,8 @@ class Revalidator:
                  events: RevalidatorEvents) -> None:
         #: time of the last agreeing backing answer per file: seconds after ``_base`` (see :meth:`_now`)
         self.confirmed = np.full(tree.n_files, -math.inf, np.float32)
+        self._dirs = tree.dir_nodes  # ... and per directory (the same units)
+        self.dir_confirmed = np.full(len(self._dirs), -math.inf, np.float32)
         self._base = time.monotonic()
         self.tree = tree
         self.backing = backing
@@ -107,6 +122,7 @@ class Revalidator:
         self.changed = 0
         self.open_checks = 0
         self.unconfirmed = 0
+        self.dirs_changed = 0  # directories whose mode or owner changed
         self._recoveries = backing.recoveries  # the backing's recoveries seen so far
 
     @property
@@ -124,6 +140,7 @@ class Revalidator:
         now = time.monotonic() if now is None else now
         if now - self._base > REBASE_S:
             self.confirmed -= np.float32(now - self._base)
+            self.dir_confirmed -= np.float32(now - self._base)
             self._base = now
         return now - self._base
 
@@ -147,8 +164,8 @@ class Revalidator:
         self.confirmed[fidx] = self._now(now)
 
     def confirm_all(self) -> None:
-        """A scan just read every fingerprint."""
-        self.confirmed[:] = self._now()
+        """A scan just read every fingerprint (and every directory's mode and owner)."""
+        self.confirmed[:] = self.dir_confirmed[:] = self._now()
 
     def forget(self, fidx: int) -> None:
         """The fingerprint changed: nothing confirms the new one yet."""
@@ -162,22 +179,32 @@ class Revalidator:
                     await self.backing.wait_answering()  # (no re-stat storm against a backing that is gone)
                 if self.backing.recoveries != self._recoveries:
                     self._recoveries = self.backing.recoveries
-                    self.confirmed[:] = -math.inf
+                    self.confirmed[:] = self.dir_confirmed[:] = -math.inf
                 s = self.setting
-                if s in ("open", "never"):
+                if s == "never":
                     await self._wake.wait()
                     continue
-                horizon = float(s) / 2
-                due = self._due(self._now(), horizon)
-                if not due.size:
-                    with trio.move_on_after(max(0.05, min(horizon / 2, 1.0))):
+                # (files: under open, each open checks its own; directories: see the module docstring)
+                horizon = float(s) / 2 if s != "open" else math.inf
+                dir_horizon = (float(s) if s != "open" else DIRS_UNDER_OPEN_S) / 2
+                now = self._now()
+                due = self._due(now, horizon) if s != "open" else np.zeros(0, np.int64)
+                dirs_due = np.flatnonzero(now - self.dir_confirmed > dir_horizon)
+                if not due.size and not dirs_due.size:
+                    with trio.move_on_after(max(0.05, min(horizon / 2, dir_horizon / 2, 1.0))):
                         await self._wake.wait()
                     continue
+                for start in range(0, int(dirs_due.size), BATCH):
+                    batch = dirs_due[start:start + BATCH]
+                    self.dir_confirmed[batch] = self._now()  # (in hand, as the files below)
+                    await slots.acquire()
+                    nursery.start_soon(self._check_dirs, batch, slots)
                 for start in range(0, int(due.size), BATCH):
                     batch = due[start:start + BATCH].tolist()
                     # mark them as in hand so the next round does not ask again while these travel (the time
-                    # taken again: the base may have moved while this loop waited for a slot)
-                    self.confirmed[batch] = self._now() - horizon
+                    # taken again: the base may have moved while this loop waited for a slot); an unanswered
+                    # batch is forgotten again.  (Marked ``horizon`` ago they would be due again at once.)
+                    self.confirmed[batch] = self._now()
                     await slots.acquire()
                     nursery.start_soon(self._check, batch, slots)
                 await trio.sleep(0)
@@ -220,6 +247,30 @@ class Revalidator:
                 self.events.changed(fidx, answer)
             self.confirmed[fidx] = now
             self.changed += verdict is not Verdict.SAME
+
+    async def _check_dirs(self, batch: np.ndarray, slots: trio.Semaphore) -> None:
+        """Re-stat the directories at ``batch`` (indices into ``_dirs``); a changed mode or owner goes to the tree."""
+        nodes = self._dirs[batch]
+        try:
+            answers = await self.backing.stat_many(self.tree.dir_paths(nodes), timeout=None)
+        except OSError:
+            self.dir_confirmed[batch] = -math.inf  # unanswered: not confirmed
+            return
+        finally:
+            slots.release()
+        now = self._now()
+        for k, node, answer in zip(batch.tolist(), nodes.tolist(), answers, strict=True):
+            if isinstance(answer, OSError) and not answered_gone(answer):
+                self.dir_confirmed[k] = -math.inf
+                continue
+            # (a directory gone, or no longer one, has nothing to apply: the opens beneath it find out)
+            if isinstance(answer, os.stat_result) and stat.S_ISDIR(answer.st_mode) \
+                    and self.tree.update_access(node, answer):
+                self.dirs_changed += 1
+                log.info("tierfs: %s: mode %o, owner %d:%d in the backing dir now: applied",
+                         os.fsdecode(self.tree.path(node) or b"."), stat.S_IMODE(answer.st_mode), answer.st_uid,
+                         answer.st_gid)
+            self.dir_confirmed[k] = now
 
     def verdict(self, fidx: int, answer: os.stat_result | OSError) -> Verdict:
         """Whether the backing's ``answer`` about ``fidx`` -- its stat, or the error asking for it -- says it is

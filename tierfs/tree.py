@@ -16,6 +16,12 @@ directory are contiguous in ``kids`` and sorted by name, so a lookup is a binary
 
 Every later access to a backing file goes through :func:`tierfs.beneath.open_beneath` (no symlink followed,
 no filesystem crossed).
+
+**Access changes.**  The kernel checks other users against the modes and owners the mount reports
+(``default_permissions``) and keeps them for the attribute timeout.  So the tree counts every change of a node's
+mode, owner or group found during the mount (a file's :meth:`Tree.update_stat`, a directory's
+:meth:`Tree.update_access`) and keeps, until the kernel has been told (``access_untold``, emptied by the
+namespace), which nodes the kernel may still hold older ones of; its :class:`AccessWatcher` hears of each.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import numpy as np
 import xxhash
@@ -51,6 +57,7 @@ __all__ = [
     "KIND_FILE",
     "KIND_LINK",
     "KIND_SPECIAL",
+    "AccessWatcher",
     "Fingerprint",
     "Node",
     "ScanCount",
@@ -99,6 +106,11 @@ _IFMT = stat.S_IFMT(0o177777)  # the file type bits of a mode
 _FMT_KIND = {stat.S_IFDIR: KIND_DIR, stat.S_IFREG: KIND_FILE, stat.S_IFLNK: KIND_LINK}
 
 
+def _access(row: Sequence[int]) -> tuple[int, int, int]:
+    """(mode, uid, gid) of a (mode, nlink, uid, gid, rdev) row: what a permission check reads."""
+    return row[_MODE], row[_UID], row[_GID]
+
+
 def fingerprint(st: os.stat_result) -> Fingerprint:
     """What must not change for a cached copy to stay valid: (size, mtime_ns, inode, ctime_ns).
 
@@ -119,6 +131,13 @@ def stat_fingerprints(answers: Sequence[os.stat_result | OSError]) -> tuple[np.n
     except (AttributeError, OverflowError):  # (an OSError among them, or an inode number above 2**63)
         return np.zeros((k, 4), np.int64), np.zeros(k, bool)
     return fields[:, :4], fields[:, 4] & 0o170000 == stat.S_IFREG
+
+
+class AccessWatcher(Protocol):
+    """Who tells the kernel of changed modes and owners (the namespace implements it)."""
+
+    def access_changed(self) -> None:
+        """A node's mode, owner or group changed: it is in ``Tree.access_untold`` (on the trio thread)."""
 
 
 def _no_progress(count: ScanCount) -> None:
@@ -263,6 +282,12 @@ class Tree:
         self.blocks = self.blocks_[1:n_files + 1]
         self.groups = parents[1:n_files + 1]
         self._hard_links()
+        #: changes of a node's mode, owner or group found during this mount (see "Access changes" above): how many
+        #: so far, the count at each node's last one, and the nodes the kernel has not been told of since
+        self.access_serial = 0
+        self._access_changed: dict[int, int] = {}
+        self.access_untold: dict[int, int] = {}
+        self.access_watcher: AccessWatcher | None = None
         self._path_index: tuple[np.ndarray, np.ndarray] | None = (
             hash_keys, hash_order.astype(index_dtype(n_files), copy=False))
         self.nodes = _Nodes(self)
@@ -287,6 +312,11 @@ class Tree:
         self._linked, self._canon = many[shared][keep], canon[shared][keep]
         second = self._canon != self._linked
         self._first_of = dict(zip(self._linked[second].tolist(), self._canon[second].tolist(), strict=True))
+
+    @functools.cached_property
+    def dir_nodes(self) -> np.ndarray:
+        """The directories' nodes, the root first (made when first asked for)."""
+        return np.flatnonzero(self.kinds == KIND_DIR)
 
     @functools.cached_property
     def dirs_with_data(self) -> np.ndarray:
@@ -428,6 +458,10 @@ class Tree:
         """File ``fidx``'s stat as the tree has it (``file_node(fidx).st`` without making the node: no path)."""
         return self.stat_of(fidx + 1)
 
+    def dir_paths(self, nodes: np.ndarray) -> list[bytes]:
+        """The paths of directory ``nodes`` relative to the backing root, the root's as ``b"."`` (for a stat)."""
+        return [self._dir_path(i) or b"." for i in nodes.tolist()]
+
     def file_paths(self, fidx: np.ndarray) -> list[bytes]:
         """:meth:`file_path` of each of ``fidx``, with no Python code run per file (a directory's path is made
         once, and kept among the recent ones)."""
@@ -504,16 +538,9 @@ class Tree:
         return np.all(self.fingerprints(files) == np.asarray(fps, np.int64).reshape(-1, 4), axis=1)
 
     def update_stat(self, fidx: int, st: os.stat_result) -> None:
+        """File ``fidx`` is now as ``st`` says (a change found in the backing)."""
         i = fidx + 1
-        row = np.array(_META(st), np.int64)
-        same = np.flatnonzero((self.meta == row).all(axis=1))
-        if same.size:
-            self.meta_idx[i] = same[0]
-        else:
-            self.meta = np.vstack([self.meta, row])
-            self.meta_idx = self.meta_idx.astype(_row_dtype(len(self.meta)), copy=False)
-            self.meta_idx[i] = len(self.meta) - 1
-            self._meta_rows.append(tuple(row.tolist()))
+        self._set_meta(i, _META(st))
         self.size[i], blocks, self.mtime[i], self.ctime[i] = _COLUMNS(st)
         if st.st_ino >= 2**32 and self.ino.dtype == np.uint32:  # (see _narrow)
             self.ino = self.ino.astype(np.uint64)
@@ -523,12 +550,81 @@ class Tree:
         self.ino[i], self.blocks_[i] = st.st_ino, blocks
         self.nodes.drop(i)
 
+    def _set_meta(self, i: int, row: tuple[int, ...]) -> None:
+        """Node ``i``'s (mode, nlink, uid, gid, rdev) are now ``row``; a change of its mode, owner or group is
+        counted (see "Access changes" in the module docstring)."""
+        old = self._meta_rows[self.meta_idx.item(i)]
+        if tuple(row) == old:
+            return
+        new = np.array(row, np.int64)
+        same = np.flatnonzero((self.meta == new).all(axis=1))
+        if same.size:
+            self.meta_idx[i] = same[0]
+        else:
+            self.meta = np.vstack([self.meta, new])
+            self.meta_idx = self.meta_idx.astype(_row_dtype(len(self.meta)), copy=False)
+            self.meta_idx[i] = len(self.meta) - 1
+            self._meta_rows.append(tuple(new.tolist()))
+        self.nodes.drop(i)
+        if _access(old) != _access(row):
+            self.access_serial += 1
+            self._access_changed[i] = self.access_untold[i] = self.access_serial
+            if self.access_watcher is not None:
+                self.access_watcher.access_changed()
+
+    def update_access(self, i: int, st: os.stat_result) -> bool:
+        """Directory ``i``'s mode, owner and group are now ``st``'s (a backing stat); whether they changed.  Its
+        other attributes stay the scan's, as its entries do (the tree is fixed for the mount's life)."""
+        mode, nlink, uid, gid, rdev = self._meta_rows[self.meta_idx.item(i)]
+        if (mode, uid, gid) == (st.st_mode, st.st_uid, st.st_gid):
+            return False
+        self._set_meta(i, (st.st_mode, nlink, st.st_uid, st.st_gid, rdev))
+        return True
+
+    def access_of(self, i: int) -> tuple[int, int, int]:
+        """Node ``i``'s (mode, uid, gid): what the kernel checks a user against."""
+        return _access(self._meta_rows[self.meta_idx.item(i)])
+
+    def access_changed_since(self, i: int, serial: int) -> bool:
+        """Whether node ``i``'s mode, owner or group changed after ``access_serial`` was ``serial``."""
+        return self._access_changed.get(i, -1) > serial
+
+    def untold_among(self, i: int) -> dict[int, int]:
+        """Of node ``i`` and the directories above it, those in ``access_untold`` (with their serials)."""
+        untold = self.access_untold
+        out: dict[int, int] = {}
+        while True:
+            if i in untold:
+                out[i] = untold[i]
+            if i == 0:
+                return out
+            i = self.parents.item(i)
+
+    def told(self, nodes: dict[int, int]) -> None:
+        """The kernel was told the attributes of ``nodes`` as of their serials (from :meth:`untold_among` or
+        ``access_untold``): those that did not change again meanwhile are no longer untold."""
+        for i, serial in nodes.items():
+            if self.access_untold.get(i) == serial:
+                del self.access_untold[i]
+
+    def dir_access_news(self, new: Tree) -> list[tuple[int, os.stat_result]]:
+        """The directories of this tree whose mode, owner or group differ in ``new`` (a newer scan of the same
+        backing), matched by path, with their stat there (a worker thread: a Python step per directory)."""
+        theirs = {new.path(j): j for j in new.dir_nodes.tolist()}
+        out = []
+        for i in self.dir_nodes.tolist():
+            j = theirs.get(self.path(i))
+            if j is not None and self.access_of(i) != new.access_of(j):
+                out.append((i, new.stat_of(j)))
+        return out
+
     # ---------------------------------------------------------------------------------- the saved tree
 
-    def save(self, path: str) -> None:
-        """Write the tree's arrays to ``path`` atomically, one ``.npy`` record after another (read back at disk
-        speed: a zip of them read at a third of it): a remount over the same cache answers from it at once and
-        rescans in the background (see ``opening.TreeKeeper``).  About 70 bytes per file plus its name."""
+    def save(self, path: str, *, dir_fd: int | None = None) -> None:
+        """Write the tree's arrays to ``path`` (a name in the directory ``dir_fd``, if given) atomically, one
+        ``.npy`` record after another (read back at disk speed: a zip of them read at a third of it): a remount
+        over the same cache answers from it at once and rescans in the background (see ``opening.TreeKeeper``).
+        About 70 bytes per file plus its name."""
         keys, order = self.path_index()
         arrays = {"parents": self.parents, "kinds": self.kinds, "names": np.frombuffer(self._names, np.uint8),
                   "name_ends": self._name_ends, "link_nodes": self._link_nodes,
@@ -536,17 +632,17 @@ class Tree:
                   "meta_idx": self.meta_idx, "ino": self.ino, "size": self.size, "blocks": self.blocks_,
                   "mtime": self.mtime, "ctime": self.ctime, "kids": self.kids, "hash_keys": keys,
                   "hash_order": order}
-        with atomic_open(path) as f:
+        with atomic_open(path, dir_fd=dir_fd) as f:
             np.save(f, np.array([TREE_FORMAT, self.n_nodes, self._n_files, self.dev], np.int64), allow_pickle=False)
             for name in _SAVED:
                 np.save(f, arrays[name], allow_pickle=False)
 
     @classmethod
-    def load(cls, path: str, root_st: os.stat_result) -> Tree | None:
-        """The tree saved at ``path`` if it was saved for this backing root (same device and inode) in this
-        format; else None (the mount scans)."""
+    def load(cls, path: str, root_st: os.stat_result, *, dir_fd: int | None = None) -> Tree | None:
+        """The tree saved at ``path`` (a name in the directory ``dir_fd``, if given; never through a symlink) if
+        it was saved for this backing root (same device and inode) in this format; else None (the mount scans)."""
         try:
-            with open(path, "rb") as f:
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd), "rb") as f:
                 head = _read_array(f)
                 if head.shape != (4,) or int(head[0]) != TREE_FORMAT:
                     return None

@@ -35,8 +35,10 @@ import stat
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["CONTROL_MODES", "OWNER_UID", "FdBudget", "FdBudgetStatistics", "Steering", "may_open_control_file",
-           "privileged"]
+import numpy as np
+
+__all__ = ["CONTROL_MODES", "OWNER_UID", "FdBudget", "FdBudgetStatistics", "Reader", "Steering", "listable_dirs",
+           "may_open_control_file", "privileged"]
 
 #: The daemon's user: the mount's owner.
 OWNER_UID = os.getuid()
@@ -179,3 +181,55 @@ class FdBudget:
     def statistics(self) -> FdBudgetStatistics:
         _, reserve, others_limit, per_user = _limits()
         return FdBudgetStatistics(reserve, others_limit, per_user, self._others, self._refused)
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A requester as the kernel's permission check sees it: its filesystem uid and every group it holds.
+
+    Used where the daemon, not the kernel, decides what a user may see (the names in ``order``/``order0``)."""
+
+    uid: int
+    gids: frozenset[int]
+
+    @classmethod
+    def of(cls, uid: int, pid: int) -> Reader:
+        """The reader behind a request of ``uid`` from process ``pid``: its groups from ``/proc/PID/status``
+        (``Gid:`` -- the filesystem gid -- and ``Groups:``).  That file is built from the process's credentials,
+        never from its memory map, so a process wedged in a page fault does not hold this read up.  A process
+        gone (or a pid not of ``uid`` any more) holds no group: it sees only what others may see."""
+        gids: set[int] = set()
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                lines = {k: v.split() for k, _, v in (line.partition(b":") for line in f)}
+            if int(lines[b"Uid"][3]) == uid:
+                gids = {int(lines[b"Gid"][3]), *map(int, lines.get(b"Groups", []))}
+        except (OSError, KeyError, IndexError, ValueError):
+            pass
+        return cls(uid, frozenset(gids))
+
+    def access_bits(self, meta: np.ndarray) -> np.ndarray:
+        """The ``rwx`` bits (0-7) this reader has on each row of ``meta`` (``int64 [row, (mode, nlink, uid, gid,
+        rdev)]``, a tree's table of distinct attributes), as ``generic_permission`` picks them: the owner's
+        bits for the owner, the group's for a member, the others' for everyone else; every bit for root."""
+        mode, uid, gid = meta[:, 0], meta[:, 2], meta[:, 3]
+        if self.uid == 0:
+            return np.full(len(meta), 7, np.int64)
+        member = np.isin(gid, np.fromiter(self.gids, np.int64, len(self.gids)))
+        return np.where(uid == self.uid, mode >> 6, np.where(member, mode >> 3, mode)) & 7
+
+
+def listable_dirs(reader: Reader, parents: np.ndarray, meta: np.ndarray, meta_idx: np.ndarray) -> np.ndarray:
+    """Per node of a tree (``parents``: each node's parent, the root its own; ``meta``/``meta_idx``: its
+    attribute rows), whether ``reader`` may list it: read and search it, and search every directory above it.
+    (Meaningful for directories; ``parents`` must lead every node to node 0.)"""
+    bits = reader.access_bits(meta)[meta_idx]
+    searchable = (bits & 1).astype(bool)
+    reach = searchable.copy()  # searchable, and so is every directory above
+    while True:
+        above = reach[parents]
+        step = reach & above
+        if np.array_equal(step, reach):
+            break
+        reach = step
+    return reach & (bits & 4).astype(bool)

@@ -88,10 +88,11 @@ class View:
             parts.append(out + 1)
         return np.concatenate(parts).astype(np.int64)
 
-    def _order_paths(self) -> list[bytes]:
-        return [self.tree.file_path(f) for f in self.order.tolist()]
+    def _order_paths(self, listable: np.ndarray | None) -> list[bytes]:
+        order = self.order if listable is None else self.order[listable[self.tree.groups[self.order]]]
+        return [self.tree.file_path(f) for f in order.tolist()]
 
-    def order_text(self) -> bytes:
+    def order_text(self, listable: np.ndarray | None = None) -> bytes:
         """The ``order`` file: view paths in serving order, one per line, relative to the mount root.
 
         A path that a line cannot carry as it is -- one holding a newline or a carriage return (which
@@ -99,12 +100,15 @@ class View:
         writes such names: in double quotes, with ``\\``, ``\"``, ``\n`` and ``\r`` escaped.  So the file has
         exactly one line per file, an unquoted line is always the path itself, and a loader that does not decode
         quotes fails loudly on the odd file instead of skipping it.  ``order0`` carries every name as it is.
-        """
-        return b"".join(_order_line(p) + b"\n" for p in self._order_paths())
 
-    def order0_text(self) -> bytes:
+        ``listable`` (per tree node: may the reader list that directory) leaves out the files of the
+        directories it may not list (:func:`tierfs.users.listable_dirs`).
+        """
+        return b"".join(_order_line(p) + b"\n" for p in self._order_paths(listable))
+
+    def order0_text(self, listable: np.ndarray | None = None) -> bytes:
         """The ``order0`` file: the same paths, each ended by a NUL byte (like ``find -print0``), never escaped."""
-        return b"".join(p + b"\0" for p in self._order_paths())
+        return b"".join(p + b"\0" for p in self._order_paths(listable))
 
 
 def _order_line(path: bytes) -> bytes:

@@ -3,8 +3,15 @@ decided by every live consumer -- the engine driven directly, the consumer named
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
+
 import trio
 
+from tierfs import consumers
+from tierfs.consumers import ANONYMOUS, MAX_CONSUMERS, MAX_CONSUMERS_PER_USER
 from tierfs.summary import WIDTH, format_status
 from tierfs.users import OWNER_UID
 
@@ -131,5 +138,100 @@ def test_status_shows_each_consumer(open_engine, t):
         prom = st.to_prometheus()
         assert 'tierfs_consumer_opens_total{consumer="lr0.1"} 1' in prom and "tierfs_consumers_live 2" in prom
         assert prom.count("# TYPE tierfs_consumer_opens_total") == 1
+
+    t.run(main)
+
+
+# A process named by its environment, with THREADS threads of its own: prints their thread ids (pids to FUSE: a
+# request carries the calling thread's), then waits until its stdin closes.
+_NAMED = """
+import sys, threading
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(int(sys.argv[1]))]
+for t in threads:
+    t.start()
+print(*(t.native_id for t in threads), flush=True)
+sys.stdin.read()
+stop.set()
+"""
+
+
+def _named(name: str, threads: int = 0) -> tuple[subprocess.Popen, list[int]]:
+    """A process started with ``TIERFS_CONSUMER=name`` and its thread ids (its own pid first)."""
+    env = {**os.environ, "TIERFS_CONSUMER": name}
+    p = subprocess.Popen([sys.executable, "-c", _NAMED, str(threads)], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    return p, [p.pid, *map(int, p.stdout.readline().split())]
+
+
+def _end(p: subprocess.Popen) -> None:
+    p.communicate("", timeout=30)
+
+
+def test_only_users_who_steer_have_names(open_engine, t):
+    """The owner and the steering group's members are named from their environment; anyone else is the anonymous
+    consumer, and a gone process too."""
+    e = open_engine(group="nogroup")  # (nobody, 65534, is a member)
+    p, (pid,) = _named("job1")
+    try:
+        async def main():
+            assert await e.consumers.name_of(pid, OWNER_UID) == "job1"
+            assert await e.consumers.name_of(pid, 65534) == "job1"
+            assert await e.consumers.name_of(pid, 12345) == ANONYMOUS  # served uncounted: nothing read
+        t.run(main)
+    finally:
+        _end(p)
+
+    async def gone():
+        assert await e.consumers.name_of(pid, 65534) == ANONYMOUS  # (its start time is gone with it)
+    t.run(gone)
+
+
+def test_warnings_about_one_users_names_are_rate_limited(open_engine, t, caplog, monkeypatch):
+    """Forty threads of a process whose name is not one, each read (a thread is a requester of its own): one
+    warning, not forty; the next one after WARN_EVERY says how many were left out."""
+    e = open_engine()
+    p, tids = _named("not a name!", threads=40)
+    try:
+        async def main():
+            with caplog.at_level(logging.WARNING, logger="tierfs"):
+                for tid in tids:
+                    assert await e.consumers.name_of(tid, OWNER_UID) == ANONYMOUS
+            lines = [r.getMessage() for r in caplog.records if "is not a consumer name" in r.getMessage()]
+            assert len(lines) == 1, lines
+            monkeypatch.setattr(consumers, "PID_TTL", 0.0)  # (read again, now that a minute has "passed")
+            monkeypatch.setattr(consumers, "WARN_EVERY", 0.0)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="tierfs"):
+                assert await e.consumers.name_of(tids[0], OWNER_UID) == ANONYMOUS
+            assert [r.getMessage() for r in caplog.records][-1].endswith(
+                f"({len(tids) - 1} more such warnings about uid {OWNER_UID} left out)")
+        t.run(main)
+    finally:
+        _end(p)
+
+
+def test_a_users_named_consumers_are_capped_and_the_rest_read_as_anonymous(open_engine, t):
+    """One user's names past MAX_CONSUMERS_PER_USER, all live, read as the anonymous consumer; another user's
+    names still join; one of the first user's dropped makes room; the table never passes MAX_CONSUMERS."""
+    e = open_engine(consumer_timeout=30)
+    first = int(e.schedule.view.order[0])
+
+    async def join(name: str, uid: int) -> str:
+        who = e.consumers.admit(name, uid)
+        await _read(e, first, who)  # live: never forgotten for another
+        return who
+
+    async def main():
+        got = [await join(f"a{i}", 1000) for i in range(MAX_CONSUMERS_PER_USER + 8)]
+        assert got == [f"a{i}" for i in range(MAX_CONSUMERS_PER_USER)] + [ANONYMOUS] * 8
+        assert sum(c.uid == 1000 for c in e.consumers._table.values()) == MAX_CONSUMERS_PER_USER
+        assert await join("b0", 1001) == "b0"  # another user is not held back by the first one's names
+        e.consumers.drop(e.consumers.get("a3"), "gone")
+        assert await join("a-new", 1000) == "a-new" and "a3" not in e.consumers._table
+        for uid in range(2000, 2000 + MAX_CONSUMERS // MAX_CONSUMERS_PER_USER + 1):
+            for i in range(MAX_CONSUMERS_PER_USER):
+                await join(f"u{uid}-{i}", uid)
+        assert len(e.consumers._table) <= MAX_CONSUMERS
 
     t.run(main)
