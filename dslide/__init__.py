@@ -12,4 +12,11 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # imported before numpy (the ``dslide`` command); an explicit setting wins.
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-__version__ = "0.1.0"
+
+def __getattr__(name: str) -> str:
+    # ``__version__``: tierfs's -- tierfs, sampler and dslide ship as one distribution, versioned from git.
+    if name != "__version__":
+        raise AttributeError(f"module 'dslide' has no attribute {name!r}")
+    from tierfs import __version__
+
+    return __version__

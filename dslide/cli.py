@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N passes (default %(default)s)")
     t.add_argument("--control", metavar="MOUNT/.tierfs/control",
                    help="write tierfs feedback after every pass (default: none)")
+    t.add_argument("--progress", choices=("auto", "bar", "lines", "off"), default="auto",
+                   help="rank 0's progress on stderr, per pass: a bar (a terminal), a plain line every 10 s and "
+                   "one per pass (a pipe, e.g. under mpiexec), or none (default %(default)s: bar on a terminal, "
+                   "else lines)")
     t.add_argument("--val", metavar="FILE",
                    help="validation file scored after every pass, the feedback's val_err (default: none)")
     t.add_argument(
@@ -232,7 +236,9 @@ def _cmd_train(a: argparse.Namespace) -> int:
         batch_budget=a.batch_budget, **{k: v for k, v in extra.items() if v is not None},
     )  # fmt: skip
     reporter = PassReporter(comm, a.control, list_train_files, a.feedback_score)
-    progress = PassProgress(sys.stderr) if comm.rank == 0 else None  # (a bar on a terminal only)
+    # rank 0 alone shows it; on a mount, with the mount's hit rate, slow-tier rate and stalls
+    mount = a.control or (a.train[0] if len(a.train) == 1 else None)
+    progress = PassProgress(mount, sys.stderr, mode=a.progress, rank=0) if comm.rank == 0 else None
     run_training(cfg, opts, comm, before_report=reporter, lister=reporter.lister, progress=progress)
     return 0
 

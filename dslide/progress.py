@@ -1,43 +1,23 @@
-"""A progress bar per pass while ``dslide train`` runs on a terminal (rank 0's stderr): the pass's files, the
-samples so far and their rate.  Silent when stderr is not a terminal; the JSON lines on stdout never change."""
+"""``dslide train``'s progress on rank 0's stderr: per pass, the files done, the samples and their rate, and on a
+tierfs mount the hit rate, the slow tier's read rate and the stall seconds (:mod:`tierfs.client.progress`).
+
+A bar on a terminal; under ``mpiexec`` (a rank's stderr is a pipe) or in a batch log, a plain line every 10 s
+and one per pass (``--progress`` chooses).  The JSON lines on stdout never change."""
 
 from __future__ import annotations
 
-import shutil
-from typing import Any, TextIO
+from tierfs.client.progress import PassProgress as _MountProgress
 
 __all__ = ["PassProgress"]
 
 
-class PassProgress:
+class PassProgress(_MountProgress):
     """``start(pass_number, passes, files)``, ``advance(points)`` after each file, ``finish()`` before the pass's
-    JSON line (the bar is cleared, so the lines stay clean)."""
+    JSON line (the bar is cleared and the pass's line written, so the JSON lines stay clean)."""
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._shown = stream.isatty()
-        self._bar: Any = None
-        self._points = 0
+    def start(self, pass_number: int, passes: int | None = None, total: int | None = None,
+              unit: str = "files") -> None:
+        super().start(pass_number, passes, total, unit)
 
-    def start(self, pass_number: int, passes: int, files: int) -> None:
-        if not self._shown:
-            return
-        from tqdm import tqdm
-
-        size = shutil.get_terminal_size()  # (a terminal that does not say its size, such as a fresh pty: 80 x 24)
-        self._points = 0
-        self._bar = tqdm(total=files, desc=f"pass {pass_number}/{passes}", unit=" files", file=self._stream,
-                         leave=False, ncols=size.columns, nrows=size.lines, mininterval=0.2, smoothing=0)
-
-    def advance(self, points: int) -> None:
-        if self._bar is not None:
-            self._points += points
-            rate = self._points / max(1e-9, self._bar.format_dict["elapsed"])
-            self._bar.set_postfix_str(f"{self._points:,} samples, {rate:,.0f} samples/s", refresh=False)
-            self._bar.update(1)
-
-    def finish(self) -> None:
-        bar, self._bar = self._bar, None
-        if bar is not None:
-            bar.close()
-            self._stream.flush()
+    def advance(self, samples: int, steps: int | None = 1) -> None:
+        super().advance(samples, steps)  # (the bar counts files: one per call)

@@ -17,21 +17,23 @@ import sys
 import torch
 from torch.utils.data import DataLoader
 
-from passes import PassReport, parse_args
+from passes import PassReport, parse_args, pass_progress
 from tierfs.torch import MiniEpochDataset
 
 if __name__ == "__main__":
     args = parse_args(__doc__, None)
+    progress = pass_progress(args, args.root)
     with MiniEpochDataset(args.root) as ds:
         for p in range(args.passes):
             ds.set_epoch(p)
             pos = ds.files.position
-            report = PassReport(p, dict(zip(("epoch", "mini_epoch", "pass"), pos, strict=True)) if pos else {})
+            report = PassReport(p, dict(zip(("epoch", "mini_epoch", "pass"), pos, strict=True)) if pos else {},
+                                progress, passes=args.passes, total=len(ds), json_lines=args.json)
             first = 0
             for data, labels in DataLoader(ds, batch_size=args.batch, shuffle=False, num_workers=args.workers,
                                            collate_fn=lambda b: ([d for d, _ in b], [y for _, y in b])):
                 paths = [os.path.relpath(s.path, args.root) for s in ds.files.samples[first:first + len(data)]]
                 first += len(data)
-                report.add({"path": paths, "label": torch.tensor(labels), "data": data})
+                report.add({"path": paths, "label": torch.tensor(labels), "data": data})  # your training step
             report.print()
     sys.exit(0)

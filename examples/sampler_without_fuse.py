@@ -4,8 +4,8 @@
 
 The same plans a tierfs mount makes (same seed, same ``plan_epoch``), applied to a plain directory by the
 sampler of a DataLoader: each epoch is cut into ``nm`` byte-balanced mini-epochs, each served ``rf`` times in a
-fresh order.  Useful when the data already sits on fast storage, or to compare against the mount.  Prints one
-JSON line per mini-epoch pass.
+fresh order.  Useful when the data already sits on fast storage, or to compare against the mount.  Shows a
+progress line per mini-epoch pass (``--json``: a JSON line too).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from folder_dataset import FolderDataset, collate
-from passes import PassReport
+from passes import PassReport, add_output_args, pass_progress
 from sampler.loader import MiniEpochSampler
 
 
@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rf", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    progress = pass_progress(args, args.root)  # (a plain directory: samples/s alone)
     dataset = FolderDataset(args.root)  # a plain dir: listed once
     sizes = np.array([os.path.getsize(path) for path, _ in dataset.samples], dtype=np.int64)
     sampler = MiniEpochSampler(sizes, nm=args.nm, rf=args.rf, seed=args.seed)
@@ -41,9 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         batches = iter(DataLoader(dataset, batch_size=1, sampler=sampler, num_workers=args.workers,
                                   collate_fn=collate))
         for j, n in enumerate(passes):
-            report = PassReport(j, {"epoch": epoch, "mini_epoch": j // args.rf, "pass": j % args.rf})
+            report = PassReport(epoch * len(passes) + j, {"epoch": epoch, "mini_epoch": j // args.rf,
+                                                          "pass": j % args.rf},
+                                progress, passes=args.epochs * len(passes), total=n, json_lines=args.json)
             for _ in range(n):
-                report.add(next(batches))
+                report.add(next(batches))  # your training step
             report.print()
     return 0
 

@@ -7,14 +7,14 @@
 ``wds.WebDataset(urls)``, which copies its list once).  ``set_epoch`` before each epoch draws the current pass's
 shards, in serving order, for every worker (``persistent_workers=True`` works); the shard list splits them
 between ranks (``rank=``, ``world_size=``) and workers itself, so the pipeline has no ``split_by_node`` or
-``split_by_worker``.  One ``DataLoader`` epoch is one tierfs pass.  Prints one JSON line per pass: tierfs's
-position and every sample's shard, key, and the CRC-32 of its ``.bin`` member.
+``split_by_worker``.  One ``DataLoader`` epoch is one tierfs pass.  Shows a progress line per pass; ``--json``
+prints one JSON line per pass too: tierfs's position and every sample's shard, key, and the CRC-32 of its ``.bin``
+member.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import zlib
@@ -22,7 +22,7 @@ import zlib
 import webdataset as wds
 from torch.utils.data import DataLoader
 
-from passes import tierfs_position
+from passes import PassReport, add_output_args, pass_progress, tierfs_position
 from tierfs.torch import MountShards
 
 
@@ -36,6 +36,7 @@ if __name__ == "__main__":
     ap.add_argument("--passes", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    add_output_args(ap)
     args = ap.parse_args()
     root = os.path.dirname(args.urls)
     shards = MountShards(args.urls)  # rank=, world_size= for several processes on one mount
@@ -43,11 +44,11 @@ if __name__ == "__main__":
                                wds.to_tuple("__url__", "__key__", "bin"))
     loader = DataLoader(dataset, batch_size=args.batch, num_workers=args.workers,
                         persistent_workers=args.workers > 0, collate_fn=collate)
+    progress = pass_progress(args, root)
     for p in range(args.passes):
         shards.set_epoch(p)
-        line = {"pass_index": p, **tierfs_position(root), "samples": []}
-        for batch in loader:
-            for url, key, data in batch:  # your training step
-                line["samples"].append([os.path.relpath(url, root), key, zlib.crc32(data)])
-        print(json.dumps(line), flush=True)
+        report = PassReport(p, tierfs_position(root), progress, passes=args.passes, json_lines=args.json)
+        for batch in loader:  # your training step
+            report.add_samples([[os.path.relpath(url, root), key, zlib.crc32(data)] for url, key, data in batch])
+        report.print()
     sys.exit(0)

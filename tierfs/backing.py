@@ -382,7 +382,7 @@ class Backing:
         self._lost = (time.time(), reason)
         self._back = trio.Event()
         self._went_lost.set()
-        log.warning("tierfs: the backing dir %s is lost (%s): cached copies are served, everything else fails "
+        log.warning("the backing dir %s is lost (%s): cached copies are served, everything else fails "
                     "with EIO until it is back at that path (tried every %g s at most)", self.path, reason,
                     PROBE_MAX)
 
@@ -425,7 +425,7 @@ class Backing:
         self._lost = None
         self.recoveries += 1
         self._back.set()
-        log.warning("tierfs: the backing dir %s is back after %.1f s (lost: %s); every fingerprint is asked again",
+        log.warning("the backing dir %s is back after %.1f s (lost: %s); every fingerprint is asked again",
                     self.path, time.time() - since, reason)
 
     # ------------------------------------------------------------------------------------------ watching

@@ -51,7 +51,7 @@ def save_index(dir_fd: int, rows: Iterable[Row]) -> None:
     try:
         _write(dir_fd, list(rows))
     except OSError as exc:
-        log.warning("tierfs: the cache index was not saved (%s): the next mount checks every copy", exc)
+        log.warning("the cache index was not saved (%s): the next mount checks every copy", exc)
 
 
 def _write(dir_fd: int, rows: list[Row]) -> None:

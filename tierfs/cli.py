@@ -29,7 +29,7 @@ from tierfs import __version__
 from tierfs.client import Client, NotAMount
 from tierfs.mountpoint_lock import holders
 from tierfs.mounts import mount_at
-from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTIONS, MountConfig, parse_assignments
+from tierfs.options import GENERIC_MOUNT_OPTIONS, OPTION_SECTIONS, OPTIONS, MountConfig, parse_assignments
 from tierfs.progress import ScanProgress
 from tierfs.protocol import Assignments
 from tierfs.summary import format_status
@@ -83,13 +83,15 @@ def _mount_parser(prog: str) -> _Parser:
     for flag in ("-n", "-s", "-v"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     defaults = dict(parse_assignments(Settings().as_lines()))
-    for opt in OPTIONS.values():
-        flag = "--" + opt.name.replace("_", "-")
-        text = _option_help(opt.name, defaults[opt.name]) + (" [live]" if opt.live else "")
-        if opt.flag:
-            p.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=text)
-        else:
-            p.add_argument(flag, dest=f"opt_{opt.name}", metavar="|".join(opt.choices) or "VALUE", help=text)
+    for heading, names in OPTION_SECTIONS.items():  # (31 options under headings, not one list)
+        group = p.add_argument_group(heading)
+        for opt in (OPTIONS[name] for name in names):
+            flag = "--" + opt.name.replace("_", "-")
+            text = _option_help(opt.name, defaults[opt.name]) + (" [live]" if opt.live else "")
+            if opt.flag:
+                group.add_argument(flag, dest=f"opt_{opt.name}", action="store_const", const="true", help=text)
+            else:
+                group.add_argument(flag, dest=f"opt_{opt.name}", metavar="|".join(opt.choices) or "VALUE", help=text)
     return p
 
 
@@ -183,15 +185,6 @@ def _changes(before: dict[str, str], after: dict[str, str], keys: Iterable[str])
             "(unchanged)" for k in keys]
 
 
-def _configure_logging(level: str, log_path: str | None = None) -> None:
-    """Log to stderr: a terminal, the journal under systemd, or (``log_path``, a daemon) that file, rotated."""
-    from tierfs.mount import RotatingLogHandler, WholeLineHandler, log_max_bytes
-
-    handler = RotatingLogHandler(log_path, log_max_bytes()) if log_path else WholeLineHandler(sys.stderr.fileno())
-    handler.setFormatter(logging.Formatter("tierfs: %(levelname)s: %(message)s"))
-    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
-
-
 def cmd_mount(argv: Sequence[str], *, prog: str, daemon_default: bool) -> int:
     from tierfs.mount import MountError, check_paths
 
@@ -220,7 +213,7 @@ def cmd_mount(argv: Sequence[str], *, prog: str, daemon_default: bool) -> int:
 
 
 def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) -> int:
-    from tierfs.mount import MountError, daemonize, default_log_path, run_mount
+    from tierfs.mount import MountError, configure_logging, daemonize, default_log_path, run_mount
 
     daemon = ns.daemon or daemon_default
     if daemon and config.settings.peers != "off":
@@ -232,7 +225,7 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
     if daemon:
         log_path = default_log_path(config.mountpoint)
         report, scan_progress = daemonize(log_path)
-    _configure_logging(config.settings.log_level, log_path)
+    configure_logging(config.settings.log_level, log_path)
     try:
         run_mount(config, on_ready=(lambda: report(None)) if report else terminal.close, scan_progress=scan_progress)
     except MountError as exc:
@@ -353,42 +346,49 @@ def cmd_status(argv: Sequence[str]) -> int:
 def _metrics_parser() -> _Parser:
     p = _Parser(prog="tierfs metrics", description="Print a mount's Prometheus metrics with its mountpoint on every "
                 "sample, or write them atomically into a node-exporter textfile-collector dir (one file per mount, "
-                "tierfs-NAME.prom; see docs/operations.md).  tierfs_up is 1, or 0 (and exit 1) when the mount does "
-                "not answer.")
+                "tierfs-NAME.prom; see docs/operations.md).  tierfs_up is 1; when the mount does not answer the "
+                "command exits 1 and, with --textfile, turns an existing file of that mount into tierfs_up 0 (it "
+                "answered before: an alert) but writes none for a path that never answered (a typo).")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint")
     p.add_argument("--textfile", metavar="DIR", help="write DIR/tierfs-NAME.prom instead of printing (default: print)")
     return p
 
 
-_UP = "# HELP tierfs_up 1 if the mount answered.\n# TYPE tierfs_up gauge\ntierfs_up {}\n"
-
-
 def cmd_metrics(argv: Sequence[str]) -> int:
-    from tierfs.textfile import with_labels, write_textfile
+    from tierfs.textfile import MountMetrics, textfile_path, write_textfile
 
     ns = _metrics_parser().parse_args(argv)
     mnt = os.path.realpath(ns.mountpoint)  # (what the mount's tierfs_info names)
     failure: RuntimeFailure | None = None
+    text: str | None = None
     try:
-        text = _UP.format(1) + _client(mnt).metrics()
+        text = _client(mnt).metrics()
     except (RuntimeFailure, OSError) as exc:
-        # a dead or missing mount is a figure too: its file says tierfs_up 0, so an alert fires instead of the
-        # last good figures staying in the dir
         failure = exc if isinstance(exc, RuntimeFailure) else RuntimeFailure(f"{mnt}: {exc.strerror}")
-        text = _UP.format(0)
-    if ns.textfile:
+    try:
+        exposition = MountMetrics(mnt, text).exposition()
+    except ValueError as exc:  # (the mount's text did not parse: a tierfs of another format?)
+        raise RuntimeFailure(f"{mnt}/.tierfs/metrics is not Prometheus text: {exc}") from None
+    if not ns.textfile:
+        sys.stdout.write(exposition.decode())
+    elif failure is None or os.path.exists(textfile_path(ns.textfile, mnt)):
+        # a mount that answered before and does not now: its file says tierfs_up 0, so an alert fires instead of
+        # its last good figures staying in the dir
         try:
-            write_textfile(ns.textfile, mnt, text)
+            write_textfile(ns.textfile, mnt, exposition)
         except OSError as exc:
             raise RuntimeFailure(f"cannot write into {ns.textfile}: {exc.strerror}") from None
     else:
-        sys.stdout.write(with_labels(text, {"mountpoint": mnt}))
+        # never answered (a typo, a mount not made yet): no file, which would say tierfs_up 0 for good
+        raise RuntimeFailure(f"{failure}; nothing written into {ns.textfile}")
     if failure is not None:
         raise failure
     return EXIT_OK
 
 
 def _plan_parser() -> _Parser:
+    from tierfs.sizing import LOADERS
+
     p = _Parser(prog="tierfs plan", description="Choose a mount's nm and rf from the data set before mounting: scans "
                 "BACKING as the cache counts it (allocated blocks), picks the fewest mini-epochs the mount accepts at "
                 "the capacity, reads the backing and writes the cache disk briefly to measure them "
@@ -402,14 +402,21 @@ def _plan_parser() -> _Parser:
                    "gives rf and the time of a pass (default: unknown; then mount with rf=auto)")
     p.add_argument("--epochs", metavar="E", default="1", help="epochs the job makes, for the totals (default 1)")
     p.add_argument("--measure", metavar="SECONDS", default="2",
-                   help="seconds of each bandwidth test; 0 = none (default 2)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON (default: a summary)")
+                   help="seconds of each bandwidth test, timed in slices whose spread is shown; 0 = none (default 2)")
+    p.add_argument("--loader", choices=list(LOADERS), default="sampler",
+                   help="how the job reads (docs/pytorch.md), for the listing in the mount command: sampler, a dataset "
+                   "built once with MountSampler (the README's; --listing all); relist, one re-created each pass; "
+                   "shards, MountShards (--listing all) (default sampler)")
+    p.add_argument("--mountpoint", metavar="DIR", help="where the command mounts (default /mnt/NAME, NAME the "
+                   "backing dir's)")
+    p.add_argument("--json", action="store_true", help="print the figures and the command as JSON (default: a "
+                   "summary)")
     return p
 
 
 def cmd_plan(argv: Sequence[str]) -> int:
     from tierfs.options import parse_size, parse_value
-    from tierfs.sizing import size_mount
+    from tierfs.sizing import mount_command, size_mount
 
     ns = _plan_parser().parse_args(_attach_negative_values(argv))
     try:
@@ -437,8 +444,20 @@ def cmd_plan(argv: Sequence[str]) -> int:
         raise RuntimeFailure(f"{exc.filename or ns.backing}: {exc.strerror}") from None
     finally:
         terminal.close()
-    print(json.dumps(sizing.as_dict()) if ns.json else sizing.summary(ns.backing))
+    backing = os.path.abspath(ns.backing)
+    mountpoint = os.path.abspath(ns.mountpoint) if ns.mountpoint else _default_mountpoint(backing)
+    command = mount_command(sizing, backing, mountpoint, ns.cache_disk, ns.loader)
+    print(json.dumps({**sizing.as_dict(), "mount_command": command}) if ns.json else
+          sizing.summary(command, ns.loader, make_mountpoint=not os.path.isdir(mountpoint)))
     return EXIT_OK
+
+
+def _default_mountpoint(backing: str) -> str:
+    """``/mnt/NAME`` for the backing dir ``.../NAME``, as the README mounts; ``/mnt/tierfs-NAME`` where that is
+    the backing dir itself or holds it (an NFS export mounted at ``/mnt/NAME``)."""
+    name = os.path.basename(backing) or "data"
+    plain = os.path.join("/mnt", name)
+    return os.path.join("/mnt", f"tierfs-{name}") if (backing + "/").startswith(plain + "/") else plain
 
 
 def _set_parser() -> _Parser:
@@ -528,27 +547,78 @@ def cmd_install(argv: Sequence[str]) -> int:
 
 
 def _umount_parser() -> _Parser:
-    p = _Parser(prog="tierfs umount", description="Unmount a tierfs mount (the daemon then exits 0).")
+    p = _Parser(prog="tierfs umount", description="Unmount a tierfs mount and wait until its daemon has written "
+                "the cache's index and journal and exited, so that the cache dir may then be removed or mounted "
+                "again.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mountpoint")
     p.add_argument("-z", "--lazy", action="store_true",
-                   help="detach now even if files are open (default: refused while they are)")
+                   help="detach now even if files are open, and return at once: the daemon finishes when the last "
+                   "of them closes (default: refused while they are open)")
+    p.add_argument("--timeout", metavar="SECONDS", type=float, default=_UMOUNT_WAIT_S,
+                   help="how long to wait for the daemon to finish; 0 = return once unmounted "
+                   f"(default {_UMOUNT_WAIT_S:g})")
     return p
+
+
+#: how long ``tierfs umount`` waits for the daemon: it awaits a copy in flight (at most 5 s) and writes an index
+#: of every copy (seconds for millions)
+_UMOUNT_WAIT_S = 120.0
 
 
 def cmd_umount(argv: Sequence[str]) -> int:
     ns = _umount_parser().parse_args(argv)
+    if not 0 <= ns.timeout <= 86400:
+        raise UsageError(f"--timeout: expected seconds from 0 to 86400, got {ns.timeout:g}")
     mnt = os.path.realpath(ns.mountpoint)
     _client(mnt, dead_ok=True)  # (a dead mount is unmounted all the same)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise RuntimeFailure("fusermount3 not found (install the fuse3 package)")
-    res = subprocess.run([tool, "-u", *(["-z"] if ns.lazy else []), mnt], capture_output=True, text=True)
-    if res.returncode != 0:
-        reason = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"{tool} failed"
-        if "busy" in reason.lower():
-            reason += " (files are open; close them or use --lazy)"
-        raise RuntimeFailure(reason)
+    # The daemon's lock is on the directory under the mount, which only a descriptor taken before the mount
+    # reaches (one of the mount's root would keep it busy): the parent's, taken now, reaches it once unmounted.
+    try:
+        parent = os.open(os.path.dirname(mnt), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RuntimeFailure(f"{os.path.dirname(mnt)}: {exc.strerror}") from None
+    try:
+        res = subprocess.run([tool, "-u", *(["-z"] if ns.lazy else []), mnt], capture_output=True, text=True)
+        if res.returncode != 0:
+            reason = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"{tool} failed"
+            if "busy" in reason.lower():
+                reason += " (files are open; close them or use --lazy)"
+            raise RuntimeFailure(reason)
+        if not ns.lazy and ns.timeout > 0:
+            _wait_for_daemon(parent, mnt, ns.timeout)
+    finally:
+        os.close(parent)
     return EXIT_OK
+
+
+def _wait_for_daemon(parent: int, mnt: str, timeout: float) -> None:
+    """Return once no process holds the daemon's lock on the directory ``mnt`` (``tierfs.mountpoint_lock``): the
+    daemon has exited, its index and journal written; ``RuntimeFailure`` after ``timeout`` seconds.  Returns at
+    once where a FUSE mount covers ``mnt`` again (a new mount's daemon is not ours to wait for)."""
+    mounted = mount_at(mnt)
+    if mounted is not None and mounted[1].startswith("fuse"):
+        return
+    try:
+        fd = os.open(os.path.basename(mnt), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=parent)
+    except OSError:
+        return  # (gone, or not ours to open: nothing to wait on)
+    try:
+        under = f"/proc/self/fd/{fd}"  # (the directory this fd holds, never what may be mounted there since)
+        deadline = time.monotonic() + timeout
+        while pids := holders(under):
+            if time.monotonic() > deadline:
+                who = f"its tierfs daemon (pid {pids[0]})" if pids[0] > 0 else "its tierfs daemon"
+                raise RuntimeFailure(
+                    f"{mnt} is unmounted, but {who} is still finishing after {timeout:g} s (it writes the cache's "
+                    "index and journal, then exits; its log says what it waits on): wait for it to exit before "
+                    "removing its cache dir or mounting it again")
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
 
 
 USAGE = """\
@@ -558,7 +628,8 @@ usage: tierfs mount BACKING MOUNTPOINT --cache DIR --capacity SIZE [options]
        tierfs set MOUNTPOINT KEY=VALUE ...
        tierfs metrics MOUNTPOINT [--textfile DIR]
        tierfs plan BACKING --capacity SIZE [--cache-disk DIR] [--consumption RATE] [--world-size N] [--epochs E]
-       tierfs umount MOUNTPOINT [--lazy]
+                   [--loader sampler|relist|shards] [--mountpoint DIR]
+       tierfs umount MOUNTPOINT [--lazy] [--timeout SECONDS]
        tierfs install [--prefix DIR] [--sbin-dir DIR] [--unit-dir DIR] [--generator-dir DIR] [--conf-dir DIR]
                       [--uninstall]   (as root)
        tierfs --version

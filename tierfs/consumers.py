@@ -154,7 +154,7 @@ class _Warnings:
         self._by_uid[uid] = (now, 0)
         left_out = last[1] if last is not None else 0
         tail = f" ({left_out} more such warnings about uid {uid} left out)" if left_out else ""
-        log.warning("tierfs: consumer names of uid %d: " + message + "%s", uid, *args, tail)
+        log.warning("consumer names of uid %d: " + message + "%s", uid, *args, tail)
 
 
 @dataclass(frozen=True)
@@ -367,7 +367,7 @@ class Consumers:
         c.state = LIVE
         c.passes = sch.pos.pass_index
         c.new_pass(len(sch.view) if sch.view is not None else 0)
-        log.info("tierfs: consumer %s joined at epoch %d, mini-epoch %d, pass %d", c.name, sch.pos.epoch,
+        log.info("consumer %s joined at epoch %d, mini-epoch %d, pass %d", c.name, sch.pos.epoch,
                  sch.pos.mini_epoch, c.passes)
 
     def pass_over(self, c: Consumer) -> None:
@@ -401,7 +401,7 @@ class Consumers:
         c.drops += 1
         self.drops += 1
         c.advance_vote = False
-        log.warning("tierfs: consumer %s dropped from the wait: %s; it rejoins with its next listing of the root",
+        log.warning("consumer %s dropped from the wait: %s; it rejoins with its next listing of the root",
                     c.name, why)
 
     def rejoin(self, c: Consumer) -> None:

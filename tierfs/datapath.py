@@ -169,7 +169,7 @@ class DataPath:
     def log_repair(self, key: str, message: str) -> None:
         if key not in self._repair_logged:  # once per event
             self._repair_logged.add(key)
-            log.warning("tierfs: %s", message)
+            log.warning("%s", message)
 
     def _timeout(self) -> float | None:
         return self.settings.current.backing_timeout_s
@@ -328,7 +328,7 @@ class DataPath:
         try:
             await self.stager.fetch_now(fidx)
         except Exception:  # (OSErrors are handled by the stager; anything else is a bug, logged)
-            log.exception("tierfs: copying %s in the background failed", os.fsdecode(self.tree.file_path(fidx)))
+            log.exception("copying %s in the background failed", os.fsdecode(self.tree.file_path(fidx)))
 
     async def _verify(self, entry: CacheEntry) -> CacheEntry | None:
         """``verify=xxhash``: hash the copy once before its first use and compare with the staging hash."""

@@ -40,6 +40,7 @@ policy.py.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -121,6 +122,7 @@ class Engine:
         self.trees = TreeKeeper(self.root_fd, backing, self.cache.dir_fd)
         try:
             self.tree = tree = self.trees.load(resumed=journalled is not None, progress=scan_progress)
+            s = self._fit_default_nm(tree.n_files)
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)
             policy = POLICIES[s.policy]
             self.schedule = Schedule(tree, self.live, cfg.capacity, pos, disk, walks_plans=policy.walks_plans)
@@ -156,16 +158,34 @@ class Engine:
         self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, events=self,
                                substitute=s.substitute and policy.walks_plans)
         self.planner = Planner(self.schedule, self.cache, events=self)
-        self.loader_watch = LoaderWatch(enabled=policy.walks_plans)
+        self.loader_watch = LoaderWatch(enabled=policy.walks_plans, listing=s.listing, substitute=s.substitute)
         if self.trees.scanned:
             self.reval.confirm_all()  # the scan just read every fingerprint
         # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
         self.schedule.start(self.cache)
+        # the copies a resumed cache holds of files no longer wanted: counted and said, thousands deleted after the
+        # mount answers (cache.MOUNT_DELETES_AT_ONCE)
+        self.cache.defer_deletes()
         self._entered()
+        me, nm = self.schedule.pos, self.schedule.nm_in_force()
+        self.cache.mount_deletes(f"of files outside the mini-epochs now wanted (mini-epoch {me.mini_epoch + 1}/{nm} "
+                                 f"of epoch {me.epoch + 1}, where the mount resumes, and the next)")
         self._opened = True
         self.save_journal()
-        log.info("tierfs: %d files, %s in the backing dir; %d copies kept in the cache",
+        log.info("%d files, %s in the backing dir; %d copies kept in the cache",
                  tree.n_files, format_size(int(tree.sizes.sum())), len(self.cache.entries))
+
+    def _fit_default_nm(self, n_files: int) -> Settings:
+        """The default nm on a data set of fewer files is lowered to one file a mini-epoch, and said: defaults
+        must work on any data set.  An nm that was given (any other value) and is too large is refused with
+        the most that works (``Schedule.check``)."""
+        s = self.settings
+        default = Settings().nm
+        if s.mini_epoch_size is None and s.nm == default and 0 < n_files < default:
+            log.warning("nm=%d (the default) is more mini-epochs than the data set has files: mounted with nm=%d, "
+                        "one file each", default, n_files)
+            self.live.current = s = dataclasses.replace(s, nm=n_files)
+        return s
 
     def attach_kernel(self, kernel: KernelCache, *, caches_listings: bool = False) -> None:
         """The mount is up (fs.init): pushes and invalidations now reach the kernel, and it may cache listings if
@@ -355,7 +375,7 @@ class Engine:
         self._entered()
         self.batch.pass_over()  # (after the eviction: a copy a plan named goes now, by its own name)
         self.save_journal()
-        log.debug("tierfs: mini-epoch %d of epoch %d", self.schedule.pos.mini_epoch, self.schedule.pos.epoch)
+        log.debug("mini-epoch %d of epoch %d", self.schedule.pos.mini_epoch, self.schedule.pos.epoch)
 
     def request_advance(self) -> None:
         """Leave the current mini-epoch as soon as the next one is cached (now, if it is)."""

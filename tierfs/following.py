@@ -12,8 +12,9 @@ when
 * ``stuck``: the pass has seen :data:`STUCK_FACTOR` pass-worths of opens without ending (a loader that reads a
   part of the view again and again, or drops some of its files every pass).
 
-Each kind is logged once per mount (at warning level, with the fix); ``status`` shows the standing warning
-(``loader``) until a pass ends with most of its opens in view.  Plain Python, owned by the engine, fed by its
+Each kind is logged once per mount (at warning level, with the fix for this mount's own options: ``listing``
+and ``substitute``, :func:`off_view_fix`); ``status`` shows the standing warning (``loader``) until a pass
+ends with most of its opens in view.  Plain Python, owned by the engine, fed by its
 open callback; under ``policy=lru`` (no mini-epochs to follow) it never warns.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-__all__ = ["LoaderStatistics", "LoaderWatch"]
+__all__ = ["LoaderStatistics", "LoaderWatch", "off_view_fix"]
 
 log = logging.getLogger("tierfs")
 
@@ -31,9 +32,21 @@ MIN_OPENS = 16
 #: pass-worths of opens in one pass that make it ``stuck``
 STUCK_FACTOR = 3
 
-_FIX = ("fix: mount with listing=all and give the DataLoader sampler=tierfs.torch.MountSampler(dataset), or "
-        "re-create the dataset each pass, or (labels from class folders or inside the files only) mount with "
-        "--substitute (README.md)")
+
+
+def off_view_fix(listing: str, substitute: bool) -> str:
+    """The fix an ``off-view`` warning gives on a mount with these options (only what is wrong there)."""
+    if substitute:  # (names resolve in view, but for a directory with no file in the view)
+        return ("fix: remount with composition=stratified (every directory gets files of each mini-epoch), or give "
+                "the DataLoader sampler=tierfs.torch.MountSampler(dataset) (README.md)")
+    if listing == "all":  # (every file listed: a dataset built once holds them all; re-listing reads everything)
+        return ("fix: this mount lists every file (listing=all): keep the dataset built once and give the DataLoader "
+                "sampler=tierfs.torch.MountSampler(dataset); a loader that re-creates its dataset each pass must "
+                "not use listing=all (remount without it), or (labels from class folders or inside the files "
+                "only) remount with --substitute (README.md)")
+    return ("fix: remount with listing=all (--listing all), build the dataset once after it and give the "
+            "DataLoader sampler=tierfs.torch.MountSampler(dataset); or re-create the dataset each pass; or (labels "
+            "from class folders or inside the files only) remount with listing=all and substitute (README.md)")
 
 
 @dataclass(frozen=True)
@@ -49,8 +62,9 @@ class LoaderStatistics:
 class LoaderWatch:
     """See the module docstring."""
 
-    def __init__(self, *, enabled: bool) -> None:
+    def __init__(self, *, enabled: bool, listing: str = "view", substitute: bool = False) -> None:
         self.enabled = enabled
+        self._fix = off_view_fix(listing, substitute)
         self._pass: int | None = None  # passes_total of the pass being counted
         self._opens = self._outside = 0
         self._raised = False  # a warning was raised in this pass
@@ -73,7 +87,7 @@ class LoaderWatch:
         if 2 * self._outside > self._opens:
             self._raise("off-view", f"the loader does not follow the view: {self._outside:,} of {self._opens:,} "
                         "opens this pass were outside the current mini-epoch and the "
-                        "pass never ends: a file list built once? " + _FIX)
+                        "pass never ends: a file list built once? " + self._fix)
         elif self._opens >= STUCK_FACTOR * max(MIN_OPENS, pass_worth):
             self._raise("stuck", f"the pass does not end: {self._opens:,} opens, {STUCK_FACTOR}x a pass-worth "
                         f"({pass_worth:,}), some of the view still unread (the loader drops or repeats files); fix: "
@@ -93,7 +107,7 @@ class LoaderWatch:
         self.warnings += 1
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("tierfs: %s", message)
+            log.warning("%s", message)
 
     def statistics(self) -> LoaderStatistics:
         return LoaderStatistics(self.warning is None, self.warning, self.warnings)

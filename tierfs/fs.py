@@ -115,7 +115,7 @@ def _errors(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
         except OSError as exc:
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         except Exception:
-            log.exception("tierfs: %s failed", handler.__name__)
+            log.exception("%s failed", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper
@@ -128,7 +128,7 @@ def _set_read_ahead(mountpoint: bytes) -> None:
             if where == mountpoint and fstype.startswith("fuse"):
                 with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as ra:
                     ra.write(f"{READ_AHEAD_KB}\n")
-                log.debug("tierfs: read-ahead of %s set to %d KiB", os.fsdecode(mountpoint), READ_AHEAD_KB)
+                log.debug("read-ahead of %s set to %d KiB", os.fsdecode(mountpoint), READ_AHEAD_KB)
 
 
 class TierOperations(pyfuse3.Operations):

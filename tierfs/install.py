@@ -14,6 +14,8 @@ caller's current directory or ``PYTHON*`` variables (:data:`_ISOLATED_MAIN`), an
 ``UNITS/tierfs@.service``                           one mount per ``/etc/tierfs/NAME.conf``: ``Type=notify``,
                                                     restart on failure, SIGTERM to stop
 ``UNITS/tierfs-train@.service``                     an example training job that needs ``tierfs@NAME``
+``UNITS/tierfs-metrics@.service``, ``.timer``       the mount's metrics for node-exporter's textfile
+                                                    collector, every 15 s once the timer is enabled
 ``GENERATORS/tierfs-mounts``                        a systemd generator: ``RequiresMountsFor=`` the backing
                                                     and cache dirs named in each ``NAME.conf``
 ``CONF/example.conf``                               a commented ``NAME.conf`` to copy
@@ -34,6 +36,8 @@ example config only while unchanged), so it never deletes what an admin wrote.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 import os
 import shlex
 import shutil
@@ -49,8 +53,10 @@ __all__ = ["MARKER", "Layout", "install", "render", "uninstall"]
 #: The first comment line of every file ``tierfs install`` writes (what ``--uninstall`` looks for).
 MARKER = "Written by `tierfs install`"
 
-#: The package's source checkout, if this tierfs runs from one (docs are copied from its ``docs/``).
-_SOURCE_ROOT = Path(__file__).resolve().parent.parent
+#: The directory that holds this tierfs's packages, which the wrappers put first on the import path: the
+#: site-packages of the environment a wheel went into (a venv under /opt, a system install), or the source
+#: checkout of an editable install or a source tree.
+_PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 _DOCS = ("quickstart.md", "pytorch.md", "loaders.md", "operations.md", "sharing.md", "troubleshooting.md", "usage.md",
          "control.md", "status.md", "tierfs.md", "architecture.md", "tuning.md", "sampler.md")
 
@@ -96,9 +102,28 @@ _ISOLATED_MAIN = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
                   "runpy.run_module(sys.argv.pop(1), run_name=\"__main__\", alter_sys=True)")
 
 
+@functools.cache
+def _docs_dir() -> Path | None:
+    """Where this tierfs's docs are: a checkout's ``docs/`` when it runs from one, else the ``share/doc/tierfs``
+    its wheel installed (pyproject.toml, ``data-files``) wherever the installer's scheme put it; None if neither
+    (the install then writes no docs and no ``Documentation=``)."""
+    if (_PACKAGE_PARENT / "pyproject.toml").is_file() and (_PACKAGE_PARENT / "docs").is_dir():
+        return _PACKAGE_PARENT / "docs"
+    try:
+        dist = importlib.metadata.distribution("tierfs")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.parts[-4:-1] == ("share", "doc", "tierfs"):  # e.g. ../../../share/doc/tierfs/usage.md in a venv
+            return Path(dist.locate_file(f)).resolve().parent
+    return None
+
+
 def _wrapper(module: str, purpose: str) -> str:
+    # sys.executable as it was called, never resolved: a venv's bin/python is a link to the system's python, and
+    # only the link's path makes it the venv's interpreter
     python = sys.executable
-    package_parent = str(_SOURCE_ROOT)
+    package_parent = str(_PACKAGE_PARENT)
     return f"""#!/bin/sh
 # {MARKER} (tierfs {__version__}); `tierfs install --uninstall` removes it.
 # {purpose}
@@ -109,8 +134,13 @@ exec {shlex.quote(python)} -I -c {shlex.quote(_ISOLATED_MAIN)} {shlex.quote(pack
 """
 
 
+def _doc_source(page: str) -> Path | None:
+    docs = _docs_dir()
+    return docs / page if docs is not None and (docs / page).is_file() else None
+
+
 def _documentation(layout: Layout, page: str) -> str:
-    return f"Documentation=file:{layout.doc_dir}/{page}\n" if (_SOURCE_ROOT / "docs" / page).is_file() else ""
+    return f"Documentation=file:{layout.doc_dir}/{page}\n" if _doc_source(page) else ""
 
 
 def _service(layout: Layout) -> str:
@@ -135,6 +165,8 @@ ExecStartPre={_tool("mkdir")} -p ${{MOUNTPOINT}}
 ExecStart={tierfs} mount ${{BACKING}} ${{MOUNTPOINT}} -o ${{OPTIONS}}
 # SIGTERM unmounts cleanly and writes the journal; the next start resumes the same mini-epoch and pass.
 KillSignal=SIGTERM
+# `systemctl reload`: SIGHUP reopens the daemon's log and never unmounts (the journal needs no reopening).
+ExecReload={_tool("kill")} -HUP $MAINPID
 TimeoutStopSec=60
 # Runs after any end, a crash included: never leaves a dead mount ("Transport endpoint is not connected")
 # in the way of the restart.
@@ -169,6 +201,48 @@ ExecStart={dslide} train --train ${{MOUNTPOINT}} --control ${{MOUNTPOINT}}/.tier
 
 [Install]
 WantedBy=multi-user.target
+"""
+
+
+#: Where node-exporter's textfile collector reads by default (its Debian package's dir); ``TEXTFILE_DIR=`` in
+#: NAME.conf names another.
+TEXTFILE_DIR = "/var/lib/node_exporter/textfile_collector"
+
+
+def _metrics_service(layout: Layout) -> str:
+    conf = os.path.join(layout.conf_dir, "%i.conf")
+    tierfs = os.path.join(layout.bin_dir, "tierfs")
+    return f"""# {MARKER} (tierfs {__version__}); `tierfs install --uninstall` removes it.
+# The metrics of the tierfs mount of NAME, written into node-exporter's textfile-collector dir
+# (TEXTFILE_DIR in {conf}, default {TEXTFILE_DIR}): run every 15 s by
+# tierfs-metrics@NAME.timer (`systemctl enable --now tierfs-metrics@NAME.timer`).  A mount that stops answering
+# turns its file into tierfs_up 0; a mountpoint that never answered gets no file (operations.md, Monitoring).
+[Unit]
+Description=tierfs metrics of %i for node-exporter
+{_documentation(layout, "operations.md")}After=tierfs@%i.service
+ConditionPathExists={conf}
+
+[Service]
+Type=oneshot
+Environment=TEXTFILE_DIR={TEXTFILE_DIR}
+EnvironmentFile={conf}
+ExecStart={tierfs} metrics ${{MOUNTPOINT}} --textfile ${{TEXTFILE_DIR}}
+"""
+
+
+def _metrics_timer(layout: Layout) -> str:
+    return f"""# {MARKER} (tierfs {__version__}); `tierfs install --uninstall` removes it.
+# Runs tierfs-metrics@NAME.service every 15 s: `systemctl enable --now tierfs-metrics@NAME.timer`.
+[Unit]
+Description=tierfs metrics of %i every 15 s
+{_documentation(layout, "operations.md")}
+[Timer]
+OnBootSec=15s
+OnUnitActiveSec=15s
+AccuracySec=1s
+
+[Install]
+WantedBy=timers.target
 """
 
 
@@ -214,6 +288,8 @@ MOUNTPOINT=/mnt/imagenet
 OPTIONS=cache=/nvme/tierfs/imagenet,capacity=150G,nm=16,rf=auto,composition=stratified
 # For tierfs-train@NAME (the example training unit): the trainer's own arguments.
 TRAIN_ARGS=--test /nfs/datasets/imagenet-test.txt --epochs 12
+# For tierfs-metrics@NAME.timer: node-exporter's textfile-collector dir, if not {TEXTFILE_DIR}.
+#TEXTFILE_DIR=/var/lib/prometheus/node-exporter
 """
 
 
@@ -227,12 +303,13 @@ def render(layout: Layout) -> dict[str, tuple[bytes, int]]:
         os.path.join(layout.bin_dir, "dslide"): (_wrapper("dslide", "The dslide command."), 0o755),
         os.path.join(layout.unit_dir, "tierfs@.service"): (_service(layout), 0o644),
         os.path.join(layout.unit_dir, "tierfs-train@.service"): (_train_service(layout), 0o644),
+        os.path.join(layout.unit_dir, "tierfs-metrics@.service"): (_metrics_service(layout), 0o644),
+        os.path.join(layout.unit_dir, "tierfs-metrics@.timer"): (_metrics_timer(layout), 0o644),
         os.path.join(layout.generator_dir, "tierfs-mounts"): (_generator(layout), 0o755),
         os.path.join(layout.conf_dir, "example.conf"): (_example_conf(layout), 0o644),
     }
     for page in _DOCS:
-        source = _SOURCE_ROOT / "docs" / page
-        if source.is_file():
+        if source := _doc_source(page):
             files[os.path.join(layout.doc_dir, page)] = (source.read_bytes(), 0o644)
     return {path: (c.encode() if isinstance(c, str) else c, mode) for path, (c, mode) in files.items()}
 

@@ -3,6 +3,7 @@ plans, no torch), which holds the code and its documentation; the client side is
 :mod:`tierfs.client`."""
 
 from tierfs.client.loaders import (
+                                   DatasetNotFollowing,
                                    FileList,
                                    PassFiles,
                                    PassIndices,
@@ -17,5 +18,5 @@ from tierfs.client.loaders import (
                                    tierfs_mount,
 )
 
-__all__ = ["FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
-           "read_path", "read_plan", "read_sample", "tierfs_mount"]
+__all__ = ["DatasetNotFollowing", "FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes",
+           "open_sample", "read_pass", "read_path", "read_plan", "read_sample", "tierfs_mount"]

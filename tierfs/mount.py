@@ -7,8 +7,9 @@ The order matters and is the same in the foreground, under ``--daemon`` and unde
 2. ``pyfuse3.init`` mounts; ``pyfuse3.main`` serves; the engine's staging tasks run beside it in one nursery;
 3. once a ``stat`` of ``/.tierfs/status`` comes back through the kernel, the mount answers: systemd gets
    ``READY=1`` and a ``--daemon`` parent gets its go-ahead, so neither reports ready too early;
-4. SIGTERM, SIGINT or SIGHUP stop the mount (:func:`_stop_on_signal`); an external ``fusermount3 -u`` ends
-   the main loop too;
+4. SIGTERM or SIGINT stop the mount (:func:`_stop_on_signal`); an external ``fusermount3 -u`` ends the main
+   loop too.  SIGHUP only reopens the log (:func:`reopen_log`: logrotate's ``kill -HUP``, the unit's
+   ``ExecReload=``), as a daemon's SIGHUP does; it never unmounts a dataset under a running job;
 5. ``pyfuse3.close(unmount=True)`` always runs, then ``Engine.close()`` writes the journal, so a clean stop
    resumes exactly where it was.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import errno
 import logging
 import os
@@ -54,9 +56,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tierfs")
 
-__all__ = ["LOG_MAX_BYTES", "STOP_DEADLINE_S", "STOP_DRAIN_S", "MountError", "RotatingLogHandler", "WholeLineHandler",
-           "abort_connection", "check_paths", "daemonize", "default_log_path", "fuse_connection", "fuse_options",
-           "log_max_bytes", "raise_fd_limit", "run_mount", "sd_notify"]
+__all__ = ["LOG_MAX_BYTES", "STOP_DEADLINE_S", "STOP_DRAIN_S", "JournalFormatter", "LogFormatter", "MountError",
+           "RotatingLogHandler", "WholeLineHandler", "abort_connection", "check_paths", "configure_logging",
+           "daemonize", "default_log_path", "fuse_connection", "fuse_options", "log_max_bytes", "raise_fd_limit",
+           "reopen_log", "run_mount", "sd_notify"]
 
 #: A daemon's log file is rotated at this size: renamed to ``NAME.log.1`` (one old file kept, so the two never
 #: take more than twice this); ``TIERFS_LOG_MAX`` in the environment sets another size (tests use a small one).
@@ -267,13 +270,14 @@ class WholeLineHandler(logging.Handler):
 
 
 class RotatingLogHandler(WholeLineHandler):
-    """A daemon's log file, whole lines, rotated by size.
+    """A daemon's log file, whole lines, rotated by size and reopened on SIGHUP.
 
     The file is the daemon's stdout and stderr too (:func:`daemonize`), so what does not go through logging --
     a traceback, a library's warning -- lands in it as well.  When a line would take it past ``max_bytes``, the
     file is first renamed to ``path + ".1"`` (replacing the older one) and a fresh ``path`` takes its place on
     descriptors 1 and 2, so the newest line is always in ``path``; a rename that fails (a read-only dir) is tried
-    again after another ``max_bytes``."""
+    again after another ``max_bytes``.  :meth:`reopen` (SIGHUP) opens ``path`` again without renaming anything:
+    after logrotate moved the file away, the next lines go to a new one at the same path."""
 
     def __init__(self, path: str, max_bytes: int) -> None:
         super().__init__(sys.stderr.fileno())
@@ -291,18 +295,88 @@ class RotatingLogHandler(WholeLineHandler):
             self._rotate(size)
         super().write_line(line)
 
+    def reopen(self) -> None:
+        """Write from now on to whatever file is at ``path`` (a new one if it was moved away).  ``OSError``
+        (the dir gone, read-only) leaves the old file in use."""
+        with self.lock:  # (not between a record's size check and its write)
+            self._open_path()
+
     def _rotate(self, size: int) -> None:
         try:
             os.replace(self.path, self.path + ".1")
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            self._open_path()
         except OSError:
             self._rotate_at = size + self.max_bytes
             return
+        self.rotations += 1
+
+    def _open_path(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         for target in (sys.stdout.fileno(), self.fd):
             os.dup2(fd, target)
         os.close(fd)
         self._rotate_at = self.max_bytes
-        self.rotations += 1
+
+
+class LogFormatter(logging.Formatter):
+    """A daemon's line, as syslog would write it, the time in ISO 8601 with milliseconds and the zone:
+    ``2026-12-06T23:10:00.123+00:00 tierfs[4242] WARNING: message``, so a line can be placed on a job's
+    timeline (and the two processes of a ``peers=mpi`` rank told apart)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s tierfs[%(process)d] %(levelname)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        when = datetime.datetime.fromtimestamp(record.created).astimezone()
+        return when.isoformat(timespec="milliseconds")
+
+
+class JournalFormatter(logging.Formatter):
+    """A line for the journal, which adds the time, the unit and ``tierfs[PID]`` itself: the level only, after
+    the ``<N>`` prefix journald reads as the line's priority (``journalctl -p warning`` then finds warnings)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
+
+
+#: syslog's priority of each logging level (sd-daemon(3)'s ``<N>`` prefixes)
+_SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+def _stderr_is_journal() -> bool:
+    """Whether stderr is the journal's stream: ``JOURNAL_STREAM`` (``DEVICE:INODE``, set by systemd) names it.  A
+    child of a service whose stderr was redirected keeps the variable, hence the comparison."""
+    device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+        return (st.st_dev, st.st_ino) == (int(device), int(inode))
+    except (OSError, ValueError):
+        return False
+
+
+def configure_logging(level: str, log_path: str | None = None) -> None:
+    """Log to stderr -- a terminal, or the journal under systemd -- or (``log_path``, a daemon) to that file,
+    rotated by size and reopened on SIGHUP (:func:`reopen_log`)."""
+    handler = RotatingLogHandler(log_path, log_max_bytes()) if log_path else WholeLineHandler(sys.stderr.fileno())
+    handler.setFormatter(JournalFormatter() if not log_path and _stderr_is_journal() else LogFormatter())
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
+
+
+def reopen_log() -> bool:
+    """SIGHUP: reopen the daemon's log file (after logrotate moved it); False when logging to stderr (a
+    terminal, the journal: nothing to reopen) or when the file cannot be opened again."""
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, RotatingLogHandler)]
+    for handler in handlers:
+        try:
+            handler.reopen()
+        except OSError as exc:
+            log.error("SIGHUP: cannot reopen the log %s (%s): still writing to the file it was", handler.path,
+                      exc.strerror)
+            return False
+    return bool(handlers)
 
 
 def log_max_bytes() -> int:
@@ -417,10 +491,16 @@ async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]
 
 
 async def _stop_on_signal(cancel_scope: trio.CancelScope, engine, pyfuse3) -> None:
-    """On SIGTERM, SIGINT or SIGHUP: close the kernel calls while still serving, then end the main loop and
-    the engine's tasks (see the module docstring)."""
+    """On SIGTERM or SIGINT: close the kernel calls while still serving, then end the main loop and the engine's
+    tasks (see the module docstring).  On SIGHUP: reopen the log, and go on serving."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                if reopen_log():
+                    log.info("SIGHUP: log reopened; still serving (SIGTERM unmounts)")
+                else:
+                    log.info("SIGHUP: no log file to reopen; still serving (SIGTERM unmounts)")
+                continue
             log.info("%s: unmounting", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
             _start_watchdog(STOP_DEADLINE_S)
@@ -430,6 +510,10 @@ async def _stop_on_signal(cancel_scope: trio.CancelScope, engine, pyfuse3) -> No
             pyfuse3.terminate()
             cancel_scope.cancel()
             return
+
+
+def _reopen_log_on_signal(signum: int, frame: object) -> None:
+    reopen_log()
 
 
 def _start_watchdog(seconds: float) -> None:
@@ -476,6 +560,9 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     from tierfs.engine import Engine
     from tierfs.fs import TierOperations
 
+    # SIGHUP before serving (a first scan can take minutes) reopens the log too, instead of ending the process;
+    # serving, _stop_on_signal takes it over (trio puts this handler back when it returns)
+    signal.signal(signal.SIGHUP, _reopen_log_on_signal)
     tune_malloc()
     before, after = raise_fd_limit()
     if after != before:

@@ -115,7 +115,7 @@ class TreeKeeper:
                 events.gone(fidx)
             self.stats = replace(self.stats, rescan="done", changed=len(news), removed=len(lost), added=added)
             if added or lost:
-                log.warning("tierfs: the backing tree changed since the last mount: %d files added, %d removed "
+                log.warning("the backing tree changed since the last mount: %d files added, %d removed "
                             "(added files show from the next mount)", added, len(lost))
             tree.release_path_index()  # (see below)
             tree = new
@@ -142,7 +142,7 @@ async def supervised(name: str, task: Callable[[], Awaitable[None]]) -> None:
         try:
             await task()
         except Exception:
-            log.exception("tierfs: the %s failed; restarting it", name)
+            log.exception("the %s failed; restarting it", name)
         await trio.sleep(1.0)
 
 
@@ -151,6 +151,6 @@ async def once(name: str, task: Callable[[], Awaitable[None]]) -> None:
     try:
         await task()
     except OSError as exc:  # a full or failing disk: said once, the mount goes on
-        log.warning("tierfs: the %s failed: %s", name, exc.strerror or exc)
+        log.warning("the %s failed: %s", name, exc.strerror or exc)
     except ValueError:
-        log.exception("tierfs: the %s failed", name)
+        log.exception("the %s failed", name)

@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "GENERIC_MOUNT_OPTIONS",
     "OPTIONS",
+    "OPTION_SECTIONS",
     "LiveSettings",
     "MountConfig",
     "Option",
@@ -259,7 +260,9 @@ OPTIONS: dict[str, Option] = {
         Option("arf_window", _int_between(2, _MAX_PASSES), True, "Bollinger ARF: moving window N"),
         Option("arf_k", _float_positive, True, "Bollinger ARF: band width K (standard deviations)"),
         Option("arf_weights", _weights, True, "score weights for loss,train_err,val_err"),
-        Option("advance", _choice("ready", "strict"), True, "ready: never stall; strict: exactly rf passes"),
+        Option("advance", _choice("ready", "strict"), True,
+               "after rf passes, ready: repeat the mini-epoch until the next is staged, up to rf_max passes, then "
+               "switch; strict: switch at once (either way readers then wait on what is not staged yet)"),
         Option("bandwidth", _bandwidth, True, "cap on backing reads in bytes/s (0 = none), e.g. 100M"),
         Option("revalidate", _revalidate, True,
                "seconds a backing fingerprint may age before an open uses it, or open (every open) or never"),
@@ -267,7 +270,8 @@ OPTIONS: dict[str, Option] = {
                "seconds an uncached open waits on a stalled backing before EIO, or hard (wait)"),
         Option("consumer_timeout", _seconds, True, "seconds a job that made its rf passes waits for the other "
                "jobs on the mount (TIERFS_CONSUMER) before those holding it back are dropped from the count"),
-        Option("staging_streams", _streams, True, "copies staged at once: auto (adapt to the tier) or 1-64"),
+        Option("staging_streams", _streams, True,
+               "staging threads at once (small files go several to one): auto (adapt to the tier) or 1-64"),
         Option("policy", _choice("met", "lru"), False, "met (mini-epochs) or lru (read-through baseline)"),
         Option("seed", _int_between(0, 2**63 - 1), False, "seed of every shuffle"),
         Option("rank", _int_between(0, 1_000_000), False, "this node's rank for node-level sharding"),
@@ -293,6 +297,19 @@ OPTIONS: dict[str, Option] = {
                "file then refuses writes too", flag=True),
         Option("log_level", _choice("debug", "info", "warning", "error"), False, "daemon log level"),
     ]
+}
+
+#: The option table under headings, as ``tierfs mount --help`` shows it (each option under exactly one).
+OPTION_SECTIONS: dict[str, tuple[str, ...]] = {
+    "mini-epochs and repetition": ("nm", "mini_epoch_size", "rf", "rf_max", "advance", "composition", "seed"),
+    "adaptive repetition (ARF, fed by the trainer's feedback lines)": ("arf", "arf_wait", "arf_window", "arf_k",
+                                                                       "arf_weights"),
+    "the slow tier and staging": ("bandwidth", "staging_streams", "revalidate", "backing_timeout", "verify",
+                                  "policy"),
+    "what the mount shows": ("view", "listing", "substitute", "ro"),
+    "several jobs, several nodes": ("consumer_timeout", "rank", "world_size", "peers", "peer_addr",
+                                    "peer_timeout"),
+    "access and the daemon": ("allow_other", "group", "log_level"),
 }
 
 #: Options that mount(8) and systemd pass to every helper; the fstab form accepts and ignores them.

@@ -102,7 +102,11 @@ class PaceWatch:
 
     def behind(self, rates: Rates, *, stalled: bool) -> None:
         """The next mini-epoch is not staged at a pass end past ``rf``: repeated (``stalled`` False) or switched to
-        all the same (True)."""
+        all the same (True).  Not while the readers read nothing (passes ended by ``next-pass`` alone): there is
+        no reader for the slow tier to be behind, and "the readers consume 0/s" would send a person looking for
+        one."""
+        if rates.consumption_bytes_per_s <= 0:
+            return
         if stalled:
             self._stalls += 1
         else:
@@ -112,14 +116,14 @@ class PaceWatch:
             self._episodes += 1
             self._since = time.time()
             what = "readers wait for what is not staged" if stalled else "mini-epochs are repeated beyond rf"
-            log.warning("tierfs: the slow tier is behind the readers, %s: %s; to fix it: %s", what, _why(rates),
+            log.warning("the slow tier is behind the readers, %s: %s; to fix it: %s", what, _why(rates),
                         remedies(rates))
         self._state = "stalling" if stalled else "repeating"
 
     def kept_up(self) -> None:
         """A mini-epoch was left after at most ``rf`` passes with its successor staged: the episode is over."""
         if self._state != "ok":
-            log.info("tierfs: staging keeps up with the readers again")
+            log.info("staging keeps up with the readers again")
         self._state, self._since = "ok", None
 
     def statistics(self) -> PaceStatistics:

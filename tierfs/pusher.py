@@ -406,7 +406,7 @@ class Pusher:
         elif n == -errno.ENOSYS:
             self.kernel.store = None  # the kernel cannot: stop trying
         elif n < 0:
-            log.debug("tierfs: notify_store of %s: %s", os.fsdecode(self.tree.file_path(fidx)), os.strerror(-n))
+            log.debug("notify_store of %s: %s", os.fsdecode(self.tree.file_path(fidx)), os.strerror(-n))
         else:
             self.pushed_bytes += n
             if self._wanted(fidx):

@@ -267,7 +267,7 @@ class Revalidator:
             if isinstance(answer, os.stat_result) and stat.S_ISDIR(answer.st_mode) \
                     and self.tree.update_access(node, answer):
                 self.dirs_changed += 1
-                log.info("tierfs: %s: mode %o, owner %d:%d in the backing dir now: applied",
+                log.info("%s: mode %o, owner %d:%d in the backing dir now: applied",
                          os.fsdecode(self.tree.path(node) or b"."), stat.S_IMODE(answer.st_mode), answer.st_uid,
                          answer.st_gid)
             self.dir_confirmed[k] = now

@@ -12,7 +12,8 @@ each other field has none.  A renamed field fails (an ``AttributeError``, and te
 than rendering 0, and a new field fails that test until it gets a metric or a reason.
 
 Prometheus names follow the conventions: base units in the name's suffix (``_bytes``, ``_seconds``), counters
-end in ``_total``, no rates (use ``rate()`` on the counters).
+end in ``_total``, no rates (use ``rate()`` on the counters).  The text is prometheus_client's: :class:`StatusCollector`
+turns the table into its metric families and ``generate_latest`` writes them (escapes, headers, number format).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ import resource
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric as MetricFamily
 
 from tierfs import __version__
 from tierfs.backing import BackingStatistics
@@ -40,7 +45,6 @@ from tierfs.pusher import PusherStatistics
 from tierfs.revalidate import RevalidatorStatistics
 from tierfs.staging import StagerStatistics
 from tierfs.substitute import SubstitutionStatistics
-from tierfs.textfile import escape_label
 from tierfs.users import FdBudgetStatistics
 
 if TYPE_CHECKING:  # (the snapshots Status nests are imported above, at run time: get_type_hints(Status) works)
@@ -50,7 +54,7 @@ if TYPE_CHECKING:  # (the snapshots Status nests are imported above, at run time
     from tierfs.schedule import ScheduleStatistics
 
 __all__ = ["METRICS", "NOT_METRICS", "ArfStatus", "DataPathStatistics", "Metric", "Prefetch", "Reads", "Status",
-           "build_status"]
+           "StatusCollector", "build_status"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ class Status:
     arf: ArfStatus
     last_error: str | None
     mountpoint: str
+    version: str  # the daemon's tierfs (tierfs.__version__, from git): which build serves this mount
     loader: LoaderStatistics  # whether the loader follows the view (following.py)
     substitution: SubstitutionStatistics  # the substitute option (substitute.py)
     consumers: ConsumersStatistics  # the jobs reading the mount (consumers.py)
@@ -171,16 +176,31 @@ class Status:
         return json.dumps(_clean(self.as_dict()), allow_nan=False, sort_keys=False) + "\n"
 
     def to_prometheus(self) -> str:
-        out: list[str] = []
-        family = ""
+        """The text of ``/.tierfs/metrics`` (Prometheus exposition format 0.0.4)."""
+        return generate_latest(StatusCollector(self)).decode()
+
+
+class StatusCollector:
+    """prometheus_client's collector of one :class:`Status`: the metric families of :data:`METRICS`, in its order
+    (a name's entries, one per label value, are one family).  A snapshot, not a live view: one per scrape."""
+
+    def __init__(self, status: Status) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[MetricFamily]:
+        family: MetricFamily | None = None
+        name = ""
         for m in METRICS:
-            for labels, value in m.samples(self):
-                if m.name != family:  # a labelled family's samples share one header
-                    family = m.name
-                    out.append(f"# HELP tierfs_{m.name} {m.help}\n# TYPE tierfs_{m.name} {m.kind}\n")
-                v = "NaN" if value is None else repr(float(value)) if isinstance(value, float) else str(int(value))
-                out.append(f"tierfs_{m.name}{labels} {v}\n")
-        return "".join(out)
+            if family is None or m.name != name:
+                if family is not None:
+                    yield family
+                name = m.name
+                family = (CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily)(
+                    f"tierfs_{m.name}", m.help, labels=m.label_names())
+            for labels, value in m.samples(self.status):
+                family.add_metric(labels, math.nan if value is None else float(value))
+        if family is not None:
+            yield family
 
 
 def field_at(obj: Any, path: str) -> Any:
@@ -209,11 +229,14 @@ class Metric:
     constant: tuple[tuple[str, str], ...] = ()
     each: str | None = None
 
-    def samples(self, status: Status) -> Iterator[tuple[str, float | int | None]]:
+    def label_names(self) -> list[str]:
+        return [k for k, _ in self.labels] + [k for k, _ in self.constant]
+
+    def samples(self, status: Status) -> Iterator[tuple[list[str], float | int | None]]:
+        """(label values in the order of :meth:`label_names`, value) of each sample."""
         for item in field_at(status, self.each) if self.each else (status,):
             values = [field_at(item, p) for p in self.fields]
-            pairs = [(k, str(field_at(item, p))) for k, p in self.labels] + list(self.constant)
-            labels = "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs) + "}" if pairs else ""
+            labels = [str(field_at(item, p)) for _, p in self.labels] + [v for _, v in self.constant]
             yield labels, self.value(*values) if self.value else values[0]
 
 
@@ -230,7 +253,7 @@ def _miss_of(reason: str) -> Callable[[dict[str, int]], int]:
 #: every metric, in the order of the text (tests/engine/test_metrics.py checks it against the fields)
 METRICS: tuple[Metric, ...] = (
     Metric("info", "gauge", "The mount and its tierfs; 1.", (), lambda: 1,
-           labels=(("mountpoint", "mountpoint"),), constant=(("version", __version__),)),
+           labels=(("mountpoint", "mountpoint"), ("version", "version"))),
     Metric("epoch", "gauge", "Current epoch.", ("epoch",)),
     Metric("mini_epoch", "gauge", "Current mini-epoch within the epoch.", ("mini_epoch",)),
     Metric("pass", "gauge", "Current pass within the mini-epoch.", ("pass_",)),
@@ -467,7 +490,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         handles=data.handles, plans=data.plans, fds=_open_fds(fd_limit), fd_limit=fd_limit,
         fd_budget=data.fd_budget, tree=tree, arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])),
         last_error=last_error, mountpoint=mountpoint, loader=loader, substitution=substitution, consumers=consumers,
-        peers=peers,
+        peers=peers, version=__version__,
         listings=listings, memory=memory,
     )
 

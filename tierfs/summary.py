@@ -51,6 +51,12 @@ def _n(v: Any) -> str:
     return f"{int(v or 0):,}"
 
 
+def _count(v: Any, one: str, many: str | None = None) -> str:
+    """``1 pass``, ``2 passes``, ``1,200 copies``: a count with its noun in the right number."""
+    n = int(v or 0)
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
 def _bar(done: float, total: float, width: int = 20) -> str:
     frac = 0.0 if total <= 0 else min(1.0, done / total)
     full = int(frac * width)
@@ -68,13 +74,13 @@ def _duration(seconds: float) -> str:
 
 def _position(st: dict[str, Any]) -> str:
     rf, passes = st.get("rf", 1) or 1, st.get("pass", 0) + 1
-    extra = ""
     if st.get("policy") == "lru":
         return f"position   epoch {st.get('epoch', 0) + 1}  pass {passes}  (policy lru: no mini-epochs)"
-    if passes > rf:
-        extra = f"  (repeating while the next mini-epoch is staged: at most {st.get('rf_max', rf)} passes)"
+    # a pass beyond rf is no "5/4": it is an extra pass, out of the most the mini-epoch may get (rf_max)
+    where = (f"pass {passes}/{rf}" if passes <= rf else
+             f"pass {passes} (beyond rf {rf} until staged; max {st.get('rf_max', rf)})")
     return (f"position   epoch {st.get('epoch', 0) + 1}  mini-epoch {st.get('mini_epoch', 0) + 1}/{st.get('nm', 0)}  "
-            f"pass {passes}/{rf}{extra}  ({_n(st.get('passes_total'))} passes in all)")
+            f"{where}  ({_count(st.get('passes_total'), 'pass', 'passes')} in all)")
 
 
 def _rf(st: dict[str, Any]) -> str:
@@ -87,7 +93,7 @@ def _rf(st: dict[str, Any]) -> str:
     if made:
         last = " ".join(str(x) for x in made[-_HISTORY_SHOWN:])
         more = "… " if len(made) > _HISTORY_SHOWN else ""
-        text += f"  passes made per mini-epoch: {more}{last} ({len(made):,} mini-epochs done)"
+        text += f"  passes made per mini-epoch: {more}{last} ({_count(len(made), 'mini-epoch')} done)"
     return text
 
 
@@ -121,7 +127,13 @@ def _staging(st: dict[str, Any]) -> list[str]:
         lines.append("           next: the switch to it after this mini-epoch's last pass")
         return lines
     lines.append(_progress_line(following, nxt))
-    inflight = f"{sg.get('inflight', 0)} copies in flight of {sg.get('streams', 0)}; " if sg else ""
+    # (streams bound staging's threads, not its copies: small files go several to a thread, and a reader's
+    # on-demand copy adds one, so "256 copies in flight of 16" read as a broken limit)
+    inflight = ""
+    if sg:
+        batched = " (small files several to a stream)" if sg.get("inflight", 0) > sg.get("streams", 0) else ""
+        inflight = (f"{_count(sg.get('inflight'), 'copy', 'copies')} in flight on "
+                    f"{_count(sg.get('streams'), 'stream')}{batched}; ")
     when = ("switch once staged and the passes are made" if st.get("advance") != "strict" else
             "switch after pass rf, reading what is missing on demand")
     lines.append(f"           {inflight}next: {when}")
@@ -169,7 +181,7 @@ def _consumers(st: dict[str, Any], now: float) -> list[str]:
         waiting = x.get("waiting_s")
         extra = f", waiting {_duration(waiting)}" if waiting is not None else ""
         rate = x.get("samples_per_s", 0.0) or 0.0
-        lines.append(f"  {_shorten(str(x.get('name')), 16):<16} {x.get('state'):<7} {x.get('passes', 0)}/{rf} passes, "
+        lines.append(f"  {_shorten(str(x.get('name')), 16):<16} {x.get('state'):<7} pass {x.get('passes', 0)}/{rf}, "
                      f"{_n(x.get('position'))}/{_n(view)} files  {rate:,.0f} files/s  "
                      f"seen {_duration(max(0.0, now - (x.get('last_seen') or now)))} ago{extra}")
     if len(table) > _CONSUMERS_SHOWN:
@@ -198,9 +210,11 @@ def _warnings(st: dict[str, Any], now: float) -> list[str]:
     tier = st.get("slow_tier") or {}
     if tier.get("state", "ok") != "ok":
         since = f" for {_duration(now - tier['since'])}" if tier.get("since") else ""
-        out.append(f"slow tier behind the readers{since} ({_n(tier.get('repeats_beyond_rf'))} passes beyond rf, "
-                   f"{_n(tier.get('stalled_switches'))} switches before staging finished, readers stalled "
-                   f"{st.get('stall_seconds', 0.0):.1f} s): {tier.get('why')}; to fix it: {tier.get('fix')}")
+        repeats = _count(tier.get("repeats_beyond_rf"), "pass", "passes")
+        switches = _count(tier.get("stalled_switches"), "switch", "switches")
+        out.append(f"slow tier behind the readers{since} ({repeats} beyond rf, {switches} before staging finished, "
+                   f"readers stalled {st.get('stall_seconds', 0.0):.1f} s): {tier.get('why')}; to fix it: "
+                   f"{tier.get('fix')}")
     r, loader = st.get("reads") or {}, st.get("loader") or {}
     if loader.get("warning"):
         out.append(loader["warning"])

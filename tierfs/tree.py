@@ -735,7 +735,7 @@ class Tree:
                             if time.monotonic() - last_log > SCAN_REPORT_S:
                                 last_log = time.monotonic()
                                 now = count(last_log - t0)
-                                log.info("tierfs: %s", now.line())
+                                log.info("%s", now.line())
                                 progress(now)
                     except BaseException:
                         for _, fd, _ in nxt:

@@ -13,7 +13,8 @@ assert pyfuse3.FileInfo(cache_readdir=True).cache_readdir"
 if "$py" -c "$check" 2>/dev/null; then
     exit 0
 fi
-echo "setup: building pyfuse3 $local_version (scripts/pyfuse3/README.md)"
+echo "setup: building pyfuse3 $local_version from source with its patches (scripts/pyfuse3/README.md): 1-3"
+echo "setup:   minutes, most of it compiling pyfuse3 (and Cython, its build tool) quietly"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$py" -m pip download -q --no-deps --no-binary :all: -d "$work" "pyfuse3==$version"
@@ -25,9 +26,11 @@ for p in "${patches[@]}"; do
     fi
 done
 # (setuptools_scm takes the version from the environment: the local label marks the build)
+echo "setup:   compiling pyfuse3 (Cython, then C)"
 SETUPTOOLS_SCM_PRETEND_VERSION=$local_version \
     "$py" -m pip wheel -q --no-deps -w "$work/wheel" "$work/pyfuse3-$version"
 wheel=$(echo "$work"/wheel/pyfuse3-*.whl)
+echo "setup:   installing the pyfuse3 build into the venv"
 "$py" -m pip install -q --no-deps --force-reinstall "$wheel"
 "$py" -m pip install -q "$wheel"  # (its dependencies, trio: in a new venv they come now, before the project)
 "$py" -c "$check" || { echo "setup: the patched pyfuse3 does not import" >&2; exit 1; }

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import trio
+import trio.testing
 
 from tierfs import consumers
 from tierfs.consumers import ANONYMOUS, MAX_CONSUMERS, MAX_CONSUMERS_PER_USER
@@ -78,6 +79,9 @@ def test_each_consumer_lists_and_orders_the_same_view_its_own_way(open_engine, t
 
 def test_a_consumer_ahead_waits_at_most_consumer_timeout_then_the_laggard_is_dropped_and_rejoins(open_engine, t):
     e = open_engine(rf=2, advance="strict", consumer_timeout=0.3)
+    # trio's clock made virtual: it stands still unless jumped, so a machine under load (the process stalled past
+    # the 0.3 s timeout before the check ran) cannot change what is seen -- the test was flaky on a loaded box
+    clock = trio.testing.MockClock()
 
     async def main():
         await _read(e, int(e.schedule.view.order[0]), "slow")
@@ -86,10 +90,14 @@ def test_a_consumer_ahead_waits_at_most_consumer_timeout_then_the_laggard_is_dro
         assert e.schedule.pos.mini_epoch == 0
         waited = False
 
-        async def nudge():  # another pass end of the mount's (none here) would wake it early
+        async def nudge():
             nonlocal waited
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # fast parked in its wait for slow
             waited = e.consumers.get("fast").waiting_since is not None
+            clock.jump(0.29)
+            await trio.testing.wait_all_tasks_blocked()
+            assert e.consumers.get("slow").state == "live"  # not before consumer_timeout ...
+            clock.jump(0.02)  # ... and at it
 
         async with trio.open_nursery() as n:
             n.start_soon(nudge)
@@ -103,7 +111,7 @@ def test_a_consumer_ahead_waits_at_most_consumer_timeout_then_the_laggard_is_dro
         await _read(e, int(e.schedule.view.order[0]), "slow")
         assert slow.state == "live" and slow.passes == 0
 
-    t.run(main)
+    trio.run(main, clock=clock)
 
 
 def test_arf_leaves_early_only_when_every_live_consumer_says_advance(open_engine, t):

@@ -1,5 +1,6 @@
 """``dslide train`` on a terminal: a progress bar per pass on stderr (captured in a pty, as a person sees it),
-the JSON lines as they are; nothing but the JSON lines without a terminal."""
+the JSON lines as they are; without a terminal (a pipe, as under mpiexec) a plain line per pass on stderr, and
+nothing with ``--progress off``."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def _json_lines(text: str) -> list[dict]:
 
 def test_train_shows_a_bar_per_pass_on_a_terminal_and_the_same_json(data):
     plain = subprocess.run(_train(data), capture_output=True, text=True, timeout=600)
-    assert plain.returncode == 0 and plain.stderr == "", plain.stderr  # no terminal: no bar
+    assert plain.returncode == 0, plain.stderr
+    # no terminal: plain lines, the pass's last one with its samples (no bar, no carriage return)
+    assert "\r" not in plain.stderr and re.search(r"^pass 2/2: [\d,]+ samples, [\d,]+ samples/s$", plain.stderr, re.M)
+    assert [ln.split(":")[0] for ln in plain.stderr.splitlines() if "(so far)" not in ln] == ["pass 1/2", "pass 2/2"]
     with in_pty(_train(data)) as run:
         out = run.read(timeout=600)
         assert run.process.wait(timeout=60) == 0, out
@@ -48,3 +52,8 @@ def test_train_shows_a_bar_per_pass_on_a_terminal_and_the_same_json(data):
     assert [r["pass"] for r in records] == [1, 2] and len(records) == len(expected)
     for got, want in zip(records, expected, strict=True):
         assert got.keys() == want.keys() and got["loss"] == want["loss"]  # the same lines, as a person sees them
+
+
+def test_progress_off_leaves_stderr_empty(data):
+    res = subprocess.run([*_train(data), "--progress", "off"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stderr == "", res.stderr

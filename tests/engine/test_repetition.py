@@ -53,7 +53,7 @@ def test_passes_stay_within_the_ceiling_when_staging_is_slower_than_reading(open
             # the IO model wanted more than the ceiling lets it use, and both are shown
             assert st.rf == 3 and st.rf_wanted is not None and st.rf_wanted > 3
             metrics = st.to_prometheus()
-            assert f"tierfs_rf_wanted {st.rf_wanted}\n" in metrics and "tierfs_rf_max 3\n" in metrics
+            assert f"tierfs_rf_wanted {float(st.rf_wanted)}\n" in metrics and "tierfs_rf_max 3.0\n" in metrics
 
     t.run(main)
 
@@ -126,6 +126,23 @@ def test_every_epoch_serves_every_file_whatever_advance_does(open_engine, t, set
     t.run(main)
 
 
+def test_passes_ended_by_next_pass_alone_are_no_slow_tier_behind_readers(open_engine, t, caplog):
+    # Nothing staged ahead and passes past rf, as below, but ended by next-pass with nothing read: no reader is
+    # behind, so no "slow tier behind the readers ... the readers consume 0/s" warning (issue 47).
+    e = open_engine(rf=1, rf_max=3, bandwidth=1 << 20)
+
+    async def main():
+        with caplog.at_level("INFO", logger="tierfs"):
+            for _ in range(5):
+                e.next_pass()
+            st = e.status()
+            assert st.passes_total == 5 and st.slow_tier.state == "ok" and st.slow_tier.episodes == 0
+            assert "slow tier behind" not in format_status(json.loads(st.to_json()))
+            assert not [r for r in caplog.records if "slow tier is behind" in r.getMessage()]
+
+    t.run(main)
+
+
 def test_a_slow_tier_is_shown_with_its_cause_and_fix_once_per_episode(open_engine, t, caplog):
     # No stager: nothing is staged ahead, so passes past rf repeat (ready) and the ceiling switches unstaged.
     e = open_engine(rf=1, rf_max=3, bandwidth=1 << 20)
@@ -145,8 +162,8 @@ def test_a_slow_tier_is_shown_with_its_cause_and_fix_once_per_episode(open_engin
             assert "a larger bandwidth cap (now 1M/s)" in tier.fix and "accept the stalls" in tier.fix
             assert "capacity >= " in tier.fix and "nm=1" in tier.fix
             metrics = st.to_prometheus()
-            assert "tierfs_slow_tier_behind 1\n" in metrics and "tierfs_repeats_beyond_rf_total 2\n" in metrics
-            assert "tierfs_stalled_switches_total 1\n" in metrics
+            assert "tierfs_slow_tier_behind 1.0\n" in metrics and "tierfs_repeats_beyond_rf_total 2.0\n" in metrics
+            assert "tierfs_stalled_switches_total 1.0\n" in metrics
             text = format_status(json.loads(st.to_json()))
             assert "warning    slow tier behind the readers" in text and "to fix it:" in text
             assert max(map(len, text.splitlines())) <= 100
@@ -163,7 +180,7 @@ def test_a_slow_tier_is_shown_with_its_cause_and_fix_once_per_episode(open_engin
                     await t.read_view(e)  # rf passes, the next one staged
                 n.cancel_scope.cancel()
             assert e.status().slow_tier.state == "ok"
-            assert e.status().to_prometheus().count("tierfs_slow_tier_behind 0\n") == 1
+            assert e.status().to_prometheus().count("tierfs_slow_tier_behind 0.0\n") == 1
             assert "slow tier behind" not in format_status(json.loads(e.status().to_json()))
             for _ in range(2):
                 await t.read_view(e)  # behind again: a second episode, a second line

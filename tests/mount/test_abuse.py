@@ -87,7 +87,7 @@ def _check_other_users(backing: Path, mnt: Path, tmp_path: Path) -> None:
         assert m.status()["rf"] != 9
         res = _as_nobody("cat", str(mnt / ".tierfs" / "status"))  # it names files: the owner's (test_users.py)
         assert res.returncode != 0 and b"Permission denied" in res.stderr
-        assert b"tierfs_view_files 2\n" in _as_nobody("cat", str(mnt / ".tierfs" / "metrics")).stdout
+        assert b"tierfs_view_files 2.0\n" in _as_nobody("cat", str(mnt / ".tierfs" / "metrics")).stdout
 
 
 def test_many_open_close_cycles_do_not_grow_memory_or_descriptors(tmp_path):

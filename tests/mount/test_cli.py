@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -510,3 +511,84 @@ def test_status_names_a_tierfs_that_is_starting_from_its_lock_on_the_mountpoint(
             hang.write_text("")
             daemon.wait(timeout=30)
     assert holders(str(mnt)) == []  # the lock ends with the process
+
+
+# ------------------------------------------------------------------------------------------------ issue 47
+
+
+def test_umount_returns_once_the_daemon_has_finished_so_the_cache_can_go(tmp_path, mount_dirs, daemons):
+    """``tierfs umount M && rm -rf CACHE``, and ``umount`` then an immediate remount, in a loop: umount returns
+    once the daemon has exited, its index and journal written whole, so nothing races it.  (Before, umount
+    returned as the kernel let the mount go, while the daemon still wrote its index of every copy: here, with
+    thousands of copies, it was still running after most umounts.)"""
+    from tierfs.cacheindex import load_index
+    from tierfs.journal import load_position
+    from tierfs.mount import default_log_path
+    from tierfs.testing import make_dataset
+
+    backing = tmp_path / "many"
+    make_dataset(backing, dirs=20, files_per_dir=250, max_size=2048, seed=4)
+    mnt, cache = mount_dirs
+    try:
+        for round_ in range(5):
+            res = run_tierfs("mount", backing, mnt, "--cache", cache, "--capacity", "64M", "--nm", "1", "--daemon")
+            assert res.returncode == 0, res.stderr
+            for d in os.listdir(mnt):  # every file, so that the index has thousands of copies to name
+                for name in os.listdir(mnt / d):
+                    assert (mnt / d / name).read_bytes() == (backing / d / name).read_bytes()
+            res = run_tierfs("umount", mnt)
+            assert res.returncode == 0, res.stderr
+            assert not daemons(), f"round {round_}: umount returned while the daemon still ran"
+            assert not is_mounted(mnt)
+            fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                index = load_index(fd)
+            finally:
+                os.close(fd)
+            assert index is not None and len(index.names) == 5000, f"round {round_}: index.npz missing or partial"
+            assert load_position(str(cache)) is not None, f"round {round_}: no journal, or not whole"
+            if round_ % 2 == 0:
+                shutil.rmtree(cache)  # (rm -rf CACHE: nothing writes into it any more)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(default_log_path(str(mnt)))
+
+
+def test_umount_says_so_when_the_daemon_does_not_finish(tierfs_mount, mount_dirs):
+    """A process that still holds the mountpoint's lock after the unmount (a daemon that does not finish) keeps
+    umount waiting; at --timeout it says so and exits 1, so that ``umount && rm -rf CACHE`` removes nothing."""
+    mnt, _ = mount_dirs
+    fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)  # (before the mount: the directory under it)
+    hold = "import fcntl, os, sys; fcntl.flock(int(sys.argv[1]), fcntl.LOCK_SH); print(flush=True); sys.stdin.read()"
+    straggler = subprocess.Popen([sys.executable, "-c", hold, str(fd)], pass_fds=(fd,), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+    try:
+        assert straggler.stdout.readline() == "\n"  # it holds the lock
+        with tierfs_mount(capacity="1M") as m:
+            res = run_tierfs("umount", mnt, "--timeout", "0.5")
+            assert m.process.wait(timeout=20) == 0  # the daemon itself finished
+        assert res.returncode == 1 and not is_mounted(mnt)
+        assert f"{mnt} is unmounted, but its tierfs daemon (pid {straggler.pid}) is still finishing after 0.5 s" \
+            in res.stderr, res.stderr
+        assert "wait for it to exit before removing its cache dir" in res.stderr
+    finally:
+        straggler.kill()
+        straggler.communicate(timeout=10)  # (and closes its pipes)
+        os.close(fd)
+
+
+def test_the_defaults_mount_a_data_set_of_fewer_files_than_the_default_nm(tmp_path, mount_dirs):
+    """5 files and no nm: the default nm (8) is lowered to 5 and said; an nm given above the files is refused
+    with the most that works."""
+    from tierfs.testing import make_dataset, mounted
+
+    mnt, cache = mount_dirs
+    backing = tmp_path / "five"
+    files = make_dataset(backing, dirs=1, files_per_dir=5, seed=3)
+    with mounted(backing, mnt, cache, "1M") as m:
+        assert m.status()["nm"] == 5
+        for rel in files:
+            assert (mnt / rel).read_bytes() == (backing / rel).read_bytes()
+        assert "nm=8 (the default) is more mini-epochs than the data set has files: mounted with nm=5" in m.stderr()
+    res = run_tierfs("mount", backing, mnt, "--cache", cache, "--capacity", "1M", "--nm", "6")
+    assert res.returncode == 1 and "use at most 5" in res.stderr, res.stderr

@@ -147,9 +147,16 @@ def test_a_killed_job_is_dropped_after_consumer_timeout_and_the_other_goes_on(ti
     with tierfs_mount(capacity="4M", nm=nm, rf=rf, advance="strict", consumer_timeout=2) as m:
         try:
             deadline = time.monotonic() + _DEADLINE
-            procs = _start(m.mountpoint, {"fast": (n, 0.0), "slow": (n, 0.5)}, tmp_path)
-            wait_until(lambda: _by_name(m.status())["fast"]["waiting_s"] is not None, timeout=60,
-                       what="the fast job waiting for the slow one")
+            # the slow job reads its first file and no more (a job that hangs, then is killed): it cannot rejoin,
+            # so one drop whenever it comes -- a slow job that still read would be dropped after 2 s and rejoin,
+            # and a test held up by load for 2 s would see two drops (issue 47: the flaky consumers test)
+            procs = _start(m.mountpoint, {"fast": (n, 0.0), "slow": (n, 3600.0)}, tmp_path)
+
+            def held_back() -> bool:  # (the wait is 2 s: under load the poll may see its end, the drop, only)
+                c = _by_name(m.status())
+                return c["fast"]["waiting_s"] is not None or c["slow"]["state"] == "dropped"
+
+            wait_until(held_back, timeout=60, what="the fast job waiting for the slow one")
             procs["slow"].send_signal(signal.SIGKILL)  # mid-pass: it never reads again
             procs["slow"].communicate(timeout=10)
             _finish(procs["fast"], deadline)  # it goes on: the slow one is dropped after consumer_timeout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import make_parquet_files, make_tar_shards, mounted
+from tierfs.testing import make_tar_shards, mounted
 
 pytest.importorskip("torch")
 
@@ -20,10 +21,20 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name: str, *args) -> list[dict]:
-    res = subprocess.run([sys.executable, str(EXAMPLES / name), *map(str, args)], capture_output=True, text=True,
-                         timeout=240, stdin=subprocess.DEVNULL)
+    """The recipe's ``--json`` lines; its progress lines on stderr checked on the way (one per pass, the last
+    passes' with the mount's figures: it is a pipe here, so plain lines)."""
+    res = subprocess.run([sys.executable, str(EXAMPLES / name), *map(str, args), "--json"], capture_output=True,
+                         text=True, timeout=240, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr
-    return [json.loads(line) for line in res.stdout.splitlines()]
+    passes = [json.loads(line) for line in res.stdout.splitlines()]
+    shown = [ln for ln in res.stderr.splitlines() if re.match(r"pass \d+", ln) and "(so far)" not in ln]
+    assert [int(ln.split()[1].split("/")[0].rstrip(":")) for ln in shown] == list(range(1, len(passes) + 1))
+    assert all(re.search(r": [\d,]+ samples, [\d,]+ samples/s", ln) for ln in shown), res.stderr
+    if passes[0].get("epoch") is not None and name != "sampler_without_fuse.py":  # on a mount
+        # (hits -: none counted yet, as with direct reads, which the mount counts at the next pass's start)
+        assert all(re.search(r" mini-epoch \d+/\d+: .*, hits ([\d.]+%|-), slow tier .+/s, stall [\d.]+ s$", ln)
+                   for ln in shown), res.stderr
+    return passes
 
 
 def check_samples(passes: list[dict], backing: Path, files: dict[str, int]) -> None:
@@ -121,19 +132,57 @@ def test_webdataset_recipe_follows_the_mini_epochs(mount_dirs):
     assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0 and st["passes_total"] == 8
 
 
-def test_parquet_recipe_follows_the_mini_epochs(mount_dirs):
+def _parquet_tables(backing: Path) -> dict[str, list[dict]]:
+    """Parquet files with columns of their own (none of them the old recipe's id/label/payload): a string, a
+    float, a list, bytes, a struct; every other file one column more."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    backing.mkdir()
+    made = {}
+    for f in range(8):
+        n = 10 + 7 * f
+        cols = {"caption": [f"file {f} row {i}" for i in range(n)], "score": [i / 7 for i in range(n)],
+                "tags": [list(range(i % 4)) for i in range(n)], "jpeg": [bytes([f, i]) * (i + 1) for i in range(n)],
+                "box": [{"x": i, "y": -i} for i in range(n)]}
+        if f % 2:
+            cols["extra"] = [None if i % 3 else i for i in range(n)]
+        table = pa.table(cols)
+        pq.write_table(table, backing / f"part-{f}.parquet", row_group_size=8)
+        made[f"part-{f}.parquet"] = table.to_pylist()
+    return made
+
+
+def _row_crc(row: dict) -> int:  # (examples/parquet_loader.py's row_crc)
+    return zlib.crc32(repr(tuple(row.values())).encode())
+
+
+def test_parquet_recipe_reads_any_columns_and_follows_the_mini_epochs(mount_dirs):
     mnt, cache = mount_dirs
     backing = Path(mnt).parent / "table"
-    made = make_parquet_files(backing, 8, seed=2)
+    made = _parquet_tables(backing)
     with mounted(backing, mnt, cache, "1M", nm=2, rf=2, advance="strict", seed=3, listing="all") as m:
         passes = run_example("parquet_loader.py", mnt, "--passes", 8, "--batch", 16, "--workers", 2)
         st = m.status()
-    for p in passes:  # every row of the pass's files, once, the backing's
-        want = sorted([f, i, label, zlib.crc32(payload)] for f in {s[0] for s in p["samples"]}
-                      for i, label, payload in made[f])
+        # --columns: those alone (a subset every file has)
+        chosen = run_example("parquet_loader.py", mnt, "--passes", 2, "--batch", 16, "--workers", 2,
+                             "--columns", "score,caption")
+        # a column the files lack (the old recipe's): the file and its columns named, not a KeyError
+        res = subprocess.run([sys.executable, str(EXAMPLES / "parquet_loader.py"), str(mnt), "--passes", "1",
+                              "--workers", "0", "--columns", "caption,label"], capture_output=True, text=True,
+                             timeout=240, stdin=subprocess.DEVNULL)
+    for p in passes:  # every row of the pass's files, once, with all of its file's columns
+        want = sorted([f, i, _row_crc(row)] for f in {s[0] for s in p["samples"]} for i, row in enumerate(made[f]))
         assert sorted(p["samples"]) == want
     check_mini_epoch_passes(_shard_passes(passes), made, nm=2, rf=2)
     assert st["loader"]["follows_view"] and st["reads"]["out_of_view"] == 0 and st["passes_total"] == 8
+    for p in chosen:
+        want = sorted([f, i, _row_crc({"score": row["score"], "caption": row["caption"]})]
+                      for f in {s[0] for s in p["samples"]} for i, row in enumerate(made[f]))
+        assert sorted(p["samples"]) == want and p["samples"]
+    assert res.returncode != 0 and "KeyError" not in res.stderr
+    assert re.search(r"part-\d+\.parquet: no column 'label' \(it has caption, score, tags, jpeg, box(, extra)?\)",
+                     res.stderr)
 
 
 def test_direct_reads_recipe_reads_cached_copies(dataset, mount_dirs):

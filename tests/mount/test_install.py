@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -97,14 +98,50 @@ def test_units_and_generator_drop_in_verify_clean_and_uninstall_removes_them(tmp
 
 
 def test_shipped_systemd_files_are_what_install_writes_by_default():
-    """systemd/ holds the default install's units (so they cannot drift from what `tierfs install` writes)."""
+    """systemd/ holds the default install's units (so they cannot drift from what `tierfs install` writes), but
+    for the version in their first line: git's, which changes with every commit."""
     default = Layout()
-    files = render(default)
+
+    def unversioned(text: bytes) -> bytes:
+        return re.sub(rb"^(#.*?\(tierfs )[^)\s]+\)", rb"\1VERSION)", text, count=1, flags=re.M)
+
+    files = {path: (unversioned(content), mode) for path, (content, mode) in render(default).items()}
     for shipped, installed in [("tierfs@.service", f"{default.unit_dir}/tierfs@.service"),
                                ("tierfs-train@.service", f"{default.unit_dir}/tierfs-train@.service"),
+                               ("tierfs-metrics@.service", f"{default.unit_dir}/tierfs-metrics@.service"),
+                               ("tierfs-metrics@.timer", f"{default.unit_dir}/tierfs-metrics@.timer"),
                                ("tierfs-mounts.generator", f"{default.generator_dir}/tierfs-mounts"),
                                ("tierfs-example.conf", f"{default.conf_dir}/example.conf")]:
-        assert (ROOT / "systemd" / shipped).read_bytes() == files[installed][0], shipped
+        assert unversioned((ROOT / "systemd" / shipped).read_bytes()) == files[installed][0], shipped
+
+
+def test_install_writes_the_reload_and_the_metrics_timer_and_uninstall_removes_them(tmp_path):
+    """(issue 47) ``systemctl reload tierfs@NAME`` sends SIGHUP (the log reopened, never an unmount); the metrics
+    timer and service for node-exporter's textfile collector are installed, not left to the admin."""
+    layout = temp_layout(tmp_path / "inst")
+    res = tierfs("install", *layout_args(layout))
+    assert res.returncode == 0, res.stderr
+    units = Path(layout.unit_dir)
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in (units / "tierfs@.service").read_text()
+    service, timer = (units / "tierfs-metrics@.service").read_text(), (units / "tierfs-metrics@.timer").read_text()
+    assert f"\nExecStart={layout.prefix}/bin/tierfs metrics ${{MOUNTPOINT}} --textfile ${{TEXTFILE_DIR}}\n" in service
+    assert f"\nEnvironmentFile={layout.conf_dir}/%i.conf\n" in service and "\nType=oneshot\n" in service
+    # the conf's TEXTFILE_DIR wins over the default: EnvironmentFile= comes after Environment=
+    assert service.index("Environment=TEXTFILE_DIR=/var/lib/node_exporter/textfile_collector\n") < \
+        service.index("EnvironmentFile=")
+    assert "\nOnUnitActiveSec=15s\n" in timer and "\nWantedBy=timers.target\n" in timer
+    if shutil.which("systemd-analyze"):
+        check = tmp_path / "check"
+        check.mkdir()
+        for unit in ("tierfs@", "tierfs-metrics@"):
+            for suffix in (".service", ".timer"):
+                if (units / f"{unit}{suffix}").exists():
+                    shutil.copy(units / f"{unit}{suffix}", check / f"{unit}imagenet{suffix}")
+        assert verify(units / "tierfs-metrics@.service", units / "tierfs-metrics@.timer") == ""
+        assert verify(*sorted(check.iterdir())) == ""
+    res = tierfs("install", "--uninstall", *layout_args(layout))
+    assert res.returncode == 0, res.stderr
+    assert not (units / "tierfs-metrics@.service").exists() and not (units / "tierfs-metrics@.timer").exists()
 
 
 def test_install_refuses_relative_dirs_and_reports_unwritable_ones(tmp_path):

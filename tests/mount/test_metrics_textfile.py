@@ -71,11 +71,29 @@ def test_two_mounts_in_one_textfile_dir_do_not_collide(tmp_path):
             assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_a_mount_that_does_not_answer_writes_tierfs_up_0(tmp_path):
+def test_a_path_that_never_answered_gets_no_file(tmp_path):
+    """(issue 47) A typo must not leave a ``tierfs_up 0`` file that alerts for good: nothing is written."""
     (tmp_path / "textfile").mkdir()
     (tmp_path / "m").mkdir()
-    res = run_tierfs("metrics", tmp_path / "m", "--textfile", tmp_path / "textfile")
-    assert res.returncode == 1 and "is not a tierfs mount" in res.stderr
+    for path in (tmp_path / "m", tmp_path / "typo"):
+        res = run_tierfs("metrics", path, "--textfile", tmp_path / "textfile")
+        assert res.returncode == 1 and "is not a tierfs mount" in res.stderr, res.stderr
+        assert os.listdir(tmp_path / "textfile") == []
+        assert f"nothing written into {tmp_path / 'textfile'}" in res.stderr
+        assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr  # one line
+
+
+def test_a_mount_that_stops_answering_turns_its_file_into_tierfs_up_0(tmp_path):
+    make_dataset(tmp_path / "data", dirs=2, files_per_dir=3, max_size=4096, seed=3)
+    (tmp_path / "textfile").mkdir()
+    (tmp_path / "m").mkdir()
+    with mounted(tmp_path / "data", tmp_path / "m", tmp_path / "cache", "1M", nm=2):
+        res = run_tierfs("metrics", tmp_path / "m", "--textfile", tmp_path / "textfile")
+        assert res.returncode == 0, res.stderr
     (f,) = os.listdir(tmp_path / "textfile")
+    assert (tmp_path / "textfile" / f).stat().st_mode & 0o777 == 0o644
+    res = run_tierfs("metrics", tmp_path / "m", "--textfile", tmp_path / "textfile")  # unmounted now
+    assert res.returncode == 1 and "is not a tierfs mount" in res.stderr
+    assert os.listdir(tmp_path / "textfile") == [f]
     assert _series((tmp_path / "textfile" / f).read_text()) == {
         ("tierfs_up", (("mountpoint", str(tmp_path / "m")),)): 0}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,13 @@ def test_two_ranks_train_from_the_mount_and_drive_arf(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["pass"] for r in records] == list(range(1, PASSES + 1))  # rank 0 alone prints
+    # rank 0 alone shows its progress (a rank's stderr is a pipe: plain lines), one line per pass with what the
+    # mount did for it; mini-epochs counted from 1, as tierfs status counts them
+    shown = [ln for ln in result.stderr.splitlines() if ln.startswith("pass ") and "(so far)" not in ln]
+    assert [ln.split()[1] for ln in shown] == [f"{p}/{PASSES}" for p in range(1, PASSES + 1)], result.stderr
+    assert all(re.search(r"  epoch 1 mini-epoch [1-4]/4: [\d,]+ samples, [\d,]+ samples/s, hits [\d.]+%, "
+                         r"slow tier [\d.]+[KMG]?/s, stall [\d.]+ s$", ln) for ln in shown), shown
+    assert " mini-epoch 1/4:" in shown[0] and "\r" not in result.stderr
 
     # The trainer followed the view: each pass's file list came from the mount as it stood.
     assert all(r["files"] == 2 for r in records)

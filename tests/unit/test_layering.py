@@ -138,7 +138,7 @@ def _loaded_by(imports: str) -> list[str]:
 def test_importing_the_client_pulls_neither_trio_pyfuse3_xxhash_nor_a_daemon_module():
     # (tierfs.torch is checked by the AST test above: its torch import is too slow for a unit test)
     loaded = _loaded_by("tierfs.client, tierfs.client.direct, tierfs.client.loaders, tierfs.direct, tierfs.loaders")
-    assert not [m for m in loaded if m.split(".")[0] in ("trio", "pyfuse3", "xxhash")]
+    assert not [m for m in loaded if m.split(".")[0] in ("trio", "pyfuse3", "xxhash", "prometheus_client")]
     ours = [m for m in loaded if m.split(".")[0] == "tierfs"]
     assert {m for m in ours if not _client_side(m)} <= SHARED | {"tierfs"}, ours
     # the control client and direct reads load not even numpy (``tierfs status``, dslide's feedback writer)
@@ -146,10 +146,14 @@ def test_importing_the_client_pulls_neither_trio_pyfuse3_xxhash_nor_a_daemon_mod
 
 
 def test_dslide_imports_of_tierfs_only_its_control_client():
-    # (atomic writes come from sampler.atomic; the mount is reached through tierfs.client, no FUSE binding)
+    # (and the progress line every training job shows, and the one version of the distribution -- the package's
+    # __init__ imports nothing; atomic writes come from sampler.atomic; the mount is reached through
+    # tierfs.client, no FUSE binding)
     for mod, deps in _imports("dslide").items():
         tierfs = {d for d in deps if d.split(".")[0] in ("tierfs", "pyfuse3")}
-        assert tierfs <= {"tierfs.client", "tierfs.client.Client", "tierfs.client.NotAMount"}, (mod, tierfs)
+        assert tierfs <= {"tierfs", "tierfs.__version__", "tierfs.client", "tierfs.client.Client",
+                          "tierfs.client.NotAMount", "tierfs.client.progress", "tierfs.client.progress.PassProgress"}, (
+            mod, tierfs)
 
 
 def test_the_cache_policy_is_asked_never_compared():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,8 +40,10 @@ from sampler.atomic import atomic_write
 from tierfs.client import Client, NotAMount, find_mount
 from tierfs.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, copy_matches
 
-__all__ = ["FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes", "open_sample", "read_pass",
-           "read_path", "read_plan", "read_sample", "tierfs_mount"]
+log = logging.getLogger(__name__)
+
+__all__ = ["DatasetNotFollowing", "FileList", "PassFiles", "PassIndices", "Sample", "copy_intact", "find_classes",
+           "open_sample", "read_pass", "read_path", "read_plan", "read_sample", "tierfs_mount"]
 
 
 class Sample(NamedTuple):
@@ -342,16 +345,35 @@ class PassIndices:
     by every rank): :meth:`next_pass` waits up to ``wait`` seconds for the mount's pass count to move past the
     pass it last returned.  If it does not (a ``drop_last`` or a ``break`` left files of the pass unread, or
     the dataset lacks some files of the view), rank 0 ends the pass (``next-pass``) and the others wait for
-    that; the mount's ``status`` then counts the files left unread.  Not on a mount: every file, every pass.
+    that; the mount's ``status`` then counts the files left unread.  With ``world_size=1`` nobody else reads
+    the pass, so it is ended at once (no wait).  A wait longer than :attr:`NOTICE` seconds is said (a warning
+    on the ``tierfs`` logger: stderr unless logging is configured), as is a pass ended with files left unread.
+    ``batch``: each rank's share is padded (as above) to a multiple of it, so that a ``DataLoader`` with
+    ``drop_last=True`` and that batch size drops nothing and every file of the pass is read.  Not on a mount:
+    every file, every pass (no ``batch`` padding).
+
+    **A list that cannot follow the view fails at once** (:class:`DatasetNotFollowing`, with the fix for this
+    mount's options): one that holds no file outside the current mini-epoch while the mount has others -- a
+    list built by listing a mount that lists only the view (``listing=view``, the default), or built before a
+    remount to ``listing=all`` -- and, at any pass, a list that holds none of the pass's files (never an
+    empty epoch).  A list of names (a brace pattern, a CSV) needs no listing and works under either.
     """
 
+    NOTICE = 5.0  # seconds of waiting for another rank before the wait is said
+
     def __init__(self, paths: Sequence[str | os.PathLike[str]], mount: str | os.PathLike[str] | None = None, *,
-                 rank: int = 0, world_size: int = 1, wait: float = 60.0, pad: bool = True) -> None:
+                 rank: int = 0, world_size: int = 1, wait: float = 60.0, pad: bool = True, batch: int = 1,
+                 who: str = "PassIndices", hint: str = "") -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         if not paths:
             raise ValueError("no files: the dataset is empty")
-        self.rank, self.world_size, self.wait, self.pad = rank, world_size, wait, pad
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.rank, self.world_size, self.wait, self.pad, self.batch = rank, world_size, wait, pad, batch
+        self.who = who  # (what the messages call the loader)
+        self.hint = hint  # (how to avoid a pass left unread, for the messages that say one was)
+        self._told_unread = False
         found = tierfs_mount(mount if mount is not None else os.fspath(paths[0]))
         self.client = Client(found) if found is not None else None
         self.size = len(paths)  # the list's files
@@ -369,6 +391,34 @@ class PassIndices:
         self.plan_id: int | None = None  # the batch plan of that pass (``next_pass(plan=True)``), if one was read
         self.copies: dict[int, Sample] = {}  # this rank's files of the pass with a copy in it, by position in paths
         self._plans = True  # False once the mount refused this user its plan
+        if self.client is not None:
+            self._check_not_one_view()
+
+    def _fix(self) -> str:
+        """What makes a list built once hold every file, for this mount's options."""
+        assert self.client is not None
+        if self.client.settings().get("listing") == "all":
+            return (f"{self.client.mountpoint} lists every file now (listing=all), so build the list again (once, "
+                    "before the epoch loop) and give it to a new sampler")
+        return (f"remount {self.client.mountpoint} with --listing all (every file listed, the view and the passes "
+                "unchanged) and build the list after that; or name the files (a brace pattern or a list of every "
+                "path: no listing needed); or, without the sampler, re-create the dataset each pass "
+                "(docs/pytorch.md)")
+
+    def _check_not_one_view(self) -> None:
+        """:class:`DatasetNotFollowing` if the list holds nothing but the current view's files while the mount has
+        more: built by listing a mount that lists only the view, it would get none of the next mini-epoch's."""
+        assert self.client is not None
+        st = self.client.status()
+        if st["dataset_files"] <= st["view_files"] or len(self._index) > st["view_files"]:
+            return
+        _, order = self._current()
+        if set(self._index) <= set(order):
+            raise DatasetNotFollowing(
+                f"{self.who}: all {len(self._index):,} files of the list are in the current mini-epoch of "
+                f"{self.client.mountpoint} ({st['view_files']:,} of its {st['dataset_files']:,} files): it was "
+                "built by listing the mount, which shows only the mini-epoch, and from the next one on it would "
+                f"get no files. Fix: {self._fix()}")
 
     def _current(self) -> tuple[int, list[bytes]]:
         """(passes_total, order) of one pass: read until the pass does not change in between."""
@@ -386,18 +436,35 @@ class PassIndices:
         assert self.client is not None
         current = self._current if order else self._passes
         passes, got = current()
-        start, ended = time.monotonic(), False
+        start, ended, said = time.monotonic(), False, False
         while passes == self.last_pass:
             waited = time.monotonic() - start
-            if self.rank == 0 and not ended and (self.missing or waited >= self.wait):
+            alone = self.world_size == 1  # (nobody else reads the pass: it is over for good)
+            if self.rank == 0 and not ended and (self.missing or alone or waited >= self.wait):
                 self.client.write("next-pass", check=False)
                 ended = True
+                if not self.missing:
+                    self._said_unread(passes, waited)
+            elif not said and waited >= self.NOTICE:
+                said = True
+                log.warning("%s rank %d: waiting for pass %d of %s to end: the other ranks still read it, or left "
+                            "files of it unread (DataLoader(drop_last=True), a break); rank 0 ends it after %g s "
+                            "(wait=)%s", self.who, self.rank, passes, self.client.mountpoint, self.wait, self.hint)
             elif waited >= 2 * self.wait:
                 raise TimeoutError(f"rank {self.rank}: pass {passes} of {self.client.mountpoint} did not end within "
                                    f"{waited:.0f} s (rank 0 ends a pass left unread after {self.wait:g} s)")
             time.sleep(0.02)
             passes, got = current()
         return passes, got
+
+    def _said_unread(self, passes: int, waited: float) -> None:
+        """Rank 0 ended pass ``passes`` left unread: said every time it waited, once if it did not."""
+        if waited < self.NOTICE and self._told_unread:
+            return
+        self._told_unread = True
+        log.warning("%s: pass %d of %s had files left unread (DataLoader(drop_last=True) drops the last partial "
+                    "batch; or the epoch loop broke off): ended %s%s", self.who, passes, self.client.mountpoint,
+                    "at once" if waited < self.NOTICE else f"after waiting {waited:.0f} s", self.hint)
 
     def _passes(self) -> tuple[int, list[bytes]]:
         assert self.client is not None
@@ -442,6 +509,11 @@ class PassIndices:
                 passes, files, self.plan_id = got["passes_total"], got["files"], got["plan"]
                 order = [os.fsencode(f["path"]) for f in files]
         at = [(i, k) for k, p in enumerate(order) if (i := self._index.get(p)) is not None]
+        if order and not at:  # (an empty epoch trains on nothing, silently: never)
+            raise DatasetNotFollowing(
+                f"{self.who}: none of the {len(order):,} files of pass {passes} of {self.client.mountpoint} is in "
+                f"the list ({self.size:,} files): a list built by listing the mount holds one mini-epoch only. "
+                f"Fix: {self._fix()}")
         self.last_pass, self.pass_files, self.missing = passes, len(order), len(order) - len(at)
         share = self._share([i for i, _ in at])
         if files:
@@ -458,8 +530,20 @@ class PassIndices:
         return len(self._share([i for p in order if (i := self._index.get(p)) is not None]))
 
     def _share(self, own: list[int]) -> list[int]:
+        return self.split(own, self.batch if self.client is not None else 1)
+
+    def split(self, own: list[int], batch: int = 1) -> list[int]:
+        """This rank's part of ``own`` (a pass's positions, in order): every ``world_size``-th, padded as the
+        class says (each rank's count a multiple of ``batch``)."""
         if not own or not self.pad:
             return own[self.rank::self.world_size]
         per = -(-len(own) // self.world_size)
-        padded = own + (own * self.world_size)[: per * self.world_size - len(own)]
+        per = -(-per // batch) * batch
+        need = per * self.world_size - len(own)
+        padded = own + (own * (need // len(own) + 1))[:need]
         return padded[self.rank::self.world_size]
+
+
+class DatasetNotFollowing(ValueError):
+    """A list built once that cannot follow the mount's passes (it holds one mini-epoch); the message says the
+    fix for this mount's options."""

@@ -256,8 +256,19 @@ class MountSampler(Sampler[int]):
     ``rank``/``world_size``: the processes reading this mount, each taking every ``world_size``-th file of the
     pass, padded as ``DistributedSampler`` pads (the same count on every rank).  A rank waits for the previous
     pass to end (every rank's reads) before it starts the next; see :class:`tierfs.loaders.PassIndices` for what
-    happens to a pass left unread.  Files of the view the dataset does not hold are skipped.  On a plain
-    directory: every index, every epoch, in order (shuffle it yourself).
+    happens to a pass left unread.  Files of the view the dataset does not hold are skipped; a dataset that
+    cannot follow the mount (built by listing a mount without ``listing=all``: it holds one mini-epoch) fails
+    at once with :class:`tierfs.loaders.DatasetNotFollowing`, saying the fix, and so does any pass of which it
+    holds no file (never an empty epoch).  Off a mount (a plain directory, a laptop copy): every index every
+    epoch, shuffled as ``DistributedSampler`` shuffles (``shuffle``, ``seed`` + the epoch of :meth:`set_epoch`,
+    the same split and padding).
+
+    **``drop_last``**: a ``DataLoader(drop_last=True)`` (timm's train loader) drops the last partial batch, so
+    files of the pass go unread and the pass cannot end by its reads.  Tell the sampler
+    (``batch_size=``, ``drop_last=True``, the loader's): each rank's share is then padded to whole batches (the
+    first files of the pass read again, as ``DistributedSampler`` pads ranks) -- every file of every pass read,
+    every batch full, no wait.  Untold, a single process (``world_size=1``) ends the pass at its next ``iter()``
+    at once; several ranks wait for rank 0 to end it after ``wait`` seconds (each wait said on stderr).
 
     **Cached files are read from the fast tier directly** when the dataset reads files with a ``loader``
     attribute, as torchvision's ``ImageFolder`` and ``DatasetFolder`` do (``loader(path)``), and the mount gives
@@ -279,9 +290,19 @@ class MountSampler(Sampler[int]):
     """
 
     def __init__(self, dataset: Any, mount: str | os.PathLike[str] | None = None, *, rank: int = 0,
-                 world_size: int = 1, wait: float = 60.0, direct: bool = True) -> None:
+                 world_size: int = 1, wait: float = 60.0, direct: bool = True, batch_size: int | None = None,
+                 drop_last: bool = False, shuffle: bool = True, seed: int = 0) -> None:
+        if drop_last and batch_size is None:
+            raise ValueError("MountSampler(drop_last=True) needs the DataLoader's batch_size= too (to pad each "
+                             "rank's share to whole batches)")
         paths = dataset_paths(dataset)
-        self.indices = PassIndices(paths, mount, rank=rank, world_size=world_size, wait=wait)
+        hint = "" if drop_last else (
+            "; give MountSampler(..., batch_size=B, drop_last=True) the DataLoader's batch_size and drop_last "
+            "so that every file is read and no pass waits")
+        self.indices = PassIndices(paths, mount, rank=rank, world_size=world_size, wait=wait,
+                                   batch=batch_size if drop_last and batch_size else 1, who="MountSampler",
+                                   hint=hint)
+        self.shuffle, self.seed = shuffle, seed
         self.epoch = 0
         self.reports: CopyReports | None = None
         loader = getattr(dataset, "loader", None)
@@ -296,9 +317,20 @@ class MountSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
+        if self.indices.client is None:
+            return iter(self._plain())
         if self.reports is None:
             return iter(self.indices.next_pass())
         return iter(self.reports.next_share())
+
+    def _plain(self) -> list[int]:
+        """Off a mount: this rank's indices as ``DistributedSampler(shuffle, seed, drop_last=False)`` yields them."""
+        n = self.indices.size
+        if not self.shuffle:
+            return self.indices.split(list(range(n)))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return self.indices.split(torch.randperm(n, generator=g).tolist())
 
     def __len__(self) -> int:
         return self.indices.peek()
@@ -570,17 +602,18 @@ class MountShards(IterableDataset):
                 ...
 
     ``urls``: every shard of the data set under the mount, as a brace pattern or a list of paths (the names are
-    given: no listing, no ``listing=all`` needed).  :meth:`set_epoch`, in the main process before each epoch,
-    draws the current pass with :class:`tierfs.loaders.PassIndices` -- ``order0``'s shards in serving order,
-    rank ``rank`` taking every ``world_size``-th one, once the previous pass ended (rank 0 ends a pass left
-    unread after ``wait`` seconds) -- and puts it in shared memory, where the ``DataLoader``'s workers (fork or
-    spawn, persistent or not) take it.  Iterating yields ``{"url": path}`` per shard, as webdataset's
-    ``SimpleShardList`` does, each worker taking every ``num_workers``-th shard of the rank's share: the node
-    split and the worker split both, with ``split_by_node`` and ``split_by_worker``'s semantics (no padding:
-    ranks may get a shard more or less, as there), so add neither to the pipeline.  :meth:`files` yields the
-    same shards as paths (``pyarrow.parquet.ParquetFile``, ``pyarrow.dataset.dataset``).  Iterated in the main
-    process (``num_workers=0``, or no ``DataLoader``), an iteration with no :meth:`set_epoch` since the last one
-    draws the pass itself.
+    given: no listing, no ``listing=all`` needed; a list globbed over a mount without ``listing=all`` holds one
+    mini-epoch and fails at once with :class:`tierfs.loaders.DatasetNotFollowing`, saying the fix).
+    :meth:`set_epoch`, in the main process before each epoch, draws the current pass with
+    :class:`tierfs.loaders.PassIndices` -- ``order0``'s shards in serving order, rank ``rank`` taking every
+    ``world_size``-th one, once the previous pass ended (rank 0 ends a pass left unread after ``wait`` seconds) --
+    and puts it in shared memory, where the ``DataLoader``'s workers (fork or spawn, persistent or not) take it.
+    Iterating yields ``{"url": path}`` per shard, as webdataset's ``SimpleShardList`` does, each worker taking every
+    ``num_workers``-th shard of the rank's share: the node split and the worker split both, with ``split_by_node``
+    and ``split_by_worker``'s semantics (no padding: ranks may get a shard more or less, as there), so add neither
+    to the pipeline.  :meth:`files` yields the same shards as paths (``pyarrow.parquet.ParquetFile``,
+    ``pyarrow.dataset.dataset``).  Iterated in the main process (``num_workers=0``, or no ``DataLoader``), an
+    iteration with no :meth:`set_epoch` since the last one draws the pass itself.
 
     A worker that finds the pass drawn over when it starts (``set_epoch`` was not called before this epoch: it
     would read the last pass's shards again, out of view) raises ``RuntimeError``.  Not on a mount: every
@@ -592,7 +625,8 @@ class MountShards(IterableDataset):
                  mount: str | os.PathLike[str] | None = None, *, rank: int = 0, world_size: int = 1,
                  wait: float = 60.0) -> None:
         self.urls = _expand(urls)
-        self.indices = PassIndices(self.urls, mount, rank=rank, world_size=world_size, wait=wait, pad=False)
+        self.indices = PassIndices(self.urls, mount, rank=rank, world_size=world_size, wait=wait, pad=False,
+                                   who="MountShards")
         # the pass drawn for this epoch, shared with every worker: [draws, the mount's pass, shards, positions...]
         self._drawn = torch.full((3 + len(self.urls),), -1, dtype=torch.int64).share_memory_()
         self._drawn[0] = 0
