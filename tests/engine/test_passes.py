@@ -61,7 +61,7 @@ def test_under_listing_all_a_root_listing_ends_no_pass(open_engine, t):
 
 
 def test_ready_repeats_until_next_is_cached_then_switches(open_engine, t):
-    e = open_engine(rf=2)
+    e = open_engine(rf=2, rf_max=8)  # (a ceiling above the passes made here)
 
     async def main():
         for _ in range(4):  # no stager: the next mini-epoch never becomes ready
