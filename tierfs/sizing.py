@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import os
 import shlex
+import shutil
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Sequence
@@ -171,12 +173,21 @@ def mount_command(sizing: Sizing, backing: str, mountpoint: str, cache_disk: str
     ``CACHE_DISK/tierfs-cache`` (a placeholder ``DIR`` without a cache disk), the listing ``loader`` needs
     (:data:`LOADERS`), ``--daemon`` (``--rank R``, a placeholder, on several nodes)."""
     cache = os.path.join(os.path.abspath(cache_disk), CACHE_DIR_NAME) if cache_disk else "DIR"
-    cmd = ["tierfs", "mount", os.path.abspath(backing), os.path.abspath(mountpoint), "--cache", cache,
+    cmd = [_tierfs(), "mount", os.path.abspath(backing), os.path.abspath(mountpoint), "--cache", cache,
            "--capacity", _size_arg(sizing.capacity), "--nm", str(sizing.nm), "--rf", str(sizing.rf or "auto"),
            *LOADERS[loader][0]]
     if sizing.world_size > 1:
         cmd += ["--world-size", str(sizing.world_size), "--rank", "R"]
     return [*cmd, "--daemon"]
+
+
+def _tierfs() -> str:
+    """How the user runs tierfs here: ``tierfs`` where it is on PATH, else this environment's own script by its
+    path (a fresh clone's ``.venv/bin/tierfs``: a new user copies the command before activating anything)."""
+    if shutil.which("tierfs"):
+        return "tierfs"
+    own = os.path.join(os.path.dirname(sys.executable), "tierfs")
+    return own if os.access(own, os.X_OK) else "tierfs"
 
 
 def _rate(v: float | None, spread: tuple[float, float] | None = None) -> str:

@@ -215,12 +215,11 @@ def _warnings(st: dict[str, Any], now: float) -> list[str]:
         out.append(f"slow tier behind the readers{since} ({repeats} beyond rf, {switches} before staging finished, "
                    f"readers stalled {st.get('stall_seconds', 0.0):.1f} s): {tier.get('why')}; to fix it: "
                    f"{tier.get('fix')}")
-    r, loader = st.get("reads") or {}, st.get("loader") or {}
+    # (the loader's own warning, and only while it stands: it names the fix for this mount's listing; the
+    # out_of_view count is a total since mount, history once the loader follows the view again)
+    loader = st.get("loader") or {}
     if loader.get("warning"):
         out.append(loader["warning"])
-    elif r.get("out_of_view"):
-        out.append(f"{_n(r['out_of_view'])} opens outside the current mini-epoch: the loader keeps an old file list; "
-                   "list the mount each pass (docs/tuning.md)")
     if st.get("last_error"):
         out.append(f"last error: {st['last_error']}")
     return out

@@ -25,6 +25,8 @@ def test_status_lines_stay_bounded_after_1000_mini_epochs(open_engine):
     st["backing"].update(state="lost", lost_since=time.time() - 3605, reason="Transport endpoint is not connected")
     st["staging"].update(unstaged_files=12345, unstaged=[{"file": "a/" * 200 + "f.bin", "why": "No space left"}])
     st["reads"].update(out_of_view=7, hits=10**12, misses=10**9)
+    st["loader"].update(follows_view=False, warning="7 opens outside the view: the loader keeps an old file list; "
+                        "list the mount each pass")  # (the loader's own warning: shown while it stands)
     text = format_status(st)
     lines = text.splitlines()
     assert max(map(len, lines)) <= WIDTH, max(lines, key=len)

@@ -53,3 +53,13 @@ def test_advance_help_says_where_ready_stalls():
     text = " ".join(parsers()["mount"].format_help().split())
     assert "never stall" not in text
     assert "up to rf_max passes, then switch" in text and "readers then wait on what is not staged" in text
+
+
+def test_opens_outside_the_view_warn_only_while_the_loader_does_not_follow_it():
+    # (a new user's walkthrough: after the sampler was put back, the human status kept a warning that told a
+    # listing=all mount's user to re-list each pass, from the count of opens since mount)
+    followed = format_status(_status(reads={"out_of_view": 856}, loader={"follows_view": True, "warning": None}))
+    assert "outside" not in followed and "list the mount" not in followed
+    standing = "856 opens outside the view: keep the dataset and add tierfs.torch.MountSampler"
+    assert standing in format_status(_status(reads={"out_of_view": 856},
+                                             loader={"follows_view": False, "warning": standing}))
