@@ -34,8 +34,8 @@ from tierfs.mounts import mount_at
 if TYPE_CHECKING:
     from tierfs.tree import Tree
 
-__all__ = ["Mounted", "PassthroughMount", "abort_connection", "force_unmount", "in_pty", "is_mounted", "mounted",
-           "passthrough", "snapshot", "synthetic_tree", "wait_until"]
+__all__ = ["ImageFolderLike", "Mounted", "PassthroughMount", "abort_connection", "force_unmount", "in_pty",
+           "is_mounted", "mounted", "passthrough", "read_bytes", "snapshot", "synthetic_tree", "wait_until"]
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -325,6 +325,32 @@ def passthrough(source: str | os.PathLike[str], mountpoint: str | os.PathLike[st
         pt.unmount()
         if pt.process is not None and pt.process.stderr is not None:
             pt.process.stderr.close()
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's bytes: the ``loader`` of :class:`ImageFolderLike` (a plain function, as ImageFolder's is)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class ImageFolderLike:
+    """torchvision's ImageFolder rules, for the loader tests (torchvision does not import beside the project's
+    torch): sorted class folders, ``samples`` of ``(path, class)``, a file read with ``self.loader(path)``
+    (``loader=False``: none, the bytes read directly); an item is (index, class, the file's bytes)."""
+
+    def __init__(self, root: str, loader: bool = True) -> None:
+        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
+                        for f in sorted(os.listdir(os.path.join(root, c)))]  # fmt: skip
+        if loader:
+            self.loader = read_bytes
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[int, int, bytes]:
+        path, label = self.samples[i]
+        return i, label, self.loader(path) if hasattr(self, "loader") else read_bytes(path)
 
 
 def make_dataset(root: str | os.PathLike[str], *, dirs: int = 4, files_per_dir: int = 8, min_size: int = 1,

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tierfs.client import Client
-from tierfs.testing import make_dataset, mounted, wait_until
+from tierfs.testing import ImageFolderLike, make_dataset, mounted, read_bytes, wait_until
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -24,29 +24,6 @@ from tierfs.loaders import DatasetNotFollowing  # noqa: E402
 from tierfs.torch import MountSampler, MountShards  # noqa: E402
 
 _DEADLINE = 120  # seconds for one epoch's reads (a hung mount fails the test; mounted() aborts it after)
-
-
-def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-class Folder:
-    """torchvision's ImageFolder rules (sorted class folders, ``samples`` of ``(path, class)``, a file read with
-    ``self.loader(path)``); an item is (index, class, the file's bytes)."""
-
-    def __init__(self, root: str) -> None:
-        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-        self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
-                        for f in sorted(os.listdir(os.path.join(root, c)))]  # fmt: skip
-        self.loader = read_bytes
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int) -> tuple[int, int, bytes]:
-        path, label = self.samples[i]
-        return i, label, self.loader(path)
 
 
 def _epoch(loader) -> list:
@@ -68,7 +45,7 @@ def test_a_dataset_built_by_listing_a_default_mount_fails_loudly_never_an_empty_
     _, files = dataset
     with tierfs_mount(capacity=sum(files.values()), nm=4, rf=1, advance="strict") as m:
         assert Client(m.mountpoint).settings()["listing"] == "view"
-        ds = Folder(m.mountpoint)  # built once: this mount lists the first mini-epoch only
+        ds = ImageFolderLike(m.mountpoint)  # built once: this mount lists the first mini-epoch only
         globbed = sorted(glob.glob(os.path.join(m.mountpoint, "*", "*")))
         assert 0 < len(ds) == len(globbed) < len(files)
         with pytest.raises(DatasetNotFollowing, match="--listing all") as e:
@@ -97,9 +74,9 @@ def test_a_dataset_built_before_a_remount_to_listing_all_fails_at_once_with_the_
     files = make_dataset(backing, dirs=4, files_per_dir=8, max_size=16 << 10, seed=2)
     mnt, cache = mount_dirs
     with mounted(backing, mnt, cache, sum(files.values()), nm=4, rf=2) as m:
-        ds = Folder(m.mountpoint)  # built over listing=view: one mini-epoch
+        ds = ImageFolderLike(m.mountpoint)  # built over listing=view: one mini-epoch
     with mounted(backing, mnt, cache, sum(files.values()), nm=4, rf=2, listing="all") as m:
-        assert len(Folder(m.mountpoint)) == len(files)
+        assert len(ImageFolderLike(m.mountpoint)) == len(files)
         with pytest.raises(DatasetNotFollowing, match="build the list again") as e:
             sampler = MountSampler(ds, wait=10)
             loader = DataLoader(ds, batch_size=3, sampler=sampler, num_workers=0, collate_fn=list)
@@ -125,7 +102,7 @@ def test_drop_last_costs_no_idle_time_between_passes(tierfs_mount, dataset, capl
                 took.append(time.monotonic() - start)
             return took
 
-        ds = Folder(m.mountpoint)
+        ds = ImageFolderLike(m.mountpoint)
         sampler = MountSampler(ds, wait=30)
         base = timed(DataLoader(ds, batch_size=5, sampler=sampler, num_workers=2, persistent_workers=True,
                                 collate_fn=list), 4)
@@ -141,7 +118,7 @@ def test_drop_last_costs_no_idle_time_between_passes(tierfs_mount, dataset, capl
         sampler.close()
 
         # told: 2 ranks, each share padded to whole batches, every file of each pass read, no wait at all
-        sets = [Folder(m.mountpoint) for _ in range(2)]
+        sets = [ImageFolderLike(m.mountpoint) for _ in range(2)]
         told = [MountSampler(s, rank=r, world_size=2, wait=30, batch_size=5, drop_last=True)
                 for r, s in enumerate(sets)]
         loaders = [DataLoader(s, batch_size=5, sampler=t, num_workers=1, collate_fn=list, drop_last=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import wait_until
+from tierfs.testing import ImageFolderLike, read_bytes, wait_until
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -20,35 +20,11 @@ from tierfs.torch import MountSampler  # noqa: E402
 _DEADLINE = 120  # seconds for a DataLoader to deliver a batch (a hung mount fails the test; mounted() aborts it)
 
 
-def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-class Folder:
-    """torchvision's ImageFolder rules (sorted class folders, ``samples`` of ``(path, class)``, a file read with
-    ``self.loader(path)``); an item is (index, class, the file's bytes)."""
-
-    def __init__(self, root: str, loader: bool = True) -> None:
-        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-        self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
-                        for f in sorted(os.listdir(os.path.join(root, c)))]  # fmt: skip
-        if loader:
-            self.loader = read_bytes
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int) -> tuple[int, int, bytes]:
-        path, label = self.samples[i]
-        return i, label, self.loader(path) if hasattr(self, "loader") else read_bytes(path)
-
-
 def _items(loader) -> list[tuple[int, int, bytes]]:
     return [item for batch in loader for item in batch]
 
 
-def _check(items, ds: Folder, backing: Path, mountpoint: str) -> None:
+def _check(items, ds: ImageFolderLike, backing: Path, mountpoint: str) -> None:
     """Every item's bytes and label are its file's in the backing dir."""
     for i, label, data in items:
         path, want = ds.samples[i]
@@ -70,7 +46,7 @@ def test_the_sampler_reads_copies_directly_and_counts_each_read_once(tierfs_moun
     backing, files = dataset
     epochs = 6 if context == "fork" else 3
     with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
-        ds = Folder(m.mountpoint)
+        ds = ImageFolderLike(m.mountpoint)
         assert len(ds) == len(files)
         sampler = MountSampler(ds, wait=10)  # (a pass that would not end fails in seconds)
         assert isinstance(ds.loader, CopyLoader) and ds.loader.loader is read_bytes
@@ -112,7 +88,7 @@ def test_a_damaged_copy_is_read_through_the_mount_and_the_pass_still_ends(tierfs
     backing, files = dataset
     with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
         wait_until(lambda: m.status()["next_ready"], what="staging")
-        ds = Folder(m.mountpoint)
+        ds = ImageFolderLike(m.mountpoint)
         sampler = MountSampler(ds, wait=10)  # (a pass that would not end fails in seconds)
         first = list(sampler)  # (read in the main process: no workers)
         _check([ds[i] for i in first], ds, backing, m.mountpoint)
@@ -135,15 +111,15 @@ def test_a_damaged_copy_is_read_through_the_mount_and_the_pass_still_ends(tierfs
 
 def test_without_a_loader_or_with_direct_off_every_file_is_read_through_the_mount(tierfs_mount, dataset, tmp_path):
     backing, files = dataset
-    plain = Folder(str(backing))
+    plain = ImageFolderLike(str(backing))
     assert MountSampler(plain).reports is None and plain.loader is read_bytes  # not a mount: nothing wrapped
     with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
         wait_until(lambda: m.status()["next_ready"], what="staging")
         st0 = m.status()
-        off = Folder(m.mountpoint)
+        off = ImageFolderLike(m.mountpoint)
         sampler = MountSampler(off, direct=False)
         assert sampler.reports is None and off.loader is read_bytes
-        bare = Folder(m.mountpoint, loader=False)
+        bare = ImageFolderLike(m.mountpoint, loader=False)
         assert MountSampler(bare).reports is None and not hasattr(bare, "loader")
         for ds in (off, bare):
             _check([ds[i] for i in sampler], ds, backing, m.mountpoint)
@@ -158,7 +134,7 @@ def test_a_pass_read_ahead_and_ended_by_hand_before_iter_is_not_used(tierfs_moun
     backing, files = dataset
     with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
         wait_until(lambda: m.status()["next_ready"], what="staging")
-        ds = Folder(m.mountpoint)
+        ds = ImageFolderLike(m.mountpoint)
         sampler = MountSampler(ds, wait=10)
         sampler.reports.STALE = 0.0  # (checked at once: no need to wait a second)
         loader = DataLoader(ds, batch_size=3, sampler=sampler, num_workers=2, persistent_workers=True,
@@ -187,7 +163,7 @@ def test_an_epoch_that_leaves_files_unread_is_not_read_ahead_and_rank_0_ends_its
     backing, files = dataset
     with tierfs_mount(capacity=sum(files.values()), nm=4, rf=2, listing="all") as m:
         wait_until(lambda: m.status()["next_ready"], what="staging")
-        ds = Folder(m.mountpoint)
+        ds = ImageFolderLike(m.mountpoint)
         sampler = MountSampler(ds, wait=1)
         n = len(sampler)
         loader = DataLoader(ds, batch_size=n - 1, sampler=sampler, num_workers=2, persistent_workers=True,
