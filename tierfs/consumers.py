@@ -64,6 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 import trio
 
+from tierfs.protocol import RankShare
 from tierfs.schedule import Schedule
 from tierfs.threads import in_thread
 from tierfs.users import Steering
@@ -210,6 +211,9 @@ class Consumer:
         self.waiting_since: float | None = None
         self.advance_vote = False  # its ARF said advance in the current mini-epoch
         self.uid: int | None = None  # the user whose process named it first (None: made by the engine itself)
+        # (the mount's pass and rank count ``next-pass pass=P rank=R/W`` spoke of, and the ranks that said it)
+        self.shares_of: tuple[int, int] | None = None
+        self.shares_done: set[int] = set()
 
     def new_pass(self, view_files: int) -> None:
         if self.marks is not None:
@@ -378,6 +382,17 @@ class Consumers:
         c.passes += 1
         c.passes_total += 1
         c.new_pass(len(self.schedule.view) if self.schedule.view is not None else 0)
+
+    def share_done(self, c: Consumer, share: RankShare) -> bool:
+        """Rank ``share.rank`` of ``c``'s ``share.world`` ranks finished its share of the mount's pass
+        ``share.passes_total``: True once all of them said so about the pass that runs (a report about a pass
+        that is over, or of another count of ranks than the reports before it about this pass, starts afresh)."""
+        if share.passes_total != self.schedule.pos.passes_total:
+            return False
+        if c.shares_of != (share.passes_total, share.world):
+            c.shares_of, c.shares_done = (share.passes_total, share.world), set()
+        c.shares_done.add(share.rank)
+        return len(c.shares_done) == share.world
 
     def mount_pass_over(self) -> None:
         """The mount's pass ended: a live consumer behind it (the pass was ended for everyone: ``next-pass``

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from sampler.arf import HISTORY_KEPT, Controller, make_controller
 from tierfs.consumers import ANONYMOUS
 from tierfs.options import Settings
-from tierfs.protocol import CONTROL_WRITE_MAX, parse_control
+from tierfs.protocol import CONTROL_WRITE_MAX, RankShare, parse_control
 
 __all__ = ["ARFS_KEPT", "Arf", "BatchReports", "ConsumerArfs", "ControlTarget", "ControlWriter", "apply_control",
            "apply_feedback"]
@@ -90,6 +90,8 @@ class ControlTarget(Protocol):
     def apply_settings(self, new: Settings, *, replan: bool) -> None: ...
 
     def next_pass(self, who: str) -> None: ...
+
+    def rank_share_done(self, share: RankShare, who: str) -> None: ...
 
     def request_advance(self) -> None: ...
 
@@ -207,6 +209,8 @@ def apply_control(engine: ControlTarget, data: bytes, who: str = ANONYMOUS) -> N
             engine.next_pass(who)
         elif cmd == "advance":
             engine.request_advance()
+    for share in req.shares:
+        engine.rank_share_done(share, who)
     for metrics in req.feedback:
         apply_feedback(engine, metrics, who)
     if req.changed & _LIMIT_KEYS:

@@ -66,6 +66,7 @@ from tierfs.peers import PeerGroup, PeerLink, PeerServer, plan_owners
 from tierfs.pins import PinKeeper
 from tierfs.planner import Planner
 from tierfs.policy import POLICIES
+from tierfs.protocol import RankShare
 from tierfs.pusher import KernelCache, Pusher, push_budget
 from tierfs.revalidate import Revalidator
 from tierfs.schedule import Schedule
@@ -496,6 +497,14 @@ class Engine:
             self._catch_up()
         else:
             self.end_pass()
+
+    def rank_share_done(self, share: RankShare, who: str = ANONYMOUS) -> None:
+        """``next-pass pass=P rank=R/W`` written by consumer ``who``: once all its W ranks said so about the pass
+        that runs, its pass ends as on ``next-pass`` (the files their loaders dropped will not be read)."""
+        if self.consumers.share_done(self.consumers.get(who), share):
+            log.info("pass %d ended: all %d ranks of consumer %s finished their shares", share.passes_total,
+                     share.world, who)
+            self.next_pass(who)
 
     def arf_of(self, who: str) -> Arf:
         """The ARF controller fed by consumer ``who``'s ``feedback`` (the anonymous consumer's is the mount's)."""

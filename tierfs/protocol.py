@@ -18,9 +18,15 @@ allowed)::
 
     rf=8 advance=strict
     next-pass
+    next-pass pass=12 rank=1/4
     advance
     feedback loss=0.71 train_err=0.2 val_err=0.31 [score=0.5]
     consumed 7 0-63,65,70-99
+
+``next-pass pass=P rank=R/W`` says that rank R of a job's W ranks finished its share of the mount's pass P
+(``passes_total``): the pass ends for the writer's consumer once all W ranks said so (a ``DataLoader`` with
+``drop_last=True`` leaves the last partial batch unread, and no open would end the pass), and the line is
+ignored once pass P is over.
 
 ``consumed PLAN INDICES`` reports direct reads of a batch plan's copies: INDICES are positions in plan PLAN's
 file list, comma-separated numbers and inclusive ranges (:func:`format_indices` writes them).  Settings go
@@ -44,9 +50,9 @@ from typing import Any, Protocol
 from tierfs.options import Settings, parse_assignments, parse_changes
 
 __all__ = ["CACHE_PATH_XATTR", "COMMANDS", "CONTROL_DIR", "CONTROL_FILES", "CONTROL_WRITE_MAX", "COPY_MTIME_NS",
-           "COPY_OPEN_FLAGS", "EMPTY_WRITE", "Assignments", "ControlRequest", "PlanCopy", "copy_matches",
-           "format_indices", "parse_control", "parse_indices", "parse_plan", "plan_copy_prefix", "plan_document",
-           "plan_entry"]
+           "COPY_OPEN_FLAGS", "EMPTY_WRITE", "MAX_WORLD", "Assignments", "ControlRequest", "PlanCopy", "RankShare",
+           "copy_matches", "format_indices", "parse_control", "parse_indices", "parse_plan", "plan_copy_prefix",
+           "plan_document", "plan_entry"]
 
 # ------------------------------------------------------------------------------------------------ the names
 
@@ -100,6 +106,38 @@ class ControlRequest:
     commands: tuple[str, ...] = ()  # "next-pass" / "advance", in the order written
     feedback: tuple[dict[str, float], ...] = field(default_factory=tuple)
     consumed: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (plan, indices) reports, in the order written
+    shares: tuple[RankShare, ...] = ()  # ``next-pass pass=P rank=R/W`` lines, in the order written
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """``next-pass pass=P rank=R/W``: rank ``rank`` of ``world`` finished its share of pass ``passes_total``."""
+
+    passes_total: int
+    rank: int
+    world: int
+
+    def line(self) -> str:
+        return f"next-pass pass={self.passes_total} rank={self.rank}/{self.world}\n"
+
+    @classmethod
+    def parse(cls, words: list[str]) -> RankShare:
+        usage = "next-pass takes nothing or 'pass=P rank=R/W' (rank R of W finished its share of pass P)"
+        got = dict(w.partition("=")[::2] for w in words)
+        if len(words) != 2 or set(got) != {"pass", "rank"}:
+            raise ValueError(f"{usage}, got {' '.join(words)!r}")
+        r, sep, w = got["rank"].partition("/")
+        try:
+            share = cls(int(got["pass"]), int(r), int(w) if sep else -1)
+        except ValueError:
+            raise ValueError(f"{usage}, got {' '.join(words)!r}") from None
+        if share.passes_total < 0 or not 0 <= share.rank < share.world or share.world > MAX_WORLD:
+            raise ValueError(f"{usage} with P >= 0 and 0 <= R < W <= {MAX_WORLD}, got {' '.join(words)!r}")
+        return share
+
+
+#: The most ranks a ``next-pass pass=P rank=R/W`` may count (ranks that share one mount: one node's).
+MAX_WORLD = 4096
 
 
 def parse_indices(text: str) -> list[int]:
@@ -167,6 +205,7 @@ def parse_control(text: str, settings: Settings) -> ControlRequest:
     commands: list[str] = []
     feedback: list[dict[str, float]] = []
     consumed: list[tuple[int, tuple[int, ...]]] = []
+    shares: list[RankShare] = []
     for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -179,6 +218,8 @@ def parse_control(text: str, settings: Settings) -> ControlRequest:
             consumed.append(_parse_consumed(words[1:]))
         elif head in ("next-pass", "advance") and len(words) == 1:
             commands.append(head)
+        elif head == "next-pass" and "=" not in words[0]:
+            shares.append(RankShare.parse(words[1:]))
         elif head in ("next-pass", "advance") and "=" not in words[0]:
             raise ValueError(f"{head} takes no arguments, got {line!r}")
         else:
@@ -187,10 +228,10 @@ def parse_control(text: str, settings: Settings) -> ControlRequest:
         if value == "" and key in ("next_pass", "advance"):
             raise ValueError(f"{key.replace('_', '-')} is a command: write it on a line of its own")
     new = Assignments.parse(assignments).applied_to(settings)
-    if not (assignments or commands or feedback or consumed):
+    if not (assignments or commands or feedback or consumed or shares):
         raise ValueError(EMPTY_WRITE)
     return ControlRequest(new, frozenset(k for k, _ in assignments), tuple(commands), tuple(feedback),
-                          tuple(consumed))
+                          tuple(consumed), tuple(shares))
 
 
 # ------------------------------------------------------------------------------------------- batch plans

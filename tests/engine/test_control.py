@@ -12,7 +12,7 @@ import trio
 
 from tierfs.fs import TierOperations
 from tierfs.options import Settings
-from tierfs.protocol import parse_control
+from tierfs.protocol import RankShare, parse_control
 from tierfs.tree import CONTROL_INODES
 
 REQUIRED = {"epoch", "mini_epoch", "pass", "rf", "rf_effective", "view_files", "view_bytes", "cache_bytes",
@@ -28,13 +28,20 @@ def test_parse_control_lines_and_commands():
     assert req.settings.arf_weights == (1.0, 0.5, 0.0)
     assert req.commands == ("next-pass", "advance")
     assert req.feedback == ({"loss": 0.5, "train_err": 0.1, "val_err": 0.2},)
+    req = parse_control("next-pass pass=12 rank=1/4\nnext_pass rank=0/1 pass=0\n", s)
+    assert req.shares == (RankShare(12, 1, 4), RankShare(0, 0, 1)) and not req.commands
+    assert parse_control(RankShare(3, 2, 8).line(), s).shares == (RankShare(3, 2, 8),)
 
 
 @pytest.mark.parametrize("text, needle", [
     ("rf=0", "rf"), ("rf=x", "rf"), ("bogus=1", "unknown key"), ("cache=/tmp", "cannot be changed"),
     ("backing=/x", "cannot be changed"), ("mountpoint=/x", "cannot be changed"), ("seed=3", "fixed at mount"),
     ("policy=lru", "fixed at mount"), ("feedback loss=abc", "loss"), ("feedback", "at least one"),
-    ("feedback acc=1", "unknown metric"), ("next-pass now", "no arguments"), ("", "empty"),
+    ("feedback acc=1", "unknown metric"), ("next-pass now", "next-pass takes nothing or"), ("", "empty"),
+    ("next-pass pass=1 rank=2/2", "0 <= R < W"), ("next-pass pass=-1 rank=0/2", "P >= 0"),
+    ("next-pass pass=1 rank=0", "rank=R/W"), ("next-pass pass=x rank=0/2", "rank=R/W"),
+    ("next-pass pass=1 rank=0/2 extra=1", "rank=R/W"), ("next-pass pass=1 pass=2", "rank=R/W"),
+    ("next-pass pass=1 rank=0/99999", "W <= 4096"), ("advance now", "no arguments"),
 ])
 def test_parse_control_rejects(text, needle):
     with pytest.raises(ValueError, match=needle):

@@ -47,6 +47,28 @@ def test_pass_ends_on_next_pass_and_on_root_relist_after_a_read(open_engine, t):
     t.run(main)
 
 
+def test_pass_ends_once_every_rank_finished_its_share(open_engine, t):
+    """``next-pass pass=P rank=R/W`` (a sampler's rank done with its share, its loader's dropped batch unread):
+    the pass ends when all W ranks said so about the pass that runs; a repeat, a report about an older pass or
+    one of another rank count does not end it."""
+    e = open_engine(rf=10)
+
+    async def main():
+        await t.read_file(e, e.schedule.view.order.tolist()[0])
+        p = e.schedule.pos.passes_total
+        e.control_write(f"next-pass pass={p} rank=1/3\nnext-pass pass={p} rank=1/3\n".encode())
+        e.control_write(f"next-pass pass={p - 1 if p else p + 1} rank=0/3\n".encode())  # (not the pass that runs)
+        e.control_write(f"next-pass pass={p} rank=0/2\n".encode())  # (another count: starts afresh)
+        e.control_write(f"next-pass pass={p} rank=0/3\nnext-pass pass={p} rank=1/3\n".encode())
+        assert e.schedule.pos.passes_total == p
+        e.control_write(f"next-pass pass={p} rank=2/3\n".encode())
+        assert e.schedule.pos.passes_total == p + 1
+        e.control_write(f"next-pass pass={p} rank=2/3\n".encode())  # (late: that pass is over)
+        assert e.schedule.pos.passes_total == p + 1
+
+    t.run(main)
+
+
 def test_under_listing_all_a_root_listing_ends_no_pass(open_engine, t):
     """A listing=all mount serves datasets built once: a rank that lists the root to build its dataset after the
     others began reading must not end their pass."""

@@ -139,5 +139,22 @@ def test_drop_last_costs_no_idle_time_between_passes(tierfs_mount, dataset, capl
         assert not [r for r in caplog.records if r.name.startswith("tierfs.client")]
         for t in told:
             t.close()
+
+        # untold: 2 ranks, each loader drops its last partial batch; each rank says when its share is done, and
+        # the pass ends once both did -- no rank waits for rank 0's ``wait`` (the old code: 30 s each pass)
+        untold = [MountSampler(s, rank=r, world_size=2, wait=30) for r, s in enumerate(sets)]
+        loaders = [DataLoader(s, batch_size=5, sampler=u, num_workers=1, collate_fn=list, drop_last=True)
+                   for s, u in zip(sets, untold, strict=True)]
+        dropped = 0
+        with ThreadPoolExecutor(2) as pool:
+            for _ in range(5):
+                start = time.monotonic()
+                got = [pool.submit(_epoch, dl) for dl in loaders]
+                items = [x for f in got for x in f.result(timeout=_DEADLINE)]
+                assert time.monotonic() - start <= allowed
+                dropped += len({p.decode() for p in Client(m.mountpoint).order()}) - len(items)
+        assert dropped > 0  # (the loaders did drop files: the case the reports are for)
+        for u in untold:
+            u.close()
         del loaders
         gc.collect()

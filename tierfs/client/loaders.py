@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from sampler.atomic import atomic_write
 from tierfs.client import Client, NotAMount, find_mount
-from tierfs.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, copy_matches
+from tierfs.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, RankShare, copy_matches
 
 log = logging.getLogger(__name__)
 
@@ -342,11 +342,13 @@ class PassIndices:
     shards).
 
     The ranks share one mount and must each start a pass only once the previous one ended (all its files read,
-    by every rank): :meth:`next_pass` waits up to ``wait`` seconds for the mount's pass count to move past the
-    pass it last returned.  If it does not (a ``drop_last`` or a ``break`` left files of the pass unread, or
-    the dataset lacks some files of the view), rank 0 ends the pass (``next-pass``) and the others wait for
-    that; the mount's ``status`` then counts the files left unread.  With ``world_size=1`` nobody else reads
-    the pass, so it is ended at once (no wait).  A wait longer than :attr:`NOTICE` seconds is said (a warning
+    by every rank): :meth:`next_pass` tells the mount that this rank is done with its share
+    (``next-pass pass=P rank=R/W``: the pass ends once every rank said so, even if a ``drop_last`` or a
+    ``break`` left files of it unread) and waits for the mount's pass count to move past the pass it last
+    returned.  If it does not within ``wait`` seconds (a rank that never comes back, or a dataset that lacks
+    some files of the view), rank 0 ends the pass (``next-pass``) and the others wait for that; the mount's
+    ``status`` then counts the files left unread.  With ``world_size=1`` nobody else reads the pass, so it is
+    ended at once (no wait).  A wait longer than :attr:`NOTICE` seconds is said (a warning
     on the ``tierfs`` logger: stderr unless logging is configured), as is a pass ended with files left unread.
     ``batch``: each rank's share is padded (as above) to a multiple of it, so that a ``DataLoader`` with
     ``drop_last=True`` and that batch size drops nothing and every file of the pass is read.  Not on a mount:
@@ -436,6 +438,10 @@ class PassIndices:
         assert self.client is not None
         current = self._current if order else self._passes
         passes, got = current()
+        if passes == self.last_pass and self.world_size > 1:
+            # (this rank is done with its share: the pass ends once every rank said so, files dropped or not)
+            with contextlib.suppress(OSError, ValueError):  # (then rank 0 ends it after ``wait``)
+                self.client.write(RankShare(passes, self.rank, self.world_size).line(), check=False)
         start, ended, said = time.monotonic(), False, False
         while passes == self.last_pass:
             waited = time.monotonic() - start

@@ -267,8 +267,8 @@ class MountSampler(Sampler[int]):
     files of the pass go unread and the pass cannot end by its reads.  Tell the sampler
     (``batch_size=``, ``drop_last=True``, the loader's): each rank's share is then padded to whole batches (the
     first files of the pass read again, as ``DistributedSampler`` pads ranks) -- every file of every pass read,
-    every batch full, no wait.  Untold, a single process (``world_size=1``) ends the pass at its next ``iter()``
-    at once; several ranks wait for rank 0 to end it after ``wait`` seconds (each wait said on stderr).
+    every batch full, no wait.  Untold, the pass ends at once when every rank has started its next ``iter()``
+    (each rank tells the mount its share is done): the dropped files are not read this pass.
 
     **Cached files are read from the fast tier directly** when the dataset reads files with a ``loader``
     attribute, as torchvision's ``ImageFolder`` and ``DatasetFolder`` do (``loader(path)``), and the mount gives
