@@ -69,6 +69,8 @@ def size(n):
 
 print(f"  model:        P@1 {final['p_at_1']:.3f}, P@5 {final['p_at_5']:.3f} on {final.get('eval_points', 'the')} "
       f"test points after {len(records)} passes")
+print("                (P@k: the share of the model's k top-scored labels that are true; a point with fewer than 5 "
+      "true labels\n                caps P@5 below 1, so P@5 under P@1 is expected)")
 seen = {(r["tierfs"]["epoch"], r["tierfs"]["mini_epoch"]) for r in records if r.get("tierfs")}
 if not seen:
     print("  data seen:    (no tierfs position in the JSON lines: was --control given?)")

@@ -25,7 +25,7 @@ _HISTORY_SHOWN = 6  # entries of rf_effective shown
 def format_status(st: dict[str, Any], *, now: float | None = None) -> str:
     """The summary of status object ``st`` (``now``: wall-clock time, for the ages of stalls)."""
     now = time.time() if now is None else now
-    lines = [_position(st), _rf(st), _view(st), _cache(st), *_staging(st), _reads(st), _io(st),
+    lines = [_mount(st), _position(st), _rf(st), _view(st), _cache(st), *_staging(st), _reads(st), _io(st),
              *_consumers(st, now)]
     arf = st.get("arf") or {}
     if arf.get("mode", "off") != "off":
@@ -70,6 +70,12 @@ def _duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def _mount(st: dict[str, Any]) -> str:
+    """Which mount and which build serves it (two nodes' summaries are compared by this line)."""
+    return (f"tierfs     {st.get('version', '?')}  policy {st.get('policy', '?')}  "
+            f"mounted on {_shorten(str(st.get('mountpoint', '?')), 40)}")
 
 
 def _position(st: dict[str, Any]) -> str:

@@ -32,6 +32,8 @@ def test_status_lines_stay_bounded_after_1000_mini_epochs(open_engine):
     assert max(map(len, lines)) <= WIDTH, max(lines, key=len)
     assert len(lines) <= len(short.splitlines()) + 16
     assert "epoch 250  mini-epoch 3/4  pass 1/4" in text
+    from tierfs import __version__
+    assert lines[0].startswith(f"tierfs     {__version__}  policy met  mounted on ")  # (which build)
     assert "… 4 4 4 4 4 5 (999 mini-epochs done)" in text
     assert "backing lost 1 h 00 min ago (Transport endpoint is not connected)" in text
     assert "mount the slow tier again" in text  # what to do

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 
@@ -40,6 +41,34 @@ def test_the_mount_s_figures_read_as_a_person_reads_them():
     assert f.text() == "1,200 samples, 600 samples/s, hits 98.0%, slow tier 1.5M/s, stall 0.2 s"
     assert PassFigures(5, 1.0, hits=0, misses=0, slow_tier_bytes=0, stall_seconds=0.0).text() == \
         "5 samples, 5 samples/s, hits -, slow tier 0/s, stall 0.0 s"
+    assert f.text(short=True) == "600/s hits 98% slow 1.5M/s stall 0.2s"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_bar_fits_an_80_column_terminal_with_every_figure(monkeypatch):
+    """(issue 47) tqdm cut the figures off at 80 columns: the bar's line keeps the pass, the count and every
+    figure (rate, hits, slow tier, stall) within the terminal's width."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "24")
+    out = _Terminal()
+    progress = PassProgress(None, out, rank=0)
+    assert progress.mode == "bar"
+    progress.start(3, 4, total=120_000)
+    progress._start, progress._now = (0, 0, 0, 0.0), (98_000, 2_000, 123 << 30, 12.5)  # (a mount's counters)
+    for _ in range(3):
+        time.sleep(0.25)  # (the bar redraws at most every 0.2 s)
+        progress.advance(40_000)
+    frames = [f.strip("\x1b[A").rstrip() for f in out.getvalue().split("\r") if f.strip()]
+    assert frames, out.getvalue()
+    for frame in frames:
+        assert len(frame) <= 80, frame
+    last = frames[-1]
+    assert last.startswith("pass 3/4 100%|") and "120000/120000" in last, last
+    assert all(w in last for w in ("/s hits 98% slow ", "stall 12.5s")), last
 
 
 def test_positions_count_from_one_as_tierfs_status_does():

@@ -75,18 +75,20 @@ class PassFigures:
             return None
         return self.hits / (self.hits + self.misses)
 
-    def text(self) -> str:
-        """``1,200 samples, 387 samples/s, hits 98.0%, slow tier 12.3M/s, stall 0.0 s``."""
-        words = [f"{self.samples:,} samples", f"{self.samples_per_s:,.0f} samples/s"]
+    def text(self, *, short: bool = False) -> str:
+        """``1,200 samples, 387 samples/s, hits 98.0%, slow tier 12.3M/s, stall 0.0 s``; ``short`` (beside a
+        bar, which shows the samples itself): ``387/s hits 98% slow 12.3M/s stall 0.0s``."""
+        words = [f"{self.samples_per_s:,.0f}/s"] if short else [f"{self.samples:,} samples",
+                                                                 f"{self.samples_per_s:,.0f} samples/s"]
         rate = self.hit_rate
         if self.hits is not None:
-            words.append("hits -" if rate is None else f"hits {100 * rate:.1f}%")
+            words.append("hits -" if rate is None else f"hits {100 * rate:.{0 if short else 1}f}%")
         if self.slow_tier_bytes is not None:
             per_s = self.slow_tier_bytes / self.seconds if self.seconds > 0 else 0.0
-            words.append(f"slow tier {format_size(per_s)}/s")
+            words.append(f"{'slow' if short else 'slow tier'} {format_size(per_s)}/s")
         if self.stall_seconds is not None:
-            words.append(f"stall {self.stall_seconds:.1f} s")
-        return ", ".join(words)
+            words.append(f"stall {self.stall_seconds:.1f}{'s' if short else ' s'}")
+        return " ".join(words) if short else ", ".join(words)
 
 
 def _counters(status: Mapping[str, Any] | None) -> tuple[int, int, int, float] | None:
@@ -162,8 +164,13 @@ class PassProgress:
             from tqdm import tqdm
 
             size = shutil.get_terminal_size()  # (a terminal that does not say its size, such as a fresh pty: 80x24)
-            self._bar = tqdm(total=total, desc=self._label, unit=" " + unit, file=self._stream, leave=False,
-                             ncols=size.columns, nrows=size.lines, mininterval=0.2, smoothing=0)
+            # (within 80 columns: the pass, the bar, the count and the short figures; the position and the unit
+            # are on the pass's line at finish())
+            self._bar = tqdm(total=total, desc=f"pass {pass_number}" + (f"/{passes}" if passes else ""),
+                             file=self._stream, leave=False, ncols=size.columns, nrows=size.lines,
+                             mininterval=0.2, smoothing=0,
+                             bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {postfix}"
+                             if total else "{desc} {n_fmt} {postfix}")
 
     def advance(self, samples: int, steps: int | None = None) -> None:
         """``samples`` more trained on, ``steps`` more of the bar's unit (default: ``samples``)."""
@@ -175,7 +182,7 @@ class PassProgress:
             self._last_status = now
             self._now = _counters(self._status()) or self._now
         if self._bar is not None:
-            self._bar.set_postfix_str(self.figures(now).text(), refresh=False)
+            self._bar.set_postfix_str(self.figures(now).text(short=True), refresh=False)
             self._bar.update(samples if steps is None else steps)
         elif self.mode == "lines" and now - self._last_line >= self._interval:
             self._last_line = now
