@@ -47,6 +47,7 @@ import os
 import time
 from collections.abc import Callable
 
+import numpy as np
 import trio
 
 from sampler.iomodel import stall_free_rf
@@ -69,7 +70,7 @@ from tierfs.policy import POLICIES
 from tierfs.protocol import RankShare
 from tierfs.pusher import KernelCache, Pusher, push_budget
 from tierfs.revalidate import Revalidator
-from tierfs.schedule import Schedule
+from tierfs.schedule import Schedule, check_fits, fewest_mini_epochs
 from tierfs.staging import Stager
 from tierfs.stats import Status, build_status
 from tierfs.threads import in_thread
@@ -126,6 +127,8 @@ class Engine:
             s = self._fit_default_nm(tree.n_files)
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)
             policy = POLICIES[s.policy]
+            if journalled is not None and policy.walks_plans:
+                s = self._fit_remount_nm(disk)
             self.schedule = Schedule(tree, self.live, cfg.capacity, pos, disk, walks_plans=policy.walks_plans)
             # Peers: who owns each file (staged it in epoch 0), the same on every node; kept beyond its mini-epochs
             owners = plan_owners(disk, tree.groups, s, cfg.capacity) if self.link is not None else None
@@ -186,6 +189,28 @@ class Engine:
             log.warning("nm=%d (the default) is more mini-epochs than the data set has files: mounted with nm=%d, "
                         "one file each", default, n_files)
             self.live.current = s = dataclasses.replace(s, nm=n_files)
+        return s
+
+    def _fit_remount_nm(self, disk: np.ndarray) -> Settings:
+        """A remount (the cache dir has a journal) over a data set that changed so that nm no longer fits the
+        capacity (it grew) or exceeds its files (it shrank): mounted with the fewest mini-epochs that fit, and
+        said, so that an fstab or systemd mount keeps coming back.  A first mount is refused instead, with the
+        fix: its settings are the user's choice of a moment ago (``policy.check_fits``)."""
+        s, capacity = self.settings, self.config.capacity
+        if s.mini_epoch_size is not None:
+            return s  # (the planner picks the count: it always fits)
+        try:
+            check_fits(disk, s, capacity)
+            return s
+        except ValueError as exc:
+            why = str(exc)
+        try:
+            nm = fewest_mini_epochs(disk, s, capacity)
+        except ValueError:
+            return s  # (nothing fits: the refusal says why)
+        log.warning("the data set changed since this cache dir was last mounted: %s; mounted with nm=%d instead of "
+                    "%d (give nm=%d, or a larger capacity, to keep this from being said)", why, nm, s.nm, nm)
+        self.live.current = s = dataclasses.replace(s, nm=nm)
         return s
 
     def attach_kernel(self, kernel: KernelCache, *, caches_listings: bool = False) -> None:

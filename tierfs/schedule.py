@@ -30,6 +30,7 @@ ends.  (Under ``lru`` the view is still made in the request.)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,7 +44,7 @@ from tierfs.tree import Tree, index_dtype
 from tierfs.view import View
 
 __all__ = ["HeldCopies", "Pending", "PlanJob", "Schedule", "ScheduleStatistics", "ViewJob", "check_fits",
-           "make_plan"]
+           "fewest_mini_epochs", "make_plan"]
 
 class HeldCopies(Protocol):
     """Which files have a copy in the cache (the :class:`~tierfs.cache.CacheStore` answers)."""
@@ -147,6 +148,21 @@ def check_fits(sizes: np.ndarray, settings: Settings, capacity: int) -> None:
         f"cache disk, in {nm or need} mini-epochs {format_size(per)} each{rank_note}; use nm >= {need} or "
         f"capacity >= {format_size_at_least(capacity_needed(sizes, nm or need, ws))}"
     )
+
+
+def fewest_mini_epochs(sizes: np.ndarray, settings: Settings, capacity: int) -> int:
+    """The smallest nm that :func:`check_fits` accepts for files of ``sizes`` (on the cache disk) in ``capacity``
+    with ``settings``'s other values; ``ValueError`` when none does."""
+    ws = settings.world_size
+    lo = max(1, -(-2 * int(sizes.sum()) // (ws * capacity)))  # (below this the sum cannot fit)
+    for nm in range(lo, len(sizes) + 1):
+        try:
+            check_fits(sizes, dataclasses.replace(settings, nm=nm, mini_epoch_size=None), capacity)
+            return nm
+        except ValueError:
+            continue
+    raise ValueError(f"no nm fits capacity {format_size(capacity)}: each file would need a mini-epoch of its own; "
+                     f"use a larger capacity")
 
 
 def capacity_needed(sizes: np.ndarray, nm: int, world_size: int) -> int:

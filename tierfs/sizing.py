@@ -12,7 +12,6 @@ listing the user's loader needs, the cache dir on the cache disk, absolute paths
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import shutil
@@ -29,7 +28,7 @@ import numpy as np
 from sampler.iomodel import stall_free_rf
 from tierfs.cache import cache_block, disk_estimates
 from tierfs.options import Settings, format_size, format_size_at_least, parse_size
-from tierfs.schedule import check_fits
+from tierfs.schedule import fewest_mini_epochs
 from tierfs.tree import ScanCount, Tree
 
 __all__ = ["LOADERS", "Rate", "Sizing", "measure_read", "measure_write", "mount_command", "size_mount"]
@@ -220,7 +219,7 @@ def size_mount(backing: str, capacity: int, *, cache_disk: str | None = None, wo
         raise ValueError(f"capacity {format_size(capacity)} cannot hold two copies of the largest file "
                          f"({format_size(largest)} on the cache disk): use at least "
                          f"{format_size_at_least(2 * largest)}")
-    nm = _fewest_mini_epochs(tree, disk, capacity, world_size, seed)
+    nm = fewest_mini_epochs(disk, Settings(seed=seed, world_size=world_size), capacity)
     rf = None
     backing_rate = measure_read(backing, tree, measure_seconds, seed) if measure_seconds > 0 else None
     cache_rate = measure_write(cache_disk, measure_seconds) if cache_disk and measure_seconds > 0 else None
@@ -236,20 +235,6 @@ def size_mount(backing: str, capacity: int, *, cache_disk: str | None = None, wo
                   consumption_bytes_per_s=consumption, rf=rf, epochs=epochs,
                   backing_spread=(backing_rate.low, backing_rate.high) if backing_rate else None,
                   cache_spread=(cache_rate.low, cache_rate.high) if cache_rate else None)
-
-
-def _fewest_mini_epochs(tree: Tree, disk: np.ndarray, capacity: int, world_size: int, seed: int) -> int:
-    """The smallest nm the mount accepts (:func:`tierfs.schedule.check_fits`, what a mount and a control write
-    check)."""
-    lo = max(1, math.ceil(2 * int(disk.sum()) / (world_size * capacity)))
-    for nm in range(lo, tree.n_files + 1):
-        try:
-            check_fits(disk, Settings(nm=nm, seed=seed, world_size=world_size), capacity)
-            return nm
-        except ValueError:
-            continue
-    raise ValueError(f"no nm fits capacity {format_size(capacity)}: each file would need a mini-epoch of its own; "
-                     f"use a larger capacity")
 
 
 def _timed_rate(events: list[tuple[float, int]], start: float, end: float) -> Rate | None:

@@ -181,3 +181,39 @@ def test_a_clean_remount_takes_its_copies_from_the_index_and_still_trusts_no_cop
     os.unlink(index)  # as after a crash: every copy is checked the slow way, with the same result
     e3 = open_engine(rf=2)
     assert {f: (en.name, en.disk, en.fp, en.copy_id) for f, en in e3.cache.entries.items()} == kept
+
+
+def test_a_remount_over_a_grown_data_set_adapts_nm_and_says_so(open_engine, dataset, tmp_path, t, caplog):
+    """(issue 48) the data set grew so that nm=4 no longer fits the capacity: the remount (a journal in the cache
+    dir) mounts with the fewest mini-epochs that fit and says so -- an fstab mount keeps coming back; a first
+    mount with the same settings is refused with the fix."""
+    backing, files = dataset
+    e = open_engine(capacity=64 << 10, nm=4)  # (the copies take 32 blocks of 4 KiB: 2 mini-epochs of 16 fit)
+    _progress(e, t, 2)
+    e.close()
+    for i in range(40):  # (72 blocks: 4 mini-epochs of 18 no longer fit 32 KiB each)
+        (backing / "grown").mkdir(exist_ok=True)
+        (backing / "grown" / f"n{i}.bin").write_bytes(os.urandom(100 + i))
+    with pytest.raises(ValueError, match="nm=4 does not fit"):
+        open_engine(capacity=64 << 10, nm=4, cache=tmp_path / "fresh")  # (a first mount: the user's choice)
+    e1 = open_engine(capacity=64 << 10, nm=4)  # (from the saved tree: its rescan finds and saves the new files)
+    saved = os.stat(os.path.join(e1.config.cache, "tree.bin")).st_mtime_ns
+
+    async def rescanned():
+        async with trio.open_nursery() as n:
+            await n.start(e1.run)
+            with trio.fail_after(30):
+                while os.stat(os.path.join(e1.config.cache, "tree.bin")).st_mtime_ns == saved:
+                    await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+
+    t.run(rescanned)
+    e1.close()
+    with caplog.at_level("WARNING", logger="tierfs"):
+        e2 = open_engine(capacity=64 << 10, nm=4)
+    assert e2.tree.n_files == len(files) + 40
+    assert e2.settings.nm > 4 and e2.schedule.nm_in_force() == e2.settings.nm
+    said = [r.getMessage() for r in caplog.records if "data set changed" in r.getMessage()]
+    assert len(said) == 1 and f"mounted with nm={e2.settings.nm} instead of 4" in said[0], said
+    _progress(e2, t, 2)  # (it serves: passes go on)
+    assert e2.schedule.pos.passes_total >= 2
