@@ -13,9 +13,15 @@ Builds (once, kept for later runs) ``--dirs`` x ``--files-per-dir`` files of ``-
   ``listings`` status's (the READDIRs the daemon answered), ``daemon_cpu_finds_s`` the daemon's CPU seconds
   from the mount's first ``find`` to its last (staging and pushes included);
 * ``rss_find``    VmRSS after those finds, bytes per file (``VmHWM``: the peak, scan included);
-* ``tree_bin``    bytes per file of the saved tree in the cache dir (written after the scan).
+* ``tree_bin``    bytes per file of the saved tree in the cache dir (written after the scan);
+* ``scan_peak``   the scan alone, in a fresh interpreter that imports what the daemon does (issue 48, 7: the scan
+  sets the memory a node needs): ``scan_peak_B_per_file`` its own peak (VmHWM less VmRSS before it, per file),
+  ``scan_process_peak_B_per_file`` the whole process's (the interpreter and its libraries included: what a cgroup
+  is charged), ``scan_tree_B_per_file`` what stays once the scan's heap is trimmed, ``scan_base_MB`` the process
+  before the scan.
 
 Prints one JSON object (also written to ``--out``).  Root is required (FUSE); the mount is gone when it exits.
+``--scan-only`` measures the scan alone (no root, no mount): ``--dirs 300`` is the 300,000-file run.
 
 ``--profile DIR`` runs the daemon through this program (``--daemon``: the product code untouched) and writes,
 after the mount and after the finds, where its memory is: ``/proc/PID/smaps_rollup`` (anonymous against
@@ -40,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tierfs.testing import mounted, process_cpu, wait_until
+from tierfs.testing import mounted, process_cpu, scan_memory, wait_until
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -164,6 +170,15 @@ def build(root: Path, dirs: int, per_dir: int, size: int) -> None:
     done.touch()
 
 
+def scan_peak(backing: Path) -> dict:
+    """The scan's memory, alone (see the module docstring)."""
+    m = scan_memory(backing)
+    n = m["files"]
+    return {"scan_files": n, "scan_peak_B_per_file": round((m["peak"] - m["before"]) / n),
+            "scan_process_peak_B_per_file": round(m["peak"] / n),
+            "scan_tree_B_per_file": round((m["after"] - m["before"]) / n), "scan_base_MB": round(m["before"] / 2**20)}
+
+
 def rss(pid: int) -> dict[str, int]:
     out = {}
     with open(f"/proc/{pid}/status") as f:
@@ -212,11 +227,19 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out/million.json")
     ap.add_argument("--profile", metavar="DIR", help="write memory reports of the daemon here (see above)")
     ap.add_argument("--tracemalloc", action="store_true", help="with --profile: trace Python allocations too")
+    ap.add_argument("--scan-only", action="store_true", help="measure the scan's memory alone (no mount)")
     args = ap.parse_args()
     root = Path(args.root)
     build(root, args.dirs, args.files_per_dir, args.size)
     backing = (root / "data").resolve()
     n = args.dirs * args.files_per_dir
+    scan = scan_peak(backing)
+    if args.scan_only:
+        result = {**scan, "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count()}
+        print(json.dumps(result, indent=1))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return
     with tempfile.TemporaryDirectory(prefix="million-") as tmp:
         mnt, cache = Path(tmp, "mnt"), Path(tmp, "cache")
         mnt.mkdir()
@@ -254,6 +277,8 @@ def main() -> None:
                 "find_mount_first_s": round(first_mount, 3), "listings": listings,
                 "daemon_cpu_finds_s": round(daemon_cpu, 2),
                 "tree_bin_B_per_file": round(tree_bin.stat().st_size / n),
+                "peak_mount_B_per_file": round(after_mount["VmHWM"] / n),  # (the daemon's, its first scan's peak)
+                **scan,
                 "load": [round(x, 2) for x in os.getloadavg()],
                 "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
             }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -69,20 +70,47 @@ def _write(dir_fd: int, rows: list[Row]) -> None:
 def load_index(dir_fd: int) -> SavedIndex | None:
     """The index saved in the cache dir ``dir_fd``, or None (none, another format, damaged)."""
     try:
+        return _read(dir_fd)
+    except ValueError:
+        return None
+
+
+def _read(dir_fd: int) -> SavedIndex | None:
+    """The index saved in the cache dir ``dir_fd``; None if there is none or it is of another format;
+    ``ValueError`` saying what is wrong if it is damaged (whatever its bytes make zipfile or numpy raise: a bad
+    CRC, a cut, a flipped byte in a header)."""
+    try:
         fd = os.open(INDEX_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        with open(fd, "rb") as f, np.load(f, allow_pickle=False) as z:
-            a = {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"it cannot be opened: {exc.strerror or exc}") from None
+    try:
+        with open(fd, "rb") as f:
+            start = f.read(4)
+            if start != b"PK\x03\x04":
+                raise ValueError("it is empty" if not start else "it is not a zip of arrays")
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as z:
+                a = {k: z[k] for k in z.files}
         if int(a["version"]) != INDEX_FORMAT:
             return None
         text = a["names"].tobytes().decode()
-        names = text.split("\n") if text else []
-        n = len(names)
-        if not all(len(a[k]) == n for k in ("path_hashes", "fps", "disks", "digests", "has_digest", "copy_ids")):
-            return None
-        return SavedIndex(names, a["path_hashes"], a["fps"], a["disks"], a["digests"], a["has_digest"],
-                          a["copy_ids"])
-    except (OSError, ValueError, KeyError, EOFError, UnicodeDecodeError):
-        return None
+    except OSError as exc:
+        raise ValueError(f"it cannot be read: {exc.strerror or exc}") from None
+    except (zipfile.BadZipFile, ValueError) as exc:  # ("Bad CRC-32 for file 'fps.npy'", "File is not a zip file")
+        raise ValueError(str(exc)[:120]) from None
+    except EOFError:
+        raise ValueError("it is cut short") from None
+    except Exception:  # (a flipped byte in a member's header or a field zipfile cannot take: it raises anything)
+        raise ValueError("a part of it is damaged") from None
+    names = text.split("\n") if text else []
+    n = len(names)
+    want = {"path_hashes": ((n,), "u"), "fps": ((n, 4), "i"), "disks": ((n,), "i"), "digests": ((n,), "u"),
+            "has_digest": ((n,), "b"), "copy_ids": ((n, 2), "i")}  # (shape, dtype kind)
+    if any(k not in a or (a[k].shape, a[k].dtype.kind) != w for k, w in want.items()):
+        raise ValueError(f"its arrays do not describe its {n} copies")
+    return SavedIndex(names, a["path_hashes"], a["fps"], a["disks"], a["digests"], a["has_digest"], a["copy_ids"])
 
 
 def indexed_copies(dir_fd: int, tree: Tree, listed: list[str], *, need_digest: bool
@@ -90,8 +118,13 @@ def indexed_copies(dir_fd: int, tree: Tree, listed: list[str], *, need_digest: b
     """(file index, name, fingerprint, disk bytes, digest, copy id) of each listed copy that the index saved in
     the cache dir ``dir_fd`` describes and whose backing file ``tree`` still knows with the same path and
     fingerprint.  The index is removed: it is written again at the next clean unmount (a crash leaves none, so
-    no stale one)."""
-    index = load_index(dir_fd)
+    no stale one).  A damaged one is said (the copies then take the slow way), never a refused mount."""
+    try:
+        index = _read(dir_fd)
+    except ValueError as exc:
+        index = None
+        log.warning("the cache dir's %s is damaged (%s): removed; the %d copies in data/ are checked one by one "
+                    "instead (a stat each), as after a crash", INDEX_NAME, exc, len(listed))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(INDEX_NAME, dir_fd=dir_fd)
     if index is None or not index.names:

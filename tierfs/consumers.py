@@ -33,12 +33,27 @@ open of a view file; it joins at the mount's current pass (``Schedule.pos.pass_i
 is the smallest of the live consumers' (the engine's ``Engine._catch_up``): the mini-epoch moves on, as
 ``advance`` rules, once every live consumer has made its ``rf`` passes.
 
+**The anonymous readers hold no named job.**  The anonymous consumer is live only while no named one that is
+alive is: an operator's ``cat`` or ``ls`` on a mount read by named jobs joins nothing (it would hold every job
+for a whole ``consumer_timeout``: measured 60 s) and never waits; a named job's first open sets a live anonymous
+consumer aside (the job joins at the mount's pass: nothing moves).  It takes part again once no named job is
+live, or all the live ones are gone (below: an unnamed job after a sweep moves the mount, its wait drops them).
+
 **Waiting, bounded.**  A consumer that has made its ``rf`` passes and is ahead of the others waits when it starts
 another pass (its root listing, or its open of ``order``/``order0``) until the mount moves on -- so each job makes
 exactly ``rf`` passes per mini-epoch.  The wait lasts at most ``consumer_timeout`` seconds: then every live
 consumer that holds the mount back is *dropped* from the count (killed, paused, finished, or just that much
 slower), the mount moves on, and the waiter goes on.  A dropped consumer is served as before; it rejoins at the
 mount's current position with its next root listing (or ``order`` open) and first open of a view file.
+
+**A job that is gone is dropped at once.**  Each named consumer keeps the processes (and threads: a FUSE request
+carries the thread's id) that presented its name, by (pid, start time), the :data:`PROCESSES_KEPT` most recently
+seen.  When none of them is alive -- gone, a zombie, or its pid reused (``/proc/PID/stat``, which never waits on
+the process) -- the job exited or was killed: a waiter drops it at once instead of after ``consumer_timeout``
+(measured: 10 s at a 10 s timeout, a minute by default, for every finished job of an early-stopping sweep).  A
+waiter looks every :data:`ALIVE_EVERY` seconds, so a job that exits during the wait costs at most that; the log
+line names the consumer and says why.  A consumer with no process known (made by the engine itself) is never
+taken for gone.
 
 **The table, bounded.**  It keeps :data:`MAX_CONSUMERS` consumers, at most :data:`MAX_CONSUMERS_PER_USER`
 named by any one user (the user whose process named it first; a name is one consumer whichever steering user's
@@ -71,7 +86,7 @@ from tierfs.users import Steering
 from tierfs.view import View
 
 __all__ = ["ANONYMOUS", "CONSUMER_ENV", "Consumer", "ConsumerStatistics", "Consumers", "ConsumersStatistics",
-           "consumer_name", "process_start"]
+           "consumer_name", "process_alive", "process_start"]
 
 log = logging.getLogger("tierfs")
 
@@ -91,6 +106,12 @@ MAX_CONSUMERS_PER_USER = 16
 READS_PER_USER = 4
 #: Seconds between two warnings about one user's consumer names (the first is logged at once).
 WARN_EVERY = 60.0
+#: Requesters (processes and threads) kept per named consumer to tell whether it is still alive: the most
+#: recently seen; dead ones are pruned first.
+PROCESSES_KEPT = 256
+#: Seconds between two looks whether the jobs a wait is for are alive (how late it notices that one exited); an
+#: anonymous reader's opens look no more often than that either.
+ALIVE_EVERY = 0.25
 _PIDS_KEPT = 4096
 _ENV_READ_TIMEOUT = 2.0  # a process whose memory map stays locked that long is taken as anonymous
 _KEY = (CONSUMER_ENV + "=").encode()
@@ -117,10 +138,10 @@ def consumer_name(pid: int) -> tuple[str, str | None]:
     return ANONYMOUS, None
 
 
-def process_start(pid: int) -> int | None:
-    """When process (or thread) ``pid`` started, in clock ticks since boot (field 22 of ``/proc/PID/stat``):
-    with the pid, one process for the life of the system.  None if it is gone.  Read on the trio thread: unlike
-    ``environ`` and ``cmdline``, ``stat`` never waits on the process's memory map (tested with a wedged one)."""
+def _stat(pid: int) -> tuple[bytes, int] | None:
+    """Process (or thread) ``pid``'s state letter and start time, in clock ticks since boot (fields 3 and 22 of
+    ``/proc/PID/stat``); None if it is gone.  Read on the trio thread: unlike ``environ`` and ``cmdline``,
+    ``stat`` never waits on the process's memory map (tested with a wedged one)."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -133,9 +154,23 @@ def process_start(pid: int) -> int | None:
         os.close(fd)
     fields = data.rpartition(b")")[2].split()  # (the command name before it may hold spaces and parentheses)
     try:
-        return int(fields[19])  # (field 22; the fields after the name start at field 3)
+        return fields[0], int(fields[19])  # (fields 3 and 22; the fields after the name start at field 3)
     except (IndexError, ValueError):
         return None
+
+
+def process_start(pid: int) -> int | None:
+    """When process (or thread) ``pid`` started (see :func:`_stat`): with the pid, one process for the life of
+    the system.  None if it is gone."""
+    st = _stat(pid)
+    return None if st is None else st[1]
+
+
+def process_alive(pid: int, start: int) -> bool:
+    """Process (or thread) ``pid`` that started at ``start`` still runs: not gone, not another process under a
+    reused pid, not a zombie (a job that exited and its launcher has not reaped yet is gone all the same)."""
+    st = _stat(pid)
+    return st is not None and st[1] == start and st[0] not in (b"Z", b"X")
 
 
 class _Warnings:
@@ -214,6 +249,12 @@ class Consumer:
         # (the mount's pass and rank count ``next-pass pass=P rank=R/W`` spoke of, and the ranks that said it)
         self.shares_of: tuple[int, int] | None = None
         self.shares_done: set[int] = set()
+        # (pid, start time) of the processes and threads that presented its name, least recently seen first
+        # (PROCESSES_KEPT of them): none alive, the job is gone (:meth:`Consumers.gone`); none known, never gone
+        self.processes: dict[tuple[int, int], None] = {}
+        self.looked_at = float("-inf")  # monotonic time of the last look whether one of them is alive ...
+        self.gone_why: str | None = None  # ... and what it found (None: one is)
+        self.swept_at = float("-inf")  # monotonic time the dead ones were last pruned from a full set
 
     def new_pass(self, view_files: int) -> None:
         if self.marks is not None:
@@ -263,7 +304,7 @@ class Consumers:
         now = time.monotonic()
         known = self._pids.get(key)
         if known is not None and now - known[1] < PID_TTL:
-            return self.admit(known[0], uid)
+            return self._seen(self.admit(known[0], uid), pid, start)
         readers = self._readers.get(uid)
         if readers is None:
             readers = self._readers[uid] = trio.CapacityLimiter(READS_PER_USER)
@@ -282,7 +323,28 @@ class Consumers:
             if len(self._pids) >= _PIDS_KEPT:  # (all fresh: the older half goes, they are read again if asked)
                 self._pids = dict(list(self._pids.items())[len(self._pids) // 2:])
         self._pids[key] = (name, now)
-        return self.admit(name, uid)
+        return self._seen(self.admit(name, uid), pid, start)
+
+    def _seen(self, name: str, pid: int, start: int) -> str:
+        """``name``, whose process ``pid`` (started at ``start``) just asked: kept among its processes, the most
+        recently seen :data:`PROCESSES_KEPT` (when full, the dead go first, looked for at most once a second;
+        then the one seen longest ago).  Not for the anonymous consumer: it never holds anyone."""
+        c = self._table.get(name)
+        if c is None or name == ANONYMOUS:
+            return name
+        procs, key = c.processes, (pid, start)
+        if key in procs:
+            del procs[key]  # (put back at the end: the most recently seen)
+        elif len(procs) >= PROCESSES_KEPT:
+            now = time.monotonic()
+            if now - c.swept_at >= 1.0:
+                c.swept_at = now
+                for k in [k for k in procs if not process_alive(*k)]:
+                    del procs[k]
+            if len(procs) >= PROCESSES_KEPT:
+                del procs[next(iter(procs))]
+        procs[key] = None
+        return name
 
     def admit(self, name: str, uid: int) -> str:
         """``name`` if it is in the table or joins it now as ``uid``'s; past ``uid``'s or the table's cap (when
@@ -329,6 +391,40 @@ class Consumers:
     def live(self) -> list[Consumer]:
         return [c for c in self._table.values() if c.state == LIVE]
 
+    def behind(self, pass_index: int) -> list[Consumer]:
+        """The live consumers that hold the mount at pass ``pass_index``: not past it yet."""
+        return [c for c in self._table.values() if c.state == LIVE and c.passes <= pass_index]
+
+    def kept_out(self, c: Consumer) -> bool:
+        """``c`` is the anonymous consumer and a named one is live and not gone: its opens join nothing (module
+        docstring).  (Named jobs that are all gone let it join: its wait, once ahead, drops them at once.)"""
+        return c.name == ANONYMOUS and c.state == NEW and any(
+            x.name != ANONYMOUS and self.gone(x, within=ALIVE_EVERY) is None for x in self.live())
+
+    def gone(self, c: Consumer, *, within: float = 0.0) -> str | None:
+        """Why ``c`` is gone -- none of its processes is alive: it exited or was killed -- or None: one is, or
+        none is known (a consumer made by the engine itself, the anonymous one).  ``within``: the verdict of a
+        look at most that many seconds old will do (a bound on the ``/proc`` reads of a caller that asks often).
+        Most recently seen first; the dead seen before a live one are forgotten."""
+        now = time.monotonic()
+        if not c.processes:
+            return None
+        if now - c.looked_at < within:
+            return c.gone_why
+        c.looked_at, c.gone_why = now, None
+        dead = []
+        for key in reversed(list(c.processes)):
+            if process_alive(*key):
+                for k in dead:
+                    del c.processes[k]
+                return None
+            dead.append(key)
+        pids = sorted({pid for pid, _ in dead})
+        shown = ", ".join(map(str, pids[:8])) + (f" and {len(pids) - 8} more" if len(pids) > 8 else "")
+        c.gone_why = (f"none of its processes is alive (it exited or was killed: pid{'s' if len(pids) > 1 else ''} "
+                      f"{shown}, last seen {time.time() - c.last_seen:.0f} s ago)")
+        return c.gone_why
+
     def min_passes(self) -> int | None:
         """The fewest passes a live consumer made in this mini-epoch (None: no consumer is live)."""
         return min((c.passes for c in self._table.values() if c.state == LIVE), default=None)
@@ -351,7 +447,7 @@ class Consumers:
     def opened(self, c: Consumer, fidx: int, in_view: bool) -> bool:
         """Consumer ``c`` opened file ``fidx``; True when that was the last view file of its pass (it ends)."""
         c.opens += 1
-        if in_view and c.state == NEW:
+        if in_view and c.state == NEW and not self.kept_out(c):
             self._join(c)
         now = time.monotonic()
         if c.pass_started is None:
@@ -373,6 +469,14 @@ class Consumers:
         c.new_pass(len(sch.view) if sch.view is not None else 0)
         log.info("consumer %s joined at epoch %d, mini-epoch %d, pass %d", c.name, sch.pos.epoch,
                  sch.pos.mini_epoch, c.passes)
+        anonymous = self._table.get(ANONYMOUS)
+        if c.name != ANONYMOUS and anonymous is not None and anonymous.state == LIVE:
+            # (``c`` joins at the mount's pass, so the fewest passes stay the mount's: setting it aside moves nothing)
+            anonymous.state = NEW
+            anonymous.advance_vote = False
+            anonymous.new_pass(len(sch.view) if sch.view is not None else 0)
+            log.info("the readers that name no consumer no longer count passes while %s (a named job) reads: "
+                     "they hold no named job (a job to keep in step names itself: %s=NAME)", c.name, CONSUMER_ENV)
 
     def pass_over(self, c: Consumer) -> None:
         """``c``'s pass ended (all read, listed again, ``next-pass``)."""
@@ -416,8 +520,8 @@ class Consumers:
         c.drops += 1
         self.drops += 1
         c.advance_vote = False
-        log.warning("consumer %s dropped from the wait: %s; it rejoins with its next listing of the root",
-                    c.name, why)
+        log.warning("consumer %s dropped, the mount goes on without it: %s; it rejoins with its next listing of the "
+                    "root", c.name, why)
 
     def rejoin(self, c: Consumer) -> None:
         """A dropped consumer starts a pass again (lists the root, opens ``order``): it becomes live at its first

@@ -11,6 +11,15 @@ the open brought), the reads (exactly the file's size: no read at EOF, the ``fst
 that grew) and one ``fstat`` -- on a network filesystem each is a request, and a latency-bound tier is paid
 per request.
 
+**Racy clean.**  A fingerprint cannot tell apart two versions written within one tick of the backing's clock (a
+second on ext4 with 128-byte inodes, Lustre, s3fs, rclone; a jiffy, 1-10 ms, on the others, whatever they store):
+a copy of the first, checked against a fingerprint the second leaves unchanged, would be served for the mount's
+life (git's "racy clean" problem).  So a copy never reads a file whose mtime or ctime lies in the current tick:
+it is made once that tick is over (:func:`settling_ns`; the tick is learned from the timestamp itself), and any
+change after that moves the fingerprint.  Only a file changed within the last tick is concerned: on a backing with
+fine timestamps its copy waits a few tens of milliseconds; on one with 1-second timestamps it is put off
+(:class:`CopyTooSoon`, nothing read) and its readers read the backing file meanwhile.
+
 A copy may be offered a *peer* (peers.py, ``peers=mpi``): its bytes are then asked of the node that holds the
 file, for the version the tree knows, into the same temp file; whatever the peer does not give exactly (a miss)
 starts the copy over from the backing.  The backing file is opened and ``fstat``-ed after the bytes landed all
@@ -42,10 +51,20 @@ from tierfs.cache import allocated, entry_name, temp_copy_name
 from tierfs.protocol import COPY_MTIME_NS
 from tierfs.tree import Fingerprint, fingerprint
 
-__all__ = ["CHUNK", "BackingChanged", "Copied", "CopyAbandoned", "CopyBatch", "PeerMissed", "PeerSource",
-           "copy_into_cache"]
+__all__ = ["CHUNK", "BackingChanged", "Copied", "CopyAbandoned", "CopyBatch", "CopyTooSoon", "PeerMissed",
+           "PeerSource", "copy_into_cache", "settling_ns", "timestamp_tick"]
 
 CHUNK = 1 << 20
+#: The tick of a timestamp is the coarsest of these that divides it: a backing with 1-second timestamps stores
+#: whole seconds, one with finer ones almost never does.
+TICKS_NS = tuple(10**k for k in range(9, -1, -1))
+#: Past a timestamp's tick, how long a copy still waits: the kernel stamps a change from a clock that moves once
+#: a jiffy (1-10 ms) whatever the filesystem stores, and a backing server's clock may be a little behind ours.
+#: A timestamp further ahead of our clock than this is a date set by hand (``touch -d``), not the present.
+CLOCK_SLACK_NS = 50_000_000
+#: A copy that must wait this long at most (a backing with fine timestamps: the slack) waits in its thread; one
+#: that must wait longer (a 1-second backing) is put off (:class:`CopyTooSoon`), its readers served meanwhile.
+SETTLE_IN_THREAD_NS = 100_000_000
 
 
 class BackingChanged(Exception):
@@ -58,6 +77,15 @@ class BackingChanged(Exception):
 
 class CopyAbandoned(Exception):
     """The stager gave the copy up while it waited on the backing: its temp file is deleted, never renamed."""
+
+
+class CopyTooSoon(Exception):
+    """The backing file changed within the current tick of the backing's clock (see "Racy clean"): not copied
+    now, since a rewrite later in that tick would keep its fingerprint; ``wait_s``: until the tick is over."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"changed within the backing's current timestamp tick: copied in {wait_s:.3f} s")
+        self.wait_s = wait_s
 
 
 class PeerMissed(Exception):
@@ -82,23 +110,47 @@ class Copied:
     from_peer: bool = False  # the bytes came from a peer's cache, not the backing
 
 
+def timestamp_tick(ns: int) -> int:
+    """The granularity a timestamp shows (ns): the coarsest power of ten up to a second that divides it."""
+    return next(tick for tick in TICKS_NS if ns % tick == 0)
+
+
+def settling_ns(st: os.stat_result, now_ns: int) -> int:
+    """How long after ``now_ns`` (wall clock) a copy of the file ``st`` describes must be put off, so that any
+    change after it moves the fingerprint: 0 unless its mtime or ctime lies in the current tick of the backing's
+    clock (see "Racy clean" in the module docstring)."""
+    wait = 0
+    for ns in (st.st_mtime_ns, st.st_ctime_ns):
+        ends = ns + timestamp_tick(ns) + CLOCK_SLACK_NS  # (a tick's stamp is its start)
+        if ns <= now_ns + CLOCK_SLACK_NS and ends > now_ns:
+            wait = max(wait, ends - now_ns)
+    return wait
+
+
 def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprint, data_fd: int, serial: int, *,
                     sparse: bool, hash_content: bool, throttle: Callable[[int], None] | None, block: int,
-                    progress: Callable[[int], None] = lambda nbytes: None,
+                    inodes: bool = True, progress: Callable[[int], None] = lambda nbytes: None,
                     may_commit: Callable[[], bool] = lambda: True, peer: PeerSource | None = None) -> Copied:
     """Copy one backing file of fingerprint ``expected`` into ``data_fd`` (a worker thread).
 
+    ``inodes``: ``expected`` holds the inode number (else 0: ``Tree.stable_inodes``).
     ``sparse``: the tree saw fewer blocks than bytes (its holes are looked for with ``SEEK_DATA``).
     ``progress(nbytes)`` is called after every read with the bytes it brought (whatever becomes of the copy:
     the backing served them), ``may_commit()`` right before the rename (False: the copy was
     abandoned).  ``peer``: ask it for the bytes first (the backing only if it misses).
-    Raises :class:`BackingChanged` when the file is not ``expected`` after the copy,
-    :class:`CopyAbandoned`, ``OSError`` when it cannot be read or written.
+    Raises :class:`BackingChanged` when the file is not ``expected`` after the copy, :class:`CopyTooSoon` (before
+    any read) when it changed within the backing's current tick, :class:`CopyAbandoned`, ``OSError`` when it cannot
+    be read or written.
     """
     size = expected[0]
-    src, _ = open_regular(root_fd, relpath, dev)
+    src, st = open_regular(root_fd, relpath, dev)
     tmp: str | None = temp_copy_name(serial)
     try:
+        wait_ns = settling_ns(st, time.time_ns()) if fingerprint(st, inodes) == expected else 0  # (else: changed)
+        if wait_ns > SETTLE_IN_THREAD_NS:
+            raise CopyTooSoon(wait_ns / 1e9)
+        if wait_ns:
+            time.sleep(wait_ns / 1e9)
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                       dir_fd=data_fd)
         hasher = xxhash.xxh3_64() if hash_content else None
@@ -119,7 +171,7 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
         finally:
             os.close(dst)
         after = os.fstat(src)
-        if total != size or fingerprint(after) != expected:
+        if total != size or fingerprint(after, inodes) != expected:
             raise BackingChanged(after)
         digest = hasher.intdigest() if hasher is not None else None
         name = entry_name(relpath, expected, serial, digest)
@@ -232,7 +284,7 @@ class CopyBatch:
                 if job is not None:
                     try:
                         outcome = job(progress=self._progress, may_commit=self._may_commit)
-                    except (BackingChanged, CopyAbandoned, OSError) as exc:
+                    except (BackingChanged, CopyTooSoon, CopyAbandoned, OSError) as exc:
                         outcome = exc
                 with self._lock:
                     if self._stopped:

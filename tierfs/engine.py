@@ -53,7 +53,7 @@ import trio
 from sampler.iomodel import stall_free_rf
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore, disk_estimates
-from tierfs.consumers import ANONYMOUS, Consumer, Consumers
+from tierfs.consumers import ALIVE_EVERY, ANONYMOUS, Consumer, Consumers
 from tierfs.control import Arf, ConsumerArfs, ControlWriter, apply_control
 from tierfs.datapath import DataPath
 from tierfs.following import LoaderWatch
@@ -94,6 +94,7 @@ class Engine:
         self.root_fd = -1
         self.arf = Arf()  # the configured controller is made in open()
         self.control_error: str | None = None
+        self.task_failures: dict[str, str] = {}  # background tasks failing now, and why (opening.supervised)
         self.journal = JournalWriter(self.cache)  # (through the cache dir's descriptor, once claim() opened it)
         self.pace = PaceWatch()  # whether staging keeps up: repeats beyond rf and stalls, put down to the tier
         self.consumer_arfs = ConsumerArfs()  # the named consumers' ARF controllers (the anonymous one's: ``arf``)
@@ -121,13 +122,16 @@ class Engine:
         self.root_fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         journalled = load_position(self.cache.dir_fd)
         pos = journalled or Position()
-        self.trees = TreeKeeper(self.root_fd, backing, self.cache.dir_fd)
+        self.trees = TreeKeeper(self.root_fd, backing, self.cache.dir_fd, unlistable=s.unlistable,
+                                stable_inodes=s.stable_inodes)
+        same_nm = journalled is not None and journalled.nm_asked == s.nm  # (before it is overwritten)
+        pos.nm_asked = s.nm  # (the option, journalled: see _fit_remount_nm)
         try:
             self.tree = tree = self.trees.load(resumed=journalled is not None, progress=scan_progress)
             s = self._fit_default_nm(tree.n_files)
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)
             policy = POLICIES[s.policy]
-            if journalled is not None and policy.walks_plans:
+            if same_nm and policy.walks_plans:
                 s = self._fit_remount_nm(disk)
             self.schedule = Schedule(tree, self.live, cfg.capacity, pos, disk, walks_plans=policy.walks_plans)
             # Peers: who owns each file (staged it in epoch 0), the same on every node; kept beyond its mini-epochs
@@ -192,10 +196,11 @@ class Engine:
         return s
 
     def _fit_remount_nm(self, disk: np.ndarray) -> Settings:
-        """A remount (the cache dir has a journal) over a data set that changed so that nm no longer fits the
-        capacity (it grew) or exceeds its files (it shrank): mounted with the fewest mini-epochs that fit, and
-        said, so that an fstab or systemd mount keeps coming back.  A first mount is refused instead, with the
-        fix: its settings are the user's choice of a moment ago (``policy.check_fits``)."""
+        """A remount (the cache dir has a journal) with the nm option of the mount before, over a data set that
+        changed so that nm no longer fits the capacity (it grew) or exceeds its files (it shrank): mounted with
+        the fewest mini-epochs that fit, and said, so that an fstab or systemd mount keeps coming back.  A first
+        mount, or one given another nm than the last, is refused instead, with the fix: its settings are the
+        user's choice of a moment ago (``policy.check_fits``)."""
         s, capacity = self.settings, self.config.capacity
         if s.mini_epoch_size is not None:
             return s  # (the planner picks the count: it always fits)
@@ -224,26 +229,27 @@ class Engine:
         background until cancelled."""
         rescan = functools.partial(self.trees.run, self.tree, limiter=self.cache_limiter, events=self)
         self.schedule.plans_ahead = True  # from now on a missing plan is the planner's, never a request's
+        supervise = functools.partial(supervised, failures=self.task_failures)  # (one that keeps failing: last_error)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = self.data.nursery = self.versions.nursery = nursery
                 nursery.start_soon(once, "tree rescan", rescan)
-                nursery.start_soon(supervised, "pin keeper", self.pins.run)
-                nursery.start_soon(supervised, "cache deleter", functools.partial(self.cache.run_deletes, self))
-                nursery.start_soon(supervised, "journal writer", functools.partial(self.journal.run,
-                                                                                   self.cache_limiter))
-                nursery.start_soon(supervised, "revalidator", self.reval.run)
-                nursery.start_soon(supervised, "heap trimmer", self.trimmer.run)
-                nursery.start_soon(supervised, "backing watch", self.backing.run)
-                nursery.start_soon(supervised, "staging watch", self.stager.watch)  # (readers' copies too)
+                nursery.start_soon(supervise, "pin keeper", self.pins.run)
+                nursery.start_soon(supervise, "cache deleter", functools.partial(self.cache.run_deletes, self))
+                nursery.start_soon(supervise, "journal writer", functools.partial(self.journal.run,
+                                                                                  self.cache_limiter))
+                nursery.start_soon(supervise, "revalidator", self.reval.run)
+                nursery.start_soon(supervise, "heap trimmer", self.trimmer.run)
+                nursery.start_soon(supervise, "backing watch", self.backing.run)
+                nursery.start_soon(supervise, "staging watch", self.stager.watch)  # (readers' copies too)
                 if self.peers.enabled:
-                    nursery.start_soon(supervised, "peer server", self.peer_server.run)
+                    nursery.start_soon(supervise, "peer server", self.peer_server.run)
                 if self.policy.walks_plans:
-                    nursery.start_soon(supervised, "planner", self.planner.run)
-                    nursery.start_soon(supervised, "pusher", self.pusher.run)
-                    nursery.start_soon(supervised, "stager", self.stager.run)
+                    nursery.start_soon(supervise, "planner", self.planner.run)
+                    nursery.start_soon(supervise, "pusher", self.pusher.run)
+                    nursery.start_soon(supervise, "stager", self.stager.run)
                 # (changed modes and owners told to the kernel; under substitute, stale entries dropped)
-                nursery.start_soon(supervised, "kernel entries", self.names.run)
+                nursery.start_soon(supervise, "kernel entries", self.names.run)
                 task_status.started()
         finally:
             self._nursery = self.data.nursery = self.versions.nursery = None
@@ -483,7 +489,7 @@ class Engine:
         """(NamespaceEvents) Consumer ``who`` starts reading a view: it listed the root (``relisted``: that ends its
         pass if it opened a file in it) or opened ``order``.  Ahead of the others, it waits here for the mount to
         move on, at most ``consumer_timeout`` seconds: then the live consumers that hold the mount back are
-        dropped."""
+        dropped -- at once those none of whose processes is alive (looked at every ``ALIVE_EVERY`` seconds)."""
         if not self.steering.steers(uid):
             return
         c = self.consumers.get(who)
@@ -496,7 +502,10 @@ class Engine:
         try:
             with trio.move_on_after(self.settings.consumer_timeout):
                 while self._ahead(c):
-                    await self._moved.wait()
+                    self._drop_gone(self.consumers.behind(self.schedule.pos.pass_index))
+                    if self._ahead(c):
+                        with trio.move_on_after(ALIVE_EVERY):
+                            await self._moved.wait()
             if self._ahead(c):
                 self._drop_laggards(c)
         finally:
@@ -504,11 +513,20 @@ class Engine:
 
     def _drop_laggards(self, waiter: Consumer) -> None:
         """``waiter`` waited ``consumer_timeout``: every live consumer the mount's pass waits for is dropped."""
-        for c in self.consumers.live():
-            if c.passes <= self.schedule.pos.pass_index:
-                self.consumers.drop(c, f"{waiter.name} waited {self.settings.consumer_timeout:g} s (consumer_timeout) "
-                                       f"while it had made {c.passes} of {self.rf_now()} passes")
+        for c in self.consumers.behind(self.schedule.pos.pass_index):
+            self.consumers.drop(c, f"{waiter.name} waited {self.settings.consumer_timeout:g} s (consumer_timeout) "
+                                   f"while it had made {c.passes} of {self.rf_now()} passes (its last open or "
+                                   f"listing {time.time() - c.last_seen:.0f} s ago)")
         self._catch_up()
+
+    def _drop_gone(self, among: list[Consumer]) -> None:
+        """Drop the consumers of ``among`` none of whose processes is alive (exited, killed): waiting for them would
+        wait ``consumer_timeout`` for nobody."""
+        gone = [(c, why) for c in among if (why := self.consumers.gone(c)) is not None]
+        for c, why in gone:
+            self.consumers.drop(c, why)
+        if gone:
+            self._catch_up()
 
     def next_pass(self, who: str = ANONYMOUS) -> None:
         """``next-pass`` written by consumer ``who``: its pass ends; written by anyone else (an operator), every
@@ -569,9 +587,9 @@ class Engine:
 
     def changed(self, fidx: int, st: os.stat_result) -> None:
         """The backing file now has stat ``st``: forget the old copy and pushed pages, stage it again."""
+        self.cache.evict(fidx)  # (first: the old copy never outlives a change that failed to apply)
         self.tree.update_stat(fidx, st)
         self.schedule.set_disk_size(fidx, self.cache.estimate(st.st_size, st.st_blocks))
-        self.cache.evict(fidx)
         self.pusher.forget(fidx)
         self.restage(fidx)
         self.versions.changed(fidx)  # (later handles bypass the page cache; the old version's pages go)
@@ -608,9 +626,12 @@ class Engine:
 
     @property
     def last_error(self) -> str | None:
-        """What ``status`` shows: a staging error until staging works again, else the last control error."""
+        """What ``status`` shows: a background task failing (a bug), a staging error until staging works again,
+        else the last control error."""
         sch = self.schedule
-        return self.stager.error or self.journal.error or self.control_error or sch.plan_error or sch.plan_note
+        failing = next(iter(self.task_failures.values()), None)
+        return failing or self.stager.error or self.journal.error or self.control_error or sch.plan_error \
+            or sch.plan_note
 
     def control_text(self) -> bytes:
         return self.settings.as_lines().encode()

@@ -443,10 +443,11 @@ def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[Sc
         if message == "ready":
             os._exit(0)
         if not message:
-            # The child died without a word; its log says why.
+            # The child died without a word; its log says why -- unless it was killed, which leaves none there
             _, status = os.waitpid(pid, 0)
-            message = f"daemon exited with status {os.waitstatus_to_exitcode(status)} before the mount was ready " \
-                      f"(see {log_path})"
+            message = _death(os.waitstatus_to_exitcode(status), log_path)
+            if os.WIFSIGNALED(status):
+                _log_for(pid, log_path, message)
         print(f"tierfs: error: {message}", file=sys.stderr)
         os._exit(1)
 
@@ -478,6 +479,34 @@ def daemonize(log_path: str) -> tuple[Callable[[str | None], None], Callable[[Sc
                                                                   count.seconds, total))
 
     return report, scan_progress
+
+
+def _death(code: int, log_path: str) -> str:
+    """Why a ``--daemon`` child that ended before it was ready did, from its exit status ``code`` (negative: the
+    signal).  SIGKILL before ready is most often the kernel's OOM killer: a first mount's scan is the daemon's
+    peak (docs/operations.md sizes it), so the line names the memory cgroup's limit where there is one."""
+    if code == -signal.SIGKILL:
+        from tierfs.memory import cgroup_memory
+
+        limit = cgroup_memory()[0]
+        within = f"; the memory cgroup's limit is {format_size(limit)}" if limit is not None else ""
+        return (f"the daemon was killed by signal 9 (SIGKILL) before the mount was ready: killed (out of memory?"
+                f"{within}; see the kernel's log, dmesg, and the memory sizing in docs/operations.md)")
+    if code < 0:
+        return f"the daemon was killed by signal {-code} ({signal.Signals(-code).name}) before the mount was ready"
+    return f"daemon exited with status {code} before the mount was ready (see {log_path})"
+
+
+def _log_for(pid: int, log_path: str, message: str) -> None:
+    """Write ``message`` into the daemon's log as the daemon ``pid`` would have (it was killed: it could not)."""
+    record = logging.LogRecord("tierfs", logging.ERROR, __file__, 0, "%s", (message,), None)
+    record.process = pid
+    with contextlib.suppress(OSError):
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (LogFormatter().format(record) + "\n").encode(errors="replace"))
+        finally:
+            os.close(fd)
 
 
 async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]) -> None:

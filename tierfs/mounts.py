@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["mount_at", "mountinfo"]
+__all__ = ["fstype_of_dev", "mount_at", "mountinfo"]
 
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
 
@@ -38,4 +38,19 @@ def mount_at(path: str | os.PathLike[str]) -> tuple[str, str] | None:
     for dev, point, fstype in table:
         if point == where:
             found = (dev, fstype)  # (a later line is mounted over an earlier one)
+    return found
+
+
+def fstype_of_dev(dev: int) -> str | None:
+    """The filesystem type of the mount whose files have ``st_dev`` ``dev`` (the topmost, where several share
+    it); None where none does, or the table cannot be read."""
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        table = mountinfo()
+    except OSError:
+        return None
+    found = None
+    for got, _, fstype in table:
+        if got == want:
+            found = fstype
     return found

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ from typing import Protocol
 
 import trio
 
+from tierfs.mounts import fstype_of_dev
 from tierfs.options import MountConfig, check_layout
 from tierfs.threads import in_thread
 from tierfs.tree import ScanCount, Tree
@@ -53,6 +55,18 @@ class TreeStatistics:
     added: int  # files in the backing dir the rescan found that this mount does not show (the next one will)
     removed: int  # files the rescan found gone
     changed: int  # files the rescan found changed
+    #: directories of the backing dir the last scan (the mount's, or the rescan after a load) could not list: the
+    #: files under them are not in the data set (Tree.scan; ``unlistable=refuse`` refuses the mount instead) ...
+    unlistable: int = 0
+    unlistable_dirs: tuple[str, ...] = ()  # ... the first of them: "PATH (EACCES: Permission denied)"
+    #: whether the backing keeps inode numbers, so that they are part of a copy's identity (``stable_inodes``)
+    stable_inodes: bool = True
+
+    def with_unlistable(self, tree: Tree) -> TreeStatistics:
+        """These statistics with what scanning ``tree`` could not list (none for a loaded tree)."""
+        return replace(self, unlistable=tree.unlistable, unlistable_dirs=tuple(
+            f"{os.fsdecode(path) or '.'} ({errno.errorcode.get(err, err)}: {os.strerror(err)})"
+            for path, err in tree.unlistable_dirs))
 
 
 class RescanEvents(Protocol):
@@ -68,27 +82,55 @@ class RescanEvents(Protocol):
         """The backing file is gone (or no longer a regular file)."""
 
 
+def inodes_kept(option: str, dev: int) -> bool:
+    """Whether the backing of device ``dev`` keeps a file's inode number (``stable_inodes``): ``auto`` says no
+    for a FUSE filesystem (sshfs without ``noforget``, rclone, gcsfuse and s3fs number inodes per mount: one
+    forget, and the old code copied the data set again), yes for any other (NFS keeps its file ids)."""
+    if option != "auto":
+        return option == "yes"
+    fstype = fstype_of_dev(dev) or ""
+    kept = not (fstype == "fuse" or fstype.startswith("fuse."))
+    if not kept:
+        log.info("the backing dir is on a %s filesystem, which may number inodes per mount: copies are known by "
+                 "size, mtime and ctime (stable_inodes=auto; stable_inodes=yes if its inode numbers are kept)", fstype)
+    return kept
+
+
 class TreeKeeper:
     """See the module docstring.  ``root_fd`` is the backing dir's, ``backing`` its real path, ``cache_fd`` the
     cache dir's."""
 
-    def __init__(self, root_fd: int, backing: str, cache_fd: int) -> None:
+    def __init__(self, root_fd: int, backing: str, cache_fd: int, *, unlistable: str = "skip",
+                 stable_inodes: str = "auto") -> None:
         self.root_fd = root_fd
+        self.unlistable = unlistable  # (the option: what a scan does with a directory it cannot list)
         self.backing = backing
         self.cache_fd = cache_fd
-        self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0)
+        self.stable_inodes = inodes_kept(stable_inodes, os.fstat(root_fd).st_dev)
+        self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0, stable_inodes=self.stable_inodes)
 
     def load(self, *, resumed: bool, progress: Callable[[ScanCount], None] | None = None) -> Tree:
         """The saved tree if the mount resumes a journalled position and it is still valid, else a scan
-        (``progress`` hears how far it is: the rescan after a load only logs)."""
+        (``progress`` hears how far it is: the rescan after a load only logs).  A damaged saved tree is said once
+        and removed (it only caches what the backing says: the scan makes it again), never a refused mount."""
         t0 = time.monotonic()
         for old in OLD_TREE_NAMES:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(old, dir_fd=self.cache_fd)
-        saved = Tree.load(TREE_NAME, os.fstat(self.root_fd), dir_fd=self.cache_fd) if resumed else None
-        tree = saved or Tree.scan(self.root_fd, self.backing, progress)
+        saved = None
+        if resumed:
+            try:
+                saved = Tree.load(TREE_NAME, os.fstat(self.root_fd), dir_fd=self.cache_fd, strict=True)
+            except ValueError as exc:
+                with contextlib.suppress(OSError):  # (through the dir's descriptor, as it was read)
+                    os.unlink(TREE_NAME, dir_fd=self.cache_fd)
+                log.warning("the cache dir's %s is damaged (%s): removed; the backing dir is scanned instead, as at "
+                            "a first mount, and the tree saved again", TREE_NAME, exc)
+        tree = saved or Tree.scan(self.root_fd, self.backing, progress, unlistable=self.unlistable)
+        tree.stable_inodes = self.stable_inodes
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),
-                                    "pending" if saved else "done", 0, 0, 0)
+                                    "pending" if saved else "done", 0, 0, 0,
+                                    stable_inodes=self.stable_inodes).with_unlistable(tree)
         return tree
 
     @property
@@ -104,6 +146,7 @@ class TreeKeeper:
             self.stats = replace(self.stats, rescan="running")
             # (abandoned on unmount: it works on its own dup of the root descriptor)
             new = await in_thread(Tree.scan, self.root_fd, self.backing, abandon_on_cancel=True)
+            new.stable_inodes = self.stable_inodes  # (compared as this mount's tree is)
             news, lost, added = tree.compare(new)
             # (directories' modes and owners too: a chmod 700 made while unmounted closes them from this mount on)
             for i, st in await in_thread(tree.dir_access_news, new, abandon_on_cancel=True):
@@ -113,7 +156,8 @@ class TreeKeeper:
                 events.changed(fidx, st)
             for fidx in lost:
                 events.gone(fidx)
-            self.stats = replace(self.stats, rescan="done", changed=len(news), removed=len(lost), added=added)
+            self.stats = replace(self.stats, rescan="done", changed=len(news), removed=len(lost),
+                                 added=added).with_unlistable(new)
             if added or lost:
                 log.warning("the backing tree changed since the last mount: %d files added, %d removed "
                             "(added files show from the next mount)", added, len(lost))
@@ -135,14 +179,57 @@ def _save(tree: Tree, cache_fd: int) -> None:
         os.close(cache_fd)
 
 
-async def supervised(name: str, task: Callable[[], Awaitable[None]]) -> None:
+async def supervised(name: str, task: Callable[[], Awaitable[None]], failures: dict[str, str] | None = None) -> None:
     """Run a background task for the life of the mount; a bug in it is logged and the task started again
-    (after a second), never a dead mount: readers are served whether or not staging or pushing works."""
+    (after a second), never a dead mount: readers are served whether or not staging or pushing works.
+
+    A task that keeps failing is said once, not every second: its first failure with the traceback, then a line
+    a minute with the count.  While it fails, ``failures[name]`` says so (the engine shows it as
+    ``status.last_error``); once a run of it has lasted a minute, that goes, and the log says it runs again."""
+    quiet_s = 60.0  # a failing task is logged again at most this often; a run this long ends its failures
+    failed = 0  # failures in a row
+    said = -quiet_s  # (monotonic) when the last of them was logged
+
+    async def forgive() -> None:
+        nonlocal failed
+        await trio.sleep(quiet_s)
+        log.info("the %s runs again (after %d failures)", name, failed)
+        failed = 0
+        if failures is not None:
+            failures.pop(name, None)
+
     while True:
-        try:
-            await task()
-        except Exception:
-            log.exception("the %s failed; restarting it", name)
+        error: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            if failed:
+                nursery.start_soon(forgive)
+            try:
+                await task()
+            except Exception as exc:
+                error = exc
+            nursery.cancel_scope.cancel()
+        if error is None:  # (it returned: it works)
+            failed = 0
+            if failures is not None:
+                failures.pop(name, None)
+        else:
+            cause: BaseException = error
+            # (the one exception inside the task's own nurseries' groups: what went wrong, not "1 sub-exception";
+            # Python 3.10 has no BaseExceptionGroup to test for)
+            while len(inner := getattr(cause, "exceptions", ())) == 1 and isinstance(inner[0], BaseException):
+                cause = inner[0]
+            failed += 1
+            why = f"{type(cause).__name__}: {cause}"
+            if failures is not None:
+                failures[name] = (f"the {name} failed{f' {failed} times in a row' if failed > 1 else ''} "
+                                  f"(restarted every second): {why}")
+            if failed == 1:
+                log.error("the %s failed; restarting it", name, exc_info=error)
+                said = time.monotonic()
+            elif time.monotonic() - said >= quiet_s:
+                log.error("the %s keeps failing (%d times in a row, restarted every second): %s", name, failed,
+                          why)
+                said = time.monotonic()
         await trio.sleep(1.0)
 
 

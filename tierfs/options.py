@@ -289,6 +289,12 @@ OPTIONS: dict[str, Option] = {
                "in its directory (a loader built once gets mini-epochs unchanged; labels must come from the "
                "directories or the files)", flag=True),
         Option("verify", _choice("size-mtime", "xxhash"), False, "how cached copies are checked"),
+        Option("stable_inodes", _choice("auto", "yes", "no"), False, "whether the backing keeps a file's inode "
+               "number: no = copies are known by size and times only (sshfs without noforget, rclone, gcsfuse, "
+               "s3fs number inodes per mount); auto = no on a FUSE backing, yes on any other"),
+        Option("unlistable", _choice("skip", "refuse"), False, "a directory of the backing dir the daemon cannot "
+               "list (a permission, an I/O error): skip = mount without the files under it, said in the log and "
+               "status (tree.unlistable); refuse = the mount fails, naming it"),
         Option("allow_other", _bool, False, "let other users read the mount (implies default_permissions)",
                flag=True),
         Option("group", _group, False, "a group whose members steer the mount like its owner: their reads and "
@@ -305,8 +311,8 @@ OPTION_SECTIONS: dict[str, tuple[str, ...]] = {
     "adaptive repetition (ARF, fed by the trainer's feedback lines)": ("arf", "arf_wait", "arf_window", "arf_k",
                                                                        "arf_weights"),
     "the slow tier and staging": ("bandwidth", "staging_streams", "revalidate", "backing_timeout", "verify",
-                                  "policy"),
-    "what the mount shows": ("view", "listing", "substitute", "ro"),
+                                  "stable_inodes", "policy"),
+    "what the mount shows": ("view", "listing", "substitute", "ro", "unlistable"),
     "several jobs, several nodes": ("consumer_timeout", "rank", "world_size", "peers", "peer_addr",
                                     "peer_timeout"),
     "access and the daemon": ("allow_other", "group", "log_level"),
@@ -365,6 +371,8 @@ class Settings:
     listing: str = "view"
     substitute: bool = False
     verify: str = "size-mtime"
+    stable_inodes: str = "auto"
+    unlistable: str = "skip"
     allow_other: bool = False
     group: str = ""
     ro: bool = False

@@ -9,7 +9,10 @@ answer while they are listed (a file whose server hangs; taking the line out let
 does the same to ``statfs`` (a server that stopped answering altogether), and a line ``read:PATH`` to the reads
 of that file past its first byte (a server that hangs in the middle of a file).  ``--count FILE``: after every
 read, FILE holds the bytes served so far (what crossed the "wire" of this backing: tests compare it with what
-tierfs counts), and no page cache is kept from one open of a file to the next.
+tierfs counts), and no page cache is kept from one open of a file to the next.  ``--renumber``: inode numbers are
+handed out as files are looked up, from a random base, and a number the kernel forgets is never handed out again
+(sshfs without ``-o noforget``, rclone, gcsfuse and s3fs number inodes per mount this way): a file keeps its bytes
+and times but shows a new inode number after each forget and each start.
 
 Not part of a mount: tierfs never imports it (see :func:`tierfs.testing.passthrough`).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import random
 import stat
 
 import pyfuse3
@@ -30,7 +34,7 @@ __all__ = ["Passthrough"]
 class Passthrough(pyfuse3.Operations):
     """Inodes are the source's (the root is pyfuse3's ROOT_INODE); every error is the source's errno."""
 
-    def __init__(self, source: str, hang: str | None, count: str | None = None) -> None:
+    def __init__(self, source: str, hang: str | None, count: str | None = None, renumber: bool = False) -> None:
         super().__init__()
         self.source = source
         self.paths: dict[int, str] = {pyfuse3.ROOT_INODE: source}
@@ -38,6 +42,31 @@ class Passthrough(pyfuse3.Operations):
         self.count = count
         self.served = 0
         self.fd_paths: dict[int, str] = {}
+        self.renumber = renumber
+        self._numbers: dict[int, int] = {}  # (renumber) the source's inode -> the number shown now
+        self._next = random.randrange(1 << 20, 1 << 40)
+
+    def _number(self, path: str) -> int:
+        """The inode number shown for ``path``: the source's, or (renumber) one handed out until forgotten."""
+        try:
+            ino = os.lstat(path).st_ino
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        if self.renumber:
+            if ino not in self._numbers:
+                self._numbers[ino], self._next = self._next, self._next + 1
+            ino = self._numbers[ino]
+        self.paths[ino] = path
+        return ino
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        if not self.renumber:
+            return
+        gone = {inode for inode, _ in inode_list} - {pyfuse3.ROOT_INODE}
+        for src in [s for s, n in self._numbers.items() if n in gone]:
+            del self._numbers[src]
+        for inode in gone:
+            self.paths.pop(inode, None)
 
     def _hangs(self, path: str, prefix: str = "") -> bool:
         if self.hang is None:
@@ -70,12 +99,7 @@ class Passthrough(pyfuse3.Operations):
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = os.path.join(self._path(parent_inode), os.fsdecode(name))
-        try:
-            ino = os.lstat(path).st_ino
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        self.paths[ino] = path
-        return self._attr(path, ino)
+        return self._attr(path, self._number(path))
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         return self._attr(self._path(inode), inode)
@@ -93,10 +117,9 @@ class Passthrough(pyfuse3.Operations):
         for i, name in enumerate(names[start_id:], start_id):
             path = os.path.join(base, name)
             try:
-                ino = os.lstat(path).st_ino
-            except OSError:
+                ino = self._number(path)
+            except pyfuse3.FUSEError:
                 continue
-            self.paths[ino] = path
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attr(path, ino), i + 1):
                 return
 
@@ -151,10 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("mountpoint")
     ap.add_argument("--hang", help="a file listing paths (one a line) whose opens do not answer while listed")
     ap.add_argument("--count", help="a file that holds the bytes served by reads so far")
+    ap.add_argument("--renumber", action="store_true", help="new inode numbers after each forget and each start")
     args = ap.parse_args(argv)
     if not stat.S_ISDIR(os.stat(args.source).st_mode):
         ap.error(f"{args.source} is not a directory")
-    ops = Passthrough(os.path.realpath(args.source), args.hang, args.count)
+    ops = Passthrough(os.path.realpath(args.source), args.hang, args.count, args.renumber)
     pyfuse3.init(ops, args.mountpoint, {"fsname=passthrough", "ro", "default_permissions"})
     try:
         trio.run(pyfuse3.main)

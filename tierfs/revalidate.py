@@ -52,7 +52,7 @@ import trio
 from tierfs.backing import Backing, answered_gone
 from tierfs.options import LiveSettings
 from tierfs.policy import CachePolicy
-from tierfs.tree import Tree, fingerprint, stat_fingerprints
+from tierfs.tree import Tree, stat_fingerprints
 from tierfs.wakeup import Wakeup
 
 __all__ = ["BATCH", "Revalidator", "RevalidatorEvents", "RevalidatorStatistics", "Verdict"]
@@ -123,6 +123,7 @@ class Revalidator:
         self.open_checks = 0
         self.unconfirmed = 0
         self.dirs_changed = 0  # directories whose mode or owner changed
+        self._unapplied = 0  # changes found that could not be applied (their copies dropped: see _apply_change)
         self._recoveries = backing.recoveries  # the backing's recoveries seen so far
 
     @property
@@ -232,7 +233,7 @@ class Revalidator:
         # seconds), on the trio thread: the answers that agree with the tree are found with numpy (the one
         # verdict's "same", for a whole batch: ``stat_fingerprints`` + ``Tree.holds_many``), only the others
         # are judged one at a time.
-        fps, regular = stat_fingerprints(answers)
+        fps, regular = stat_fingerprints(answers, self.tree.stable_inodes)
         same = regular & self.tree.holds_many(files, fps)
         self.confirmed[files[same]] = now
         for fidx, answer in itertools.compress(zip(batch, answers, strict=True), (~same).tolist()):
@@ -244,9 +245,24 @@ class Revalidator:
                 self.events.gone(fidx)
             elif verdict is Verdict.CHANGED:
                 assert isinstance(answer, os.stat_result)
-                self.events.changed(fidx, answer)
+                self._apply_change(fidx, answer)
             self.confirmed[fidx] = now
             self.changed += verdict is not Verdict.SAME
+
+    def _apply_change(self, fidx: int, st: os.stat_result) -> None:
+        """Hand a change found to ``events``.  One that cannot be applied (a bug: the tree refused the stat, as a
+        date past 2262 once made it) drops the copy all the same -- the old bytes are never served for a file
+        known changed -- and is logged, the first time with its traceback; the round goes on with the other
+        files (a task that died here would leave every answer of its batch unapplied, every second)."""
+        try:
+            self.events.changed(fidx, st)
+        except Exception:
+            self.events.gone(fidx)  # (the copy and the kernel's pages of the old version go)
+            self._unapplied += 1
+            if self._unapplied == 1:
+                log.exception("%s: changed in the backing dir, and the change could not be applied: its copy "
+                              "dropped (further such failures are counted, not logged)",
+                              os.fsdecode(self.tree.file_path(fidx)))
 
     async def _check_dirs(self, batch: np.ndarray, slots: trio.Semaphore) -> None:
         """Re-stat the directories at ``batch`` (indices into ``_dirs``); a changed mode or owner goes to the tree."""
@@ -280,7 +296,7 @@ class Revalidator:
             return Verdict.GONE if answered_gone(answer) else Verdict.UNKNOWN
         if not stat.S_ISREG(answer.st_mode):
             return Verdict.GONE
-        return Verdict.SAME if self.tree.holds(fidx, fingerprint(answer)) else Verdict.CHANGED
+        return Verdict.SAME if self.tree.holds(fidx, self.tree.fingerprint(answer)) else Verdict.CHANGED
 
     async def ask(self, fidx: int, *, timeout: float | None) -> tuple[Verdict, os.stat_result | OSError]:
         """An open's own check, before it uses a fingerprint older than ``revalidate``: the backing's answer and

@@ -38,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from sampler.plan import plan_epoch
-from tierfs.journal import Position
+from tierfs.journal import Position, fit_to_plan
 from tierfs.options import LiveSettings, Settings, format_size, format_size_at_least
 from tierfs.tree import Tree, index_dtype
 from tierfs.view import View
@@ -409,6 +409,8 @@ class Schedule:
             self.new_view()
             return
         plan = self.plan(self.pos.epoch)
+        s = self.settings  # (the most passes a mini-epoch gets: Engine.rf_ceiling)
+        fit_to_plan(self.pos, len(plan), s.rf_max if s.rf == "auto" else max(s.rf_max, int(s.rf)))
         if self.pos.mini_epoch >= len(plan) or not len(plan[self.pos.mini_epoch]):
             coords = self.coords_after(self.pos.epoch, min(self.pos.mini_epoch, len(plan)) - 1)
             assert coords is not None  # (no planner runs yet: a missing plan is made at once)

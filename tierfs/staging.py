@@ -60,14 +60,14 @@ import trio
 
 from tierfs.backing import Backing
 from tierfs.cache import CacheEntry, CacheStore
-from tierfs.copier import BackingChanged, Copied, CopyBatch, copy_into_cache
+from tierfs.copier import BackingChanged, Copied, CopyBatch, CopyTooSoon, copy_into_cache
 from tierfs.filequeue import FileQueue
 from tierfs.options import LiveSettings
 from tierfs.peers import PeerGroup
 from tierfs.policy import CachePolicy
 from tierfs.schedule import Schedule
 from tierfs.threads import in_thread
-from tierfs.tree import Tree, fingerprint
+from tierfs.tree import Tree
 from tierfs.wakeup import Wakeup
 
 __all__ = ["Stager", "StagerEvents", "StagerStatistics", "StreamTuner", "Unstaged"]
@@ -464,9 +464,9 @@ class Stager:
                 sparse = node.st.st_blocks * 512 < node.st.st_size
                 wanted = self.policy.keeps(fidx)
                 jobs.append(None if not wanted else functools.partial(
-                    copy_into_cache, self.backing.root_fd, self.backing.dev, node.path, fingerprint(node.st),
+                    copy_into_cache, self.backing.root_fd, self.backing.dev, node.path, self.tree.fingerprint_of(fidx),
                     self.cache.data_fd, self.cache.next_serial(),
-                    sparse=sparse, hash_content=self.hash_content,
+                    sparse=sparse, hash_content=self.hash_content, inodes=self.tree.stable_inodes,
                     throttle=self.backing.throttle_from_thread, block=self.cache.block,
                     # (a sparse file's holes are kept by the backing copy only: its reservation counts on them)
                     peer=None if sparse else self.peers.source_for(fidx)))
@@ -510,6 +510,11 @@ class Stager:
                 return
             if isinstance(outcome, OSError):
                 await self._copy_failed(fidx, outcome)
+                return
+            if isinstance(outcome, CopyTooSoon):
+                # changed within the backing's current timestamp tick: copied once it is over (the retry timer),
+                # read from the backing meanwhile -- neither a skip nor an error
+                self.failed[fidx] = time.monotonic() + outcome.wait_s
                 return
             assert isinstance(outcome, Copied)
             if not self.tree.holds(fidx, outcome.fp):

@@ -270,6 +270,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("view_bytes", "gauge", "Bytes in the current view.", ("view_bytes",)),
     Metric("dataset_files", "gauge", "Files in the backing dir.", ("dataset_files",)),
     Metric("dataset_bytes", "gauge", "Bytes in the backing dir.", ("dataset_bytes",)),
+    Metric("unlistable_dirs", "gauge", "Directories of the backing dir the scan could not list: the files under "
+           "them are not in the data set (status: tree.unlistable_dirs).", ("tree.unlistable",)),
     Metric("cache_bytes", "gauge", "Disk bytes the cache occupies (allocated blocks, copies in flight included).",
            ("cache_bytes",)),
     Metric("cache_logical_bytes", "gauge", "File sizes of the cached copies.", ("cache_logical_bytes",)),
@@ -357,6 +359,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("open_fds", "gauge", "File descriptors the daemon holds.", ("fds",)),
     Metric("fd_limit", "gauge", "The daemon's descriptor limit.", ("fd_limit",)),
     Metric("resident_bytes", "gauge", "The daemon's resident memory after its last heap trim.", ("memory.rss_bytes",)),
+    Metric("cgroup_memory_limit_bytes", "gauge", "The daemon's memory cgroup's limit (the lowest above it too) at its "
+           "last heap trim; NaN where there is none.", ("memory.cgroup_limit_bytes",)),
+    Metric("cgroup_memory_bytes", "gauge", "The bytes charged to the daemon's memory cgroup at its last heap trim "
+           "(what the limit is held against); NaN where none is found.", ("memory.cgroup_charge_bytes",)),
     Metric("fd_refused_total", "counter",
            "Opens refused with EMFILE because their user held its share of the descriptors.",
            ("fd_budget.refused",)),
@@ -439,6 +445,8 @@ NOT_METRICS: dict[str, str] = {
     "fd_budget.others_held": _DIAGNOSTIC,
     "tree.source": _TEXT, "tree.seconds": _AT_MOUNT, "tree.rescan": _TEXT,
     "tree.added": _AT_MOUNT, "tree.removed": _AT_MOUNT, "tree.changed": _AT_MOUNT,
+    "tree.unlistable_dirs": "the first of them, text (their count: tierfs_unlistable_dirs)",
+    "tree.stable_inodes": _AT_MOUNT,
     "arf.mode": _SETTING, "arf.history": "a list of scored feedback lines",
     "loader.warning": _TEXT,
     "substitution.enabled": _SETTING, "substitution.rounds": _DIAGNOSTIC, "substitution.entries_dropped": _DIAGNOSTIC,

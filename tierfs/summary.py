@@ -26,7 +26,7 @@ def format_status(st: dict[str, Any], *, now: float | None = None) -> str:
     """The summary of status object ``st`` (``now``: wall-clock time, for the ages of stalls)."""
     now = time.time() if now is None else now
     lines = [_mount(st), _position(st), _rf(st), _view(st), _cache(st), *_staging(st), _reads(st), _io(st),
-             *_consumers(st, now)]
+             *_memory(st), *_consumers(st, now)]
     arf = st.get("arf") or {}
     if arf.get("mode", "off") != "off":
         score = arf.get("score")
@@ -170,6 +170,18 @@ def _io(st: dict[str, Any]) -> str:
             f"readers stalled {st.get('stall_seconds', 0.0):.1f} s")
 
 
+def _memory(st: dict[str, Any]) -> list[str]:
+    """The daemon's memory against what the kernel holds it to (its cgroup's limit), once it was measured."""
+    m = st.get("memory") or {}
+    if not m.get("rss_bytes"):
+        return []
+    limit, charge = m.get("cgroup_limit_bytes"), m.get("cgroup_charge_bytes")
+    cgroup = ("no memory cgroup found" if charge is None else
+              f"cgroup {format_size(charge)} charged, no limit" if limit is None else
+              f"cgroup {format_size(charge)} charged of its {format_size(limit)} limit ({100 * charge / limit:.0f}%)")
+    return [f"memory     {format_size(m['rss_bytes'])} resident (after the last heap trim); {cgroup}"]
+
+
 _CONSUMERS_SHOWN = 8
 
 
@@ -223,6 +235,12 @@ def _warnings(st: dict[str, Any], now: float) -> list[str]:
                    f"{tier.get('fix')}")
     # (the loader's own warning, and only while it stands: it names the fix for this mount's listing; the
     # out_of_view count is a total since mount, history once the loader follows the view again)
+    tree = st.get("tree") or {}
+    if tree.get("unlistable"):
+        first = (tree.get("unlistable_dirs") or ["?"])[0]
+        out.append(f"{_count(tree['unlistable'], 'directory', 'directories')} of the backing dir could not be listed "
+                   f"(first: {_shorten(str(first))}): the files under them are not in the data set; let the daemon's "
+                   "user read and search them and remount (unlistable=refuse refuses such a mount)")
     loader = st.get("loader") or {}
     if loader.get("warning"):
         out.append(loader["warning"])

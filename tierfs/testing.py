@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import pty
 import random
@@ -256,12 +257,14 @@ class PassthroughMount:
     dir whose daemon a test can kill (its mount then answers ENOTCONN) and start again at the same path.
     ``hang``: a file listing paths (relative to ``source``, one a line) whose opens do not answer while they are
     listed (a line ``.``: nor does ``statfs``; ``read:PATH``: its reads past the first byte).  ``count``: a file
-    that holds the bytes its reads served so far (:meth:`served`)."""
+    that holds the bytes its reads served so far (:meth:`served`).  ``renumber``: new inode numbers after each
+    forget and each start (sshfs without ``noforget``)."""
 
     source: str
     mountpoint: str
     hang: str | None = None
     count: str | None = None
+    renumber: bool = False
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> None:
@@ -273,6 +276,8 @@ class PassthroughMount:
             cmd += ["--hang", self.hang]
         if self.count is not None:
             cmd += ["--count", self.count]
+        if self.renumber:
+            cmd.append("--renumber")
         self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
@@ -306,9 +311,10 @@ class PassthroughMount:
 
 @contextlib.contextmanager
 def passthrough(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
-                hang: str | None = None, count: str | None = None) -> Iterator[PassthroughMount]:
+                hang: str | None = None, count: str | None = None,
+                renumber: bool = False) -> Iterator[PassthroughMount]:
     """Mount a :class:`PassthroughMount`; on the way out kill it, abort its connection and unmount it."""
-    pt = PassthroughMount(os.path.realpath(source), os.path.realpath(mountpoint), hang, count)
+    pt = PassthroughMount(os.path.realpath(source), os.path.realpath(mountpoint), hang, count, renumber)
     try:
         pt.start()
         yield pt
@@ -465,3 +471,32 @@ def snapshot(root: str | os.PathLike[str]) -> dict[str, bytes | str]:
                 with open(p, "rb") as f:
                     out[rel] = f.read()
     return out
+
+
+#: the scan in a fresh interpreter set up as the daemon is (its modules imported, malloc tuned): one JSON line
+_SCAN_MEMORY = """
+import json, os, sys
+import pyfuse3, trio  # noqa: F401  (what the daemon has loaded when it scans)
+import tierfs.engine, tierfs.fs  # noqa: F401
+from tierfs.memory import trim_heap, tune_malloc
+from tierfs.tree import Tree
+tune_malloc()
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+trim_heap()
+before = status("VmRSS")
+tree = Tree.scan(fd, sys.argv[1])
+peak = status("VmHWM")
+trim_heap()
+print(json.dumps({"files": tree.n_files, "before": before, "peak": peak, "after": status("VmRSS")}))
+"""
+
+
+def scan_memory(root: str | os.PathLike[str], timeout: float = 600.0) -> dict[str, int]:
+    """What scanning ``root`` costs a process set up as the daemon is: ``files``; ``before`` (RSS before the
+    scan), ``peak`` (the process's high-water mark) and ``after`` (RSS with the tree made), in bytes."""
+    out = subprocess.run([sys.executable, "-c", _SCAN_MEMORY, os.fspath(root)], capture_output=True, text=True,
+                         check=True, timeout=timeout)
+    return json.loads(out.stdout)

@@ -26,7 +26,9 @@ namespace), which nodes the kernel may still hold older ones of; its :class:`Acc
 
 from __future__ import annotations
 
+import array
 import contextlib
+import errno
 import functools
 import itertools
 import logging
@@ -57,11 +59,14 @@ __all__ = [
     "KIND_FILE",
     "KIND_LINK",
     "KIND_SPECIAL",
+    "NS_MAX",
+    "NS_MIN",
     "AccessWatcher",
     "Fingerprint",
     "Node",
     "ScanCount",
     "Tree",
+    "clamp_ns",
     "fingerprint",
     "path_hash",
     "path_hashes",
@@ -87,6 +92,11 @@ SCAN_BATCH = 256
 SCAN_PROBE = 2
 SCAN_WAITS_S = 30e-6
 SCAN_REPORT_S = 5.0  # a long scan's progress: in the log and to ``progress`` (systemd's STATUS) this often
+#: bytes: the scan's arrays grow a batch at a time, merged into chunks this big: above glibc's mmap threshold
+#: (memory.tune_malloc), so that each is a mapping of its own, handed back whole when the tree is made
+SCAN_CHUNK = 1 << 18
+_PIECES_MERGED = 256  # (or of this many batches: a tree of one file per directory)
+UNLISTABLE_SHOWN = 10  # directories a scan cannot list: named in the log and status, then counted only
 NODE_CACHE = 4096  # Node objects kept made (the most recently used): a bound, not a per-file cost
 
 #: per entry, the fields kept through the table of distinct combinations (``Tree.meta``) ...
@@ -111,25 +121,44 @@ def _access(row: Sequence[int]) -> tuple[int, int, int]:
     return row[_MODE], row[_UID], row[_GID]
 
 
-def fingerprint(st: os.stat_result) -> Fingerprint:
-    """What must not change for a cached copy to stay valid: (size, mtime_ns, inode, ctime_ns).
+#: The times the tree's int64 arrays hold: 1677-09-21 to 2262-04-11 in ns since 1970.  ext4, xfs (bigtime) and
+#: btrfs store dates beyond (``touch -d 2300-01-01``); :func:`clamp_ns` brings them in.
+NS_MIN, NS_MAX = -(2**63), 2**63 - 1
 
-    ctime too: a rewrite that puts the old size and mtime back (``touch -r``, rsync) still moves ctime."""
-    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+def clamp_ns(ns: int) -> int:
+    """A stat's ``st_*_ns`` within the range the tree's arrays hold (:data:`NS_MIN` .. :data:`NS_MAX`): every
+    timestamp the tree stores or compares goes through this, so a date past 2262 is stored as the last one, never
+    an ``OverflowError``.  Two versions dated past 2262 then differ in ctime still (any write moves it)."""
+    return NS_MIN if ns < NS_MIN else NS_MAX if ns > NS_MAX else ns
+
+
+def fingerprint(st: os.stat_result, inodes: bool = True) -> Fingerprint:
+    """What must not change for a cached copy to stay valid: (size, mtime_ns, inode, ctime_ns), the times
+    clamped as the tree stores them (:func:`clamp_ns`).  ``inodes=False`` (a backing that numbers inodes per
+    mount: :attr:`Tree.stable_inodes`): the inode is 0, so a file renumbered by its server is still itself.
+
+    ctime too: a rewrite that puts the old size and mtime back (``touch -r``, rsync) still moves ctime, and so
+    does a ``mv`` of another file over it -- what the inode number would have told."""
+    return (st.st_size, clamp_ns(st.st_mtime_ns), st.st_ino if inodes else 0, clamp_ns(st.st_ctime_ns))
 
 
 _FINGERPRINT_AND_MODE = attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns", "st_mode")
 
 
-def stat_fingerprints(answers: Sequence[os.stat_result | OSError]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fingerprint` of many stat answers at once (int64 [answer, 4]) and which answers are regular files;
-    all not regular where one answer is an error or a field does not fit an int64 (judge those one at a time)."""
+def stat_fingerprints(answers: Sequence[os.stat_result | OSError],
+                      inodes: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fingerprint` (with ``inodes``) of many stat answers at once (int64 [answer, 4]) and which answers
+    are regular files; all not regular where one answer is an error or a field does not fit an int64 (judge those
+    one at a time)."""
     k = len(answers)
     try:
         fields = np.fromiter(itertools.chain.from_iterable(map(_FINGERPRINT_AND_MODE, answers)), np.int64,
                              5 * k).reshape(k, 5)
-    except (AttributeError, OverflowError):  # (an OSError among them, or an inode number above 2**63)
+    except (AttributeError, OverflowError):  # (an OSError among them, an inode number above 2**63, a time past 2262)
         return np.zeros((k, 4), np.int64), np.zeros(k, bool)
+    if not inodes:
+        fields[:, 2] = 0
     return fields[:, :4], fields[:, 4] & 0o170000 == stat.S_IFREG
 
 
@@ -210,17 +239,40 @@ class _Nodes(Sequence[Node]):
         return len(self._made)
 
 
-TREE_FORMAT = 4  # of the saved tree: an older one (3: path hashes in file order too) is not read: the mount scans
+TREE_FORMAT = 5  # of the saved tree: an older one (4: no checksum; 3: path hashes in file order too) is not read
 _SAVED = ("parents", "kinds", "names", "name_ends", "link_nodes", "links", "link_ends", "meta", "meta_idx",
           "ino", "size", "blocks", "mtime", "ctime", "kids", "hash_keys", "hash_order")
 
 
 def _read_array(f: BinaryIO) -> np.ndarray:
-    """The next ``.npy`` record of ``f``; ``ValueError`` for anything else (a zip of arrays: an old tree)."""
-    a = np.load(f, allow_pickle=False)
-    if not isinstance(a, np.ndarray):
-        raise ValueError("not a .npy record")
-    return a
+    """The next ``.npy`` record of ``f`` (a real file); ``ValueError`` saying what is wrong for anything else.
+    Its header is checked against the bytes left before any array is made: a damaged one must neither raise
+    whatever numpy's header parser raises (a tokenizer's error) nor make an array of the size it claims."""
+    left = os.fstat(f.fileno()).st_size - f.tell()
+    if left < 10:
+        raise ValueError("it is cut short")
+    try:
+        version = np.lib.format.read_magic(f)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        shape, fortran, dtype = read_header[version](f)
+    except Exception:  # (the header is Python literal text: a flipped byte can make the parser raise anything)
+        raise ValueError("a record's header is damaged") from None
+    count = 1
+    for d in shape:
+        count *= d
+    if dtype.hasobject or min(shape, default=0) < 0 or count * dtype.itemsize > left:
+        raise ValueError(f"a record's header is damaged (it claims {shape} of {dtype.str})")
+    a = np.fromfile(f, dtype, count) if count else np.zeros(0, dtype)
+    if a.size != count:
+        raise ValueError("it is cut short")
+    return a.reshape(shape[::-1]).transpose() if fortran else a.reshape(shape)
+
+
+def _digest(h: xxhash.xxh3_64, a: np.ndarray) -> None:
+    """Add an array (its type, shape and elements) to the saved tree's checksum: a flipped bit in a size or a
+    name would otherwise load as a wrong tree, served until the rescan's news (names: until the next mount)."""
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).view(np.uint8) if a.size else b"")
 
 
 def _ends(parts: Sequence[bytes]) -> np.ndarray:
@@ -256,6 +308,14 @@ class Tree:
     (:meth:`path_index`), not also in file order: a file's own hash is :meth:`path_hash_of`.  Only a mount's
     start needs them (the cache finds its copies by them, the saved tree keeps them): then
     :meth:`release_path_index` lets them go, and a later use hashes every path again."""
+
+    #: directories the scan could not list (a permission, an I/O error), left in the tree empty: how many, and
+    #: the first UNLISTABLE_SHOWN as (path, errno).  A loaded tree knows of none (its rescan does).
+    unlistable: int = 0
+    unlistable_dirs: tuple[tuple[bytes, int], ...] = ()
+    #: whether the backing keeps a file's inode number (its owner, ``TreeKeeper``, says): if not (sshfs without
+    #: ``noforget``, rclone, gcsfuse, s3fs number inodes per mount), fingerprints leave the inode out (0)
+    stable_inodes: bool = True
 
     def __init__(self, *, parents: np.ndarray, kinds: np.ndarray, names: bytes, name_ends: np.ndarray,
                  link_nodes: np.ndarray, links: bytes, link_ends: np.ndarray, meta: np.ndarray,
@@ -486,10 +546,11 @@ class Tree:
         return files[~np.isin(files, self._linked[self._canon != self._linked])] if self._linked.size else files
 
     def fingerprints(self, fidx: np.ndarray | None = None) -> np.ndarray:
-        """(size, mtime_ns, ino, ctime_ns) per file index (of ``fidx``, or all), as the tree knows them now."""
+        """(size, mtime_ns, ino, ctime_ns) per file index (of ``fidx``, or all), as the tree knows them now (ino 0
+        unless :attr:`stable_inodes`)."""
         nodes = slice(1, self._n_files + 1) if fidx is None else np.asarray(fidx) + 1
-        return np.stack([self.size[nodes], self.mtime[nodes], self.ino[nodes].astype(np.int64),
-                         self.ctime[nodes]], axis=-1)
+        ino = self.ino[nodes].astype(np.int64) if self.stable_inodes else np.zeros(len(self.size[nodes]), np.int64)
+        return np.stack([self.size[nodes], self.mtime[nodes], ino, self.ctime[nodes]], axis=-1)
 
     def path_hash_of(self, fidx: int) -> int:
         """:func:`path_hash` of file ``fidx``'s path."""
@@ -525,7 +586,12 @@ class Tree:
     def fingerprint_of(self, fidx: int) -> Fingerprint:
         """:func:`fingerprint` of file ``fidx`` as the tree knows it, without making its node."""
         i = fidx + 1
-        return (int(self.size[i]), int(self.mtime[i]), int(self.ino[i]), int(self.ctime[i]))
+        return (int(self.size[i]), int(self.mtime[i]), int(self.ino[i]) if self.stable_inodes else 0,
+                int(self.ctime[i]))
+
+    def fingerprint(self, st: os.stat_result) -> Fingerprint:
+        """:func:`fingerprint` of a stat answer about one of this tree's files, comparable with its own."""
+        return fingerprint(st, self.stable_inodes)
 
     def holds(self, fidx: int, fp: Fingerprint) -> bool:
         """Whether ``fp`` is file ``fidx``'s fingerprint as the tree knows it now: a copy made with ``fp`` is of
@@ -541,7 +607,8 @@ class Tree:
         """File ``fidx`` is now as ``st`` says (a change found in the backing)."""
         i = fidx + 1
         self._set_meta(i, _META(st))
-        self.size[i], blocks, self.mtime[i], self.ctime[i] = _COLUMNS(st)
+        self.size[i], blocks, mtime, ctime = _COLUMNS(st)
+        self.mtime[i], self.ctime[i] = clamp_ns(mtime), clamp_ns(ctime)
         if st.st_ino >= 2**32 and self.ino.dtype == np.uint32:  # (see _narrow)
             self.ino = self.ino.astype(np.uint64)
         if blocks >= 2**32 and self.blocks_.dtype == np.uint32:
@@ -632,37 +699,62 @@ class Tree:
                   "meta_idx": self.meta_idx, "ino": self.ino, "size": self.size, "blocks": self.blocks_,
                   "mtime": self.mtime, "ctime": self.ctime, "kids": self.kids, "hash_keys": keys,
                   "hash_order": order}
+        h = xxhash.xxh3_64()
         with atomic_open(path, dir_fd=dir_fd) as f:
-            np.save(f, np.array([TREE_FORMAT, self.n_nodes, self._n_files, self.dev], np.int64), allow_pickle=False)
-            for name in _SAVED:
-                np.save(f, arrays[name], allow_pickle=False)
+            head = np.array([TREE_FORMAT, self.n_nodes, self._n_files, self.dev], np.int64)
+            for a in (head, *(arrays[name] for name in _SAVED)):
+                np.save(f, a, allow_pickle=False)
+                _digest(h, a)
+            np.save(f, np.array([h.intdigest()], np.uint64), allow_pickle=False)  # (last: see load)
 
     @classmethod
-    def load(cls, path: str, root_st: os.stat_result, *, dir_fd: int | None = None) -> Tree | None:
+    def load(cls, path: str, root_st: os.stat_result, *, dir_fd: int | None = None,
+             strict: bool = False) -> Tree | None:
         """The tree saved at ``path`` (a name in the directory ``dir_fd``, if given; never through a symlink) if
-        it was saved for this backing root (same device and inode) in this format; else None (the mount scans)."""
+        it was saved for this backing root (same device and inode) in this format; else None (the mount scans):
+        none there, an earlier release's, another root's.  A damaged one (cut short, bytes changed: its checksum
+        differs, anything numpy cannot read) is None too, or with ``strict`` a ``ValueError`` saying what is wrong
+        (the mount says so and removes it: ``opening.TreeKeeper``)."""
         try:
             with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd), "rb") as f:
+                if f.read(4) == b"PK\x03\x04":
+                    return None  # a zip of arrays: an early release's
+                f.seek(0)
                 head = _read_array(f)
-                if head.shape != (4,) or int(head[0]) != TREE_FORMAT:
-                    return None
+                if head.dtype == np.int64 and head.shape in ((3,), (4,)) and 2 <= int(head[0]) < TREE_FORMAT:
+                    return None  # an earlier release's format
+                if head.shape != (4,) or head.dtype != np.int64 or int(head[0]) != TREE_FORMAT:
+                    raise ValueError("its first record is not a tree's")
                 a = {name: _read_array(f) for name in _SAVED}
+                saved_digest = _read_array(f)
+                if f.read(1):
+                    raise ValueError("it goes on past its end")
+            h = xxhash.xxh3_64()
+            for arr in (head, *a.values()):
+                _digest(h, arr)
+            if saved_digest.shape != (1,) or saved_digest.dtype != np.uint64 or int(saved_digest[0]) != h.intdigest():
+                raise ValueError("its checksum does not match: bytes in it changed")
             n, nf, dev = int(head[1]), int(head[2]), int(head[3])
             per_node = ("parents", "kinds", "name_ends", "meta_idx", "ino", "size", "blocks", "mtime", "ctime")
             if not 0 < nf + 1 <= n or any(len(a[k]) != n for k in per_node) or len(a["kids"]) != n - 1 \
                     or len(a["hash_keys"]) != nf or len(a["hash_order"]) != nf \
                     or len(a["link_ends"]) != len(a["link_nodes"]) or a["meta"].shape[1:] != (5,):
-                return None
+                raise ValueError("its arrays disagree in length")
             if (dev, int(a["ino"][0])) != (root_st.st_dev, root_st.st_ino):
                 return None
-            tree = cls(parents=a["parents"], kinds=a["kinds"], names=a["names"].tobytes(), name_ends=a["name_ends"],
+            return cls(parents=a["parents"], kinds=a["kinds"], names=a["names"].tobytes(), name_ends=a["name_ends"],
                        link_nodes=a["link_nodes"], links=a["links"].tobytes(), link_ends=a["link_ends"],
                        meta=a["meta"], meta_idx=a["meta_idx"], ino=a["ino"], size=a["size"], blocks=a["blocks"],
                        mtime=a["mtime"], ctime=a["ctime"], kids=a["kids"], n_files=nf, dev=dev,
                        hash_keys=a["hash_keys"], hash_order=a["hash_order"])
-            return tree
-        except (OSError, ValueError, EOFError, IndexError):
+        except FileNotFoundError:
             return None
+        except Exception as exc:  # (whatever a damaged file makes numpy raise: the mount goes on without it)
+            if not strict:
+                return None
+            why = str(exc) if type(exc) is ValueError else f"it cannot be read: {exc.strerror or exc}" \
+                if isinstance(exc, OSError) else f"it cannot be read ({type(exc).__name__}: {exc})"
+            raise ValueError(why) from None
 
     def compare(self, new: Tree) -> tuple[list[tuple[int, os.stat_result]], list[int], int]:
         """What a newer scan of the same backing says about this tree's files: (changed files with their new
@@ -689,11 +781,20 @@ class Tree:
 
     @classmethod
     def scan(cls, root_fd: int, root_path: str | None = None,
-             progress: Callable[[ScanCount], None] | None = None) -> Tree:
+             progress: Callable[[ScanCount], None] | None = None, *, unlistable: str = "skip") -> Tree:
         """Scan the tree below ``root_fd`` (see the module docstring).  ``root_path``: where it is mounted in
-        this process's view, to leave out bind mounts from the same filesystem (same ``st_dev``).
-        ``progress(count)`` hears of it (a :class:`ScanCount`) at the start, every SCAN_REPORT_S -- between
-        batches of a directory too, so a huge flat directory still reports -- and at the end (the log too)."""
+        this process's view, to leave out bind mounts from the same filesystem (same ``st_dev``), and to name
+        the directories it cannot list.  ``progress(count)`` hears of it (a :class:`ScanCount`) at the start,
+        every SCAN_REPORT_S -- between batches of a directory too, so a huge flat directory still reports -- and
+        at the end (the log too).
+
+        A directory it cannot list (a permission: an NFS ``root_squash`` export with a 0700 class dir; an I/O
+        error) stays in the tree, empty: its files leave the data set, which a job would never notice.  So each
+        is logged (the first UNLISTABLE_SHOWN by name, then one line for them all) and counted on the tree
+        (``unlistable``, for ``status.tree``); ``unlistable="refuse"`` makes it a ``ValueError`` naming the
+        directory instead (the mount is refused), at the end of the level it is found in."""
+        if unlistable not in ("skip", "refuse"):
+            raise ValueError(f"unlistable must be skip or refuse, got {unlistable!r}")
         if progress is None:
             progress = _no_progress
         root_st = os.fstat(root_fd)
@@ -702,12 +803,13 @@ class Tree:
         if prefix is not None:
             with contextlib.suppress(OSError):
                 mounted_below = frozenset(w[len(prefix):] for _, w, _ in mountinfo() if w.startswith(prefix))
-        scan = _Scan(root_st, mounted_below)
+        scan = _Scan(root_st, mounted_below, root_path)
         last_log = t0 = time.monotonic()
         total = _entries_expected(root_fd, root_st)
 
         def count(seconds: float) -> ScanCount:
-            return ScanCount(scan.count, scan.files, scan.bytes, seconds, total and max(total, scan.count))
+            return ScanCount(scan.count, scan.files, scan.bytes, seconds, total and max(total, scan.count),
+                             scan.unlistable)
 
         progress(ScanCount(0, 0, 0, 0.0, total))  # (the start: nothing found yet)
         level: list[tuple[int, int, bytes]] = [(0, os.dup(root_fd), b"")]  # (node, fd, path + "/") to list
@@ -715,13 +817,17 @@ class Tree:
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="tierfs-scan") as pool:
             try:
                 while level:
-                    # Breadth first, a level at a time: every directory's names at once, then every entry's
-                    # lstat in batches, in the pool where the tier waits (a network tier answers many requests
-                    # at once, not one fast; see SCAN_PROBE); results are taken in order, so node numbers do
-                    # not depend on who answered first.
-                    names = list((pool.map if waits else map)(_names, [fd for _, fd, _ in level]))
-                    jobs = [(node, fd, at, batch) for (node, fd, at), ns in zip(level, names, strict=True)
-                            for batch in _batches(ns, SCAN_BATCH)]
+                    # Breadth first, a level at a time: every directory's names at once (NUL-joined, SCAN_BATCH
+                    # a piece: no Python object per name waits), then every entry's lstat in batches, in the
+                    # pool where the tier waits (a network tier answers many requests at once, not one fast; see
+                    # SCAN_PROBE); results are taken in order, so node numbers do not depend on who answered
+                    # first.
+                    jobs: list[tuple[int, int, bytes, bytes]] = []
+                    for (node, fd, at), (pieces, err) in zip(
+                            level, (pool.map if waits else map)(_names, [fd for _, fd, _ in level]), strict=True):
+                        if err:
+                            scan.cannot_list(at, err)
+                        jobs += [(node, fd, at, piece) for piece in pieces]
                     nxt: list[tuple[int, int, bytes]] = []
                     try:
                         t_probe = time.perf_counter()
@@ -730,6 +836,7 @@ class Tree:
                         rest = jobs[SCAN_PROBE:]
                         waits = per_entry > SCAN_WAITS_S  # (and the next level's listings go where these went)
                         batches = itertools.chain(probed, (pool.map if waits else map)(scan.batch, rest))
+                        del probed, rest
                         for (node, _, dir_prefix, _), batch in zip(jobs, batches, strict=True):
                             nxt += scan.add(node, dir_prefix, batch)
                             if time.monotonic() - last_log > SCAN_REPORT_S:
@@ -737,6 +844,9 @@ class Tree:
                                 now = count(last_log - t0)
                                 log.info("%s", now.line())
                                 progress(now)
+                        del jobs, batches
+                        if unlistable == "refuse" and scan.unlistable:
+                            raise ValueError(scan.refusal())
                     except BaseException:
                         for _, fd, _ in nxt:
                             os.close(fd)
@@ -749,35 +859,57 @@ class Tree:
                 for _, fd, _ in level:
                     os.close(fd)
         done = count(time.monotonic() - t0)
+        scan.said_unlistable()
         tree = scan.tree()
-        progress(ScanCount(done.entries, done.files, done.bytes, done.seconds, total and done.entries))
+        progress(ScanCount(done.entries, done.files, done.bytes, done.seconds, total and done.entries,
+                           done.unlistable))
         return tree
 
 
-def _names(fd: int) -> list[bytes]:
-    """The names in a directory, sorted byte-wise (a worker thread).  Encoded as ``os.fsencode`` does, all at once
-    (a name holds no NUL byte): no Python code run per name."""
-    names = os.listdir(fd)
-    if not names:
-        return []
-    return sorted("\0".join(names).encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()).split(b"\0"))
+#: what a scan leaves out as gone or replaced meanwhile (a directory renamed, swapped for a file or a symlink)
+#: rather than count as a directory it cannot list
+_GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+
+def _names(fd: int) -> tuple[list[bytes], int]:
+    """The names in a directory, sorted byte-wise, as pieces of SCAN_BATCH names joined by NUL bytes (a worker
+    thread), and 0; or no names and the errno where the directory cannot be listed.  Encoded as ``os.fsencode``
+    does, all at once (a name holds no NUL byte): no Python code run per name; the pieces keep no object per
+    name (a level of a million entries waits as ~12 bytes each, not ~60)."""
+    try:
+        listed = os.listdir(fd)
+    except OSError as exc:
+        return [], exc.errno or errno.EIO
+    if not listed:
+        return [], 0
+    joined = "\0".join(listed).encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+    del listed
+    names = joined.split(b"\0")
+    del joined
+    names.sort()
+    return _batches(names, SCAN_BATCH), 0
 
 
 def _each_lstat(lstat: Callable[[bytes], os.stat_result],
-                names: list[bytes]) -> tuple[list[bytes], list[os.stat_result]]:
-    """``lstat`` of each name, leaving out those it fails for (gone meanwhile)."""
-    kept, sts = [], []
+                names: list[bytes]) -> tuple[list[bytes], list[os.stat_result], int]:
+    """``lstat`` of each name, leaving out those it fails for; the errno of the first failure that is not a name
+    gone meanwhile (0 if none): a directory we may read but not search (mode 0744 to us) lists names whose
+    entries we cannot see."""
+    kept, sts, err = [], [], 0
     for name in names:
         try:
             sts.append(lstat(name))
-        except OSError:
+        except OSError as exc:
+            if not err and exc.errno not in _GONE:
+                err = exc.errno or errno.EIO
             continue
         kept.append(name)
-    return kept, sts
+    return kept, sts, err
 
 
-def _batches(items: list[bytes], n: int) -> list[list[bytes]]:
-    return [items[i:i + n] for i in range(0, len(items), n)]
+def _batches(items: list[bytes], n: int) -> list[bytes]:
+    """``items`` in pieces of ``n``, each joined by NUL bytes."""
+    return [b"\0".join(items[i:i + n]) for i in range(0, len(items), n)]
 
 
 @dataclass
@@ -794,19 +926,23 @@ class _Batch:
     hashes: np.ndarray  # path hash of each file (0 for the others)
     links: dict[int, bytes] = field(default_factory=dict)  # entry -> link text
     dirs: dict[int, int] = field(default_factory=dict)  # entry -> opened directory fd
+    unlistable: dict[int, int] = field(default_factory=dict)  # entry -> errno: a directory that cannot be opened
+    denied: int = 0  # the errno of names of the batch's directory that could not be stat'ed (0: none)
 
 
 @dataclass(frozen=True)
 class ScanCount:
     """How far a scan is: what :meth:`Tree.scan`'s ``progress`` hears at the start, every SCAN_REPORT_S and at
     the end.  ``total``: the entries the scan will find, when it can be known before -- the backing dir is a
-    filesystem of its own, whose used inodes are its entries (an NFS export's root); None otherwise."""
+    filesystem of its own, whose used inodes are its entries (an NFS export's root); None otherwise.
+    ``unlistable``: the directories it could not list so far."""
 
     entries: int
     files: int
     bytes: int
     seconds: float
     total: int | None = None
+    unlistable: int = 0
 
     @property
     def rate(self) -> float:
@@ -824,8 +960,9 @@ class ScanCount:
         """One line for the log, systemd's ``STATUS=`` and a terminal without a bar."""
         eta = self.eta
         left = f", about {eta:.0f} s left" if eta is not None and self.entries < (self.total or 0) else ""
+        unlistable = f", {self.unlistable:,} directories it cannot list" if self.unlistable else ""
         return (f"scanning the backing dir: {self.entries:,} entries ({self.files:,} files, "
-                f"{_human(self.bytes)}) in {self.seconds:.0f} s, {self.rate:,.0f} entries/s{left}")
+                f"{_human(self.bytes)}) in {self.seconds:.0f} s, {self.rate:,.0f} entries/s{left}{unlistable}")
 
 
 def _human(n: int) -> str:
@@ -850,40 +987,124 @@ def _entries_expected(root_fd: int, root_st: os.stat_result) -> int | None:
     return used if v.f_files and used > 0 else None
 
 
-class _Scan:
-    """The arrays of a scan as it goes (nodes in scan order: breadth first, a directory's entries by name)."""
+class _Column:
+    """One of the scan's arrays as it grows, a batch's piece at a time (``dtype`` None: its names, as bytes): the
+    pieces merged every SCAN_CHUNK bytes (a directory of one file costs no array object of its own), the whole
+    made once, at the end."""
 
-    def __init__(self, root_st: os.stat_result, mounted_below: frozenset[bytes]) -> None:
+    def __init__(self, dtype: type[np.generic] | None) -> None:
+        self.dtype = dtype
+        self._chunks: list = []
+        self._pending: list = []
+        self._n_pending = 0
+
+    def _join(self, pieces: list) -> np.ndarray | bytes:
+        if self.dtype is None:
+            return b"".join(pieces)
+        return np.concatenate(pieces, dtype=self.dtype, casting="unsafe") if pieces else np.zeros(0, self.dtype)
+
+    def add(self, piece: np.ndarray | bytes) -> None:
+        self._pending.append(piece)
+        self._n_pending += piece.nbytes if isinstance(piece, np.ndarray) else len(piece)
+        if self._n_pending >= SCAN_CHUNK or len(self._pending) >= _PIECES_MERGED:
+            self._merge()
+
+    def _merge(self) -> None:
+        if self._pending:
+            self._chunks.append(self._join(self._pending))
+            self._pending, self._n_pending = [], 0
+
+    def take(self) -> np.ndarray | bytes:
+        """The whole column; the column is empty after."""
+        self._merge()
+        chunks, self._chunks = self._chunks, []
+        return chunks[0] if len(chunks) == 1 else self._join(chunks)
+
+
+def _gather(blob: bytes, starts: np.ndarray, ends: np.ndarray) -> bytes:
+    """``blob[starts[i]:ends[i]]`` for each ``i``, joined: a run of pieces that follow each other in ``blob`` as
+    one slice (a directory's files are one run), a chunk of runs at a time."""
+    n = len(starts)
+    if not n:
+        return b""
+    brk = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+    lo, hi = starts[np.r_[0, brk]], ends[np.r_[brk, n] - 1]
+    view = memoryview(blob)
+    step = 1 << 16  # (runs a slice object each at a time)
+    out = [b"".join(map(view.__getitem__, map(slice, lo[i:i + step].tolist(), hi[i:i + step].tolist())))
+           for i in range(0, len(lo), step)]
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
+def _errno_text(err: int) -> str:
+    """``EACCES: Permission denied``."""
+    return f"{errno.errorcode.get(err, f'errno {err}')}: {os.strerror(err)}"
+
+
+class _Scan:
+    """The arrays of a scan as it goes (nodes in scan order: breadth first, a directory's entries by name).
+
+    Kept about as compact as the tree they become, since the scan, not the mount's steady state, sets the
+    memory a node needs: a column per field, the names as one string with their lengths, the parents as runs (a
+    batch's entries share one); no Python object per entry.  :meth:`tree` then makes the tree's arrays a column
+    at a time, each scan-order column let go as its tree-order one is made.  (Names as objects and every column
+    copied at once peaked at 480 bytes a file for 300,000 files, 143 MB: what a 120 MB cgroup killed.)"""
+
+    def __init__(self, root_st: os.stat_result, mounted_below: frozenset[bytes],
+                 root_path: str | None = None) -> None:
         self.dev = root_st.st_dev
         self.mounted_below = mounted_below
+        self.root_path = root_path
         self.meta: dict[tuple[int, int, int, int, int], int] = {_META(root_st): 0}
-        self.parts: list[tuple[np.ndarray, ...]] = [(
-            np.zeros(1, np.int32), np.array([KIND_DIR], np.int8), np.zeros(1, np.int32),
-            np.array([root_st.st_ino], np.uint64), np.array([_COLUMNS(root_st)], np.int64), np.zeros(1, np.uint64))]
-        self.names: list[bytes] = [b""]
+        self.run_parents = array.array("q", [0])  # each batch's parent (the root's: 0) ...
+        self.run_lengths = array.array("q", [1])  # ... and its entries
+        self.kinds = _Column(np.int8)
+        self.meta_idx = _Column(np.int32)
+        self.ino = _Column(np.uint64)
+        self.stat_columns = tuple(_Column(np.int64) for _ in _COLUMN_FIELDS)  # size, blocks, mtime, ctime
+        self.hashes = _Column(np.uint64)  # the files' path hashes only
+        self.names = _Column(None)
+        self.name_lens = _Column(np.uint16)  # (a name is at most 255 bytes: NAME_MAX)
+        self.kinds.add(np.array([KIND_DIR], np.int8))
+        self.meta_idx.add(np.zeros(1, np.int32))
+        self.ino.add(np.array([root_st.st_ino], np.uint64))
+        for column, value in zip(self.stat_columns, _COLUMNS(root_st), strict=True):
+            column.add(np.array([clamp_ns(value)], np.int64))
+        self.names.add(b"")
+        self.name_lens.add(np.zeros(1, np.uint16))
         self.links: dict[int, bytes] = {}
         self.count = 1
         self.files = 0
         self.bytes = 0  # logical bytes of the files found so far (what the progress shows)
         self.levels = [1]  # node count at the end of each level
+        self.unlistable = 0  # directories that could not be listed ...
+        self.unlistable_dirs: list[tuple[bytes, int]] = []  # ... the first UNLISTABLE_SHOWN: (path, errno)
+        self._last_unlistable: bytes | None = None
 
-    def batch(self, job: tuple[int, int, bytes, list[bytes]]) -> _Batch:
-        """lstat each name of the batch; a symlink's text; a subdirectory opened (on this device only, never
-        through a symlink).  A worker thread.
+    def batch(self, job: tuple[int, int, bytes, bytes]) -> _Batch:
+        """lstat each name of the batch (NUL-joined); a symlink's text; a subdirectory opened (on this device
+        only, never through a symlink).  A worker thread.
 
         A million entries are scanned at mount time, so nothing here runs Python code per entry: the lstat calls
         are mapped over the names, their fields taken out by one ``attrgetter`` into arrays, the entries left
         out, the kinds and the table of distinct (mode, nlink, uid, gid, rdev) found with numpy."""
-        node, fd, prefix, names = job
+        node, fd, prefix, piece = job
+        names = piece.split(b"\0")
         lstat = functools.partial(os.stat, dir_fd=fd, follow_symlinks=False)
+        denied = 0
         try:
             sts = list(map(lstat, names))
-        except OSError:  # (one is gone meanwhile: the slow way, leaving out what is gone)
-            names, sts = _each_lstat(lstat, names)
+        except OSError:  # (one is gone meanwhile, or we may not search the directory: the slow way)
+            names, sts, denied = _each_lstat(lstat, names)
         k = len(sts)
-        fields = np.fromiter(itertools.chain.from_iterable(map(_FIELDS, sts)), np.int64, k * _N_FIELDS)
+        try:
+            fields = np.fromiter(itertools.chain.from_iterable(map(_FIELDS, sts)), np.int64, k * _N_FIELDS)
+        except OverflowError:  # (a timestamp an int64 of ns cannot hold: see clamp_ns; no other field reaches it)
+            fields = np.fromiter(map(clamp_ns, itertools.chain.from_iterable(map(_FIELDS, sts))), np.int64,
+                                 k * _N_FIELDS)
         fields = fields.reshape(k, _N_FIELDS)
         ino = np.fromiter(map(_INO, sts), np.uint64, k)
+        del sts
         # never cross into another filesystem, nor into a bind mount; the control dir shadows
         keep = fields[:, _F_DEV] == self.dev
         if node == 0 or self.mounted_below:
@@ -906,7 +1127,7 @@ class _Scan:
         hashes[is_file] = path_hashes(map(prefix.__add__, itertools.compress(names, is_file.tolist())),
                                       int(is_file.sum()))
         out = _Batch(names, kinds, list(map(tuple, table.tolist())), idx.reshape(-1).astype(np.int32), ino,
-                     np.ascontiguousarray(fields[:, _F_COLUMNS]), hashes)
+                     np.ascontiguousarray(fields[:, _F_COLUMNS]), hashes, denied=denied)
         for j in np.flatnonzero(kinds == KIND_LINK).tolist():
             try:
                 out.links[j] = os.readlink(names[j], dir_fd=fd)
@@ -915,8 +1136,10 @@ class _Scan:
         for j in np.flatnonzero(kinds == KIND_DIR).tolist():
             try:
                 cfd = os.open(names[j], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError:
-                continue  # (listed, empty)
+            except OSError as exc:  # (listed, empty; said unless it is gone meanwhile)
+                if exc.errno not in _GONE:
+                    out.unlistable[j] = exc.errno or errno.EIO
+                continue
             if os.fstat(cfd).st_dev != self.dev:
                 os.close(cfd)
                 continue
@@ -925,13 +1148,26 @@ class _Scan:
 
     def add(self, parent: int, prefix: bytes, b: _Batch) -> list[tuple[int, int, bytes]]:
         """Take a batch's entries as the next nodes; the directories among them to list next."""
+        if b.denied:
+            self.cannot_list(prefix, b.denied)
+        for j, err in b.unlistable.items():
+            self.cannot_list(prefix + b.names[j] + b"/", err)
         base = self.count
         k = len(b.names)
+        if not k:
+            return []
         to_global = np.array([self.meta.setdefault(m, len(self.meta)) for m in b.meta], np.int32)
-        self.parts.append((np.full(k, parent, np.int32), b.kinds, to_global[b.meta_idx] if k else b.meta_idx,
-                           b.ino, b.columns, b.hashes))
-        self.names += b.names
+        self.run_parents.append(parent)
+        self.run_lengths.append(k)
+        self.kinds.add(b.kinds)
+        self.meta_idx.add(to_global[b.meta_idx])
+        self.ino.add(b.ino)
+        for j, column in enumerate(self.stat_columns):
+            column.add(b.columns[:, j])
         is_file = b.kinds == KIND_FILE
+        self.hashes.add(b.hashes[is_file])
+        self.names.add(b"".join(b.names))
+        self.name_lens.add(np.fromiter(map(len, b.names), np.uint16, k))
         self.files += int(is_file.sum())
         self.bytes += int(b.columns[is_file, 0].sum())
         for j, text in b.links.items():
@@ -939,44 +1175,100 @@ class _Scan:
         self.count += k
         return [(base + j, fd, prefix + b.names[j] + b"/") for j, fd in b.dirs.items()]
 
+    def shown(self, path: bytes) -> str:
+        """A directory's path as a person reads it: under the backing dir's path when it is known."""
+        full = os.path.join(os.fsencode(self.root_path), path).rstrip(b"/") if self.root_path else path or b"."
+        return os.fsdecode(full).encode("utf-8", "backslashreplace").decode()
+
+    def cannot_list(self, at: bytes, err: int) -> None:
+        """The directory at ``at`` (its path and a slash; b"" for the root) could not be listed, or its entries
+        not be seen (a directory we may read but not search): counted, and said while few (see Tree.scan)."""
+        path = at.rstrip(b"/")
+        if path == self._last_unlistable:
+            return  # (a directory's next batch)
+        self._last_unlistable = path
+        self.unlistable += 1
+        if len(self.unlistable_dirs) < UNLISTABLE_SHOWN:
+            self.unlistable_dirs.append((path, err))
+            log.warning("cannot list %s (%s): the files under it are left out of the mount and its data set",
+                        self.shown(path), _errno_text(err))
+
+    def said_unlistable(self) -> None:
+        """The scan's end: the directories it could not list, in one line, where there were more than it named."""
+        if self.unlistable > len(self.unlistable_dirs):
+            log.warning("%d directories of the backing dir could not be listed (the first %d named above): the "
+                        "files under them are left out of the mount and its data set (status: tree.unlistable)",
+                        self.unlistable, len(self.unlistable_dirs))
+
+    def refusal(self) -> str:
+        """The one line that refuses a mount with ``unlistable=refuse``."""
+        path, err = self.unlistable_dirs[0]
+        more = f" (and {self.unlistable - 1} more)" if self.unlistable > 1 else ""
+        return (f"cannot list {self.shown(path)} ({_errno_text(err)}){more}: unlistable=refuse refuses the mount "
+                f"rather than leave its files out of the data set; let this daemon's user read and search it, or "
+                f"mount with unlistable=skip")
+
     def tree(self) -> Tree:
         """Renumber (root, files in storage order, the rest in scan order) and make the tree."""
-        parents, kinds, meta_idx, ino, columns, hashes = (np.concatenate(c) for c in zip(*self.parts, strict=True))
-        self.parts = []
         n = self.count
+        dt = index_dtype(n)
+        parents = np.repeat(np.frombuffer(self.run_parents, np.int64).astype(dt),
+                            np.frombuffer(self.run_lengths, np.int64))
+        self.run_parents, self.run_lengths = array.array("q"), array.array("q")
+        kinds = self.kinds.take()
         is_file = kinds == KIND_FILE
         # Storage order = a depth-first walk with names sorted: each node's rank in that walk, from subtree
         # sizes (bottom up, a level at a time) and the sizes of the siblings before it (top down).
-        sub = np.ones(n, np.int64)
+        sub = np.ones(n, dt)
         bounds = list(zip([0, *self.levels[:-1]], self.levels, strict=True))
         for lo, hi in reversed(bounds[1:]):
             np.add.at(sub, parents[lo:hi], sub[lo:hi])
-        rank = np.zeros(n, np.int64)
+        rank = np.zeros(n, dt)
         for lo, hi in bounds[1:]:
             if hi == lo:
                 continue
-            p = parents[lo:hi]
-            before = np.cumsum(sub[lo:hi]) - sub[lo:hi]
+            p, s = parents[lo:hi], sub[lo:hi]
+            before = np.cumsum(s, dtype=dt) - s
             group_start = np.r_[True, p[1:] != p[:-1]]
             before -= np.maximum.accumulate(np.where(group_start, before, 0))
             rank[lo:hi] = rank[p] + 1 + before
-        files = np.flatnonzero(is_file)
-        files = files[np.argsort(rank[files], kind="stable")]
-        perm = np.concatenate([[0], files, np.flatnonzero(~is_file)[1:]]).astype(np.int64)  # new -> scan
-        new_of = np.empty(n, np.int64)
-        new_of[perm] = np.arange(n)
-        names = [self.names[s] for s in perm.tolist()]
-        self.names = []
+        del sub
+        order = np.empty(n, dt)  # (the ranks are a permutation: the walk is their inverse, no sort needed)
+        order[rank] = np.arange(n, dtype=dt)
+        del rank
+        files = order[is_file[order]]  # the files' scan indices, in storage order
+        del order
+        perm = np.concatenate([np.zeros(1, dt), files, np.flatnonzero(~is_file)[1:].astype(dt)])  # new -> scan
+        new_of = np.empty(n, dt)
+        new_of[perm] = np.arange(n, dtype=dt)
+        hashes = self.hashes.take()[(np.cumsum(is_file, dtype=dt) - 1)[files]]  # (the files' only, scan order)
+        del files, is_file
+        parents = new_of[parents[perm]].astype(np.int32, copy=False)
+        kinds = kinds[perm]
+        # (each in the dtype the tree keeps it in, the wider one let go at once: see Tree's _narrow, index_dtype)
+        meta_idx = self.meta_idx.take()[perm].astype(_row_dtype(len(self.meta)), copy=False)
+        ino = _narrow(self.ino.take()[perm])
+        size, blocks, mtime, ctime = (column.take()[perm] for column in self.stat_columns)
+        blocks = _narrow(blocks)
+        lens = self.name_lens.take()
+        ends = np.cumsum(lens, dtype=np.int64)
+        names = _gather(self.names.take(), (ends - lens)[perm], ends[perm])
+        del ends
+        name_ends = np.cumsum(lens[perm], dtype=index_dtype(len(names)))
+        del lens, perm
         link_scan = np.array(sorted(self.links), np.int64)
-        link_nodes = new_of[link_scan] if link_scan.size else np.zeros(0, np.int64)
+        link_nodes = new_of[link_scan].astype(np.int64) if link_scan.size else np.zeros(0, np.int64)
         by_node = np.argsort(link_nodes, kind="stable")
         link_texts = [self.links[s] for s in link_scan[by_node].tolist()]
+        self.links = {}
         meta = np.array(list(self.meta), np.int64).reshape(-1, 5)
-        hashes = hashes[files]
-        hash_order = np.argsort(hashes, kind="stable")
-        return Tree(parents=new_of[parents[perm]].astype(np.int32), kinds=kinds[perm], names=b"".join(names),
-                    name_ends=_ends(names), link_nodes=link_nodes[by_node], links=b"".join(link_texts),
-                    link_ends=_ends(link_texts), meta=meta, meta_idx=meta_idx[perm], ino=ino[perm],
-                    size=columns[perm, 0].copy(), blocks=columns[perm, 1].copy(), mtime=columns[perm, 2].copy(),
-                    ctime=columns[perm, 3].copy(), kids=new_of[1:].astype(np.int32), n_files=len(files),
-                    dev=self.dev, hash_keys=hashes[hash_order], hash_order=hash_order)
+        hash_order = np.argsort(hashes, kind="stable").astype(index_dtype(self.files), copy=False)
+        hash_keys = hashes[hash_order]
+        del hashes
+        tree = Tree(parents=parents, kinds=kinds, names=names, name_ends=name_ends,
+                    link_nodes=link_nodes[by_node], links=b"".join(link_texts), link_ends=_ends(link_texts),
+                    meta=meta, meta_idx=meta_idx, ino=ino, size=size, blocks=blocks, mtime=mtime, ctime=ctime,
+                    kids=new_of[1:].astype(np.int32, copy=False), n_files=self.files, dev=self.dev,
+                    hash_keys=hash_keys, hash_order=hash_order)
+        tree.unlistable, tree.unlistable_dirs = self.unlistable, tuple(self.unlistable_dirs)
+        return tree

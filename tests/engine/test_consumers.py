@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import trio
 import trio.testing
@@ -243,3 +244,192 @@ def test_a_users_named_consumers_are_capped_and_the_rest_read_as_anonymous(open_
         assert len(e.consumers._table) <= MAX_CONSUMERS
 
     t.run(main)
+
+
+# ------------------------------------------------------------------ jobs that wait for nobody (issue 48, item 8)
+# trio's clock made virtual (as above) and moved by the test alone: a wait the old code made shows as the
+# consumer_timeout (30 s) the test jumps it by, whatever the machine's load, and a test that would hang on it ends.
+
+
+async def _begin_pass(e, clock, who: str) -> float:
+    """``who`` lists the root; if it waits there, the clock is jumped by consumer_timeout (the old code's wait):
+    the virtual seconds it waited."""
+    start = trio.current_time()
+
+    async def nudge():
+        await trio.testing.wait_all_tasks_blocked()
+        if e.consumers.get(who).waiting_since is not None:
+            clock.jump(e.settings.consumer_timeout)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(nudge)
+        await e.begin_pass(OWNER_UID, who, relisted=True)
+    return trio.current_time() - start
+
+
+async def _read_pass_timed(e, clock, who: str) -> float:
+    waited = await _begin_pass(e, clock, who)
+    for f in e.consumers.view_of(who).order.tolist():
+        await _read(e, f, who)
+    return waited
+
+
+def test_an_anonymous_reader_never_holds_named_jobs(open_engine, t, caplog):
+    """An operator's ``cat`` and ``ls`` (no TIERFS_CONSUMER) before and while a named job reads: the job makes its
+    rf passes per mini-epoch without waiting; once no named job is live the anonymous readers count again."""
+    e = open_engine(rf=2, advance="strict", consumer_timeout=30)
+    clock = trio.testing.MockClock()
+
+    async def main():
+        await _read(e, int(e.schedule.view.order[0]), ANONYMOUS)  # an operator's cat, alone: it counts
+        assert e.consumers.get(ANONYMOUS).state == "live"
+        with caplog.at_level(logging.INFO, logger="tierfs"):
+            waited = await _read_pass_timed(e, clock, "a")  # a named job joins: the anonymous readers step aside
+        assert e.consumers.get(ANONYMOUS).state == "new"
+        assert any("no longer count passes while a" in r.getMessage() for r in caplog.records)
+        waited += await _begin_pass(e, clock, ANONYMOUS)  # an operator's ls: it never waits ...
+        await _read(e, int(e.schedule.view.order[1]), ANONYMOUS)  # ... and its cat joins nothing
+        for _ in range(5):  # two more mini-epochs, nobody waited for
+            waited += await _read_pass_timed(e, clock, "a")
+        assert waited == 0, "a named job waited for the anonymous readers"
+        assert e.schedule.pos.mini_epoch == 3 and e.consumers.drops == 0
+        assert e.consumers.get(ANONYMOUS).state == "new" and e.consumers.get("a").state == "live"
+        e.consumers.drop(e.consumers.get("a"), "test")  # no named job live: the anonymous readers count again
+        await _read(e, int(e.schedule.view.order[0]), ANONYMOUS)
+        assert e.consumers.get(ANONYMOUS).state == "live"
+
+    trio.run(main, clock=clock)
+
+
+def _exited(p: subprocess.Popen) -> None:
+    """``p`` ends (its stdin closed) and stays a zombie: not reaped, as by a launcher that has not looked yet."""
+    p.stdin.close()
+
+    def zombie() -> bool:
+        with open(f"/proc/{p.pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+
+    deadline = time.monotonic() + 30
+    while not zombie():
+        assert time.monotonic() < deadline, "the named process did not exit"
+        time.sleep(0.01)
+
+
+def test_a_job_that_exited_is_dropped_at_once_and_the_log_says_which_and_why(open_engine, t, caplog):
+    e = open_engine(rf=2, advance="strict", consumer_timeout=30)
+    p, (pid,) = _named("early-stopped")
+    clock = trio.testing.MockClock()
+    try:
+        async def name():
+            assert await e.consumers.name_of(pid, OWNER_UID) == "early-stopped"
+            await _read(e, int(e.schedule.view.order[0]), "early-stopped")  # it takes part, then stops
+        t.run(name)
+        _exited(p)  # (a zombie: gone all the same)
+
+        async def main():
+            await _read_pass(e, "a")
+            await _read_pass(e, "a")
+            with caplog.at_level(logging.WARNING, logger="tierfs"):
+                waited = await _begin_pass(e, clock, "a")  # would wait for the job that exited
+            assert waited == 0, "a waited for a job that had exited"
+            assert e.consumers.get("early-stopped").state == "dropped" and e.schedule.pos.mini_epoch == 1
+            lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+            assert len(lines) == 1 and lines[0].startswith("consumer early-stopped dropped")
+            assert f"none of its processes is alive (it exited or was killed: pid {pid}," in lines[0]
+
+        trio.run(main, clock=clock)
+    finally:
+        if not p.stdin.closed:
+            p.stdin.close()
+        p.wait(timeout=30)
+        p.stdout.close()
+
+
+def test_a_job_that_exits_during_the_wait_is_dropped_within_alive_every(open_engine, t, caplog):
+    e = open_engine(rf=2, advance="strict", consumer_timeout=30)
+    p, (pid,) = _named("b")
+    clock = trio.testing.MockClock()
+    try:
+        async def name():
+            assert await e.consumers.name_of(pid, OWNER_UID) == "b"
+            await _read(e, int(e.schedule.view.order[0]), "b")
+        t.run(name)
+
+        async def main():
+            await _read_pass(e, "a")
+            await _read_pass(e, "a")
+            start = trio.current_time()
+
+            async def nudge():
+                await trio.testing.wait_all_tasks_blocked()  # a waits for b, which is alive
+                assert e.consumers.get("a").waiting_since is not None and e.consumers.get("b").state == "live"
+                _end(p)  # b exits (reaped)
+                clock.jump(consumers.ALIVE_EVERY + 0.05)
+                await trio.testing.wait_all_tasks_blocked()
+                if e.consumers.get("a").waiting_since is not None:
+                    clock.jump(30)  # (the old code: the whole consumer_timeout)
+
+            with caplog.at_level(logging.WARNING, logger="tierfs"):
+                async with trio.open_nursery() as n:
+                    n.start_soon(nudge)
+                    await e.begin_pass(OWNER_UID, "a", relisted=True)
+            assert trio.current_time() - start < 1, "a waited consumer_timeout for a job that had exited"
+            assert e.consumers.get("b").state == "dropped" and e.schedule.pos.mini_epoch == 1
+            assert any(r.getMessage().startswith("consumer b dropped") and "none of its processes is alive"
+                       in r.getMessage() for r in caplog.records)
+
+        trio.run(main, clock=clock)
+    finally:
+        _end(p)
+
+
+def test_after_the_named_jobs_exited_an_unnamed_job_moves_the_mount(open_engine, t):
+    """A sweep's jobs all exited, an unnamed job reads next: it counts again (they no longer keep it out), and
+    its wait, once ahead, drops them at once -- the mount moves on with it."""
+    e = open_engine(rf=2, advance="strict", consumer_timeout=30)
+    p, (pid,) = _named("sweep0")
+    clock = trio.testing.MockClock()
+    try:
+        async def name():
+            assert await e.consumers.name_of(pid, OWNER_UID) == "sweep0"
+            await _read(e, int(e.schedule.view.order[0]), "sweep0")
+        t.run(name)
+        _end(p)
+
+        async def main():
+            waited = 0.0
+            for _ in range(3):
+                waited += await _read_pass_timed(e, clock, ANONYMOUS)
+            assert waited == 0, "the unnamed job waited for a job that had exited"
+            assert e.consumers.get("sweep0").state == "dropped" and e.consumers.get(ANONYMOUS).state == "live"
+            assert e.schedule.pos.mini_epoch == 1
+
+        trio.run(main, clock=clock)
+    finally:
+        if p.poll() is None:
+            _end(p)
+
+def test_a_consumers_processes_are_bounded_and_the_dead_go_first(open_engine, t, monkeypatch):
+    """Past PROCESSES_KEPT requesters the dead are forgotten first, so a live one seen long ago (a job's main
+    process, between the DataLoader workers of two epochs) keeps the job alive."""
+    monkeypatch.setattr(consumers, "PROCESSES_KEPT", 4)
+    e = open_engine()
+    main_p, (main_pid,) = _named("job")
+    workers = [_named("job") for _ in range(6)]
+    try:
+        async def go():
+            assert await e.consumers.name_of(main_pid, OWNER_UID) == "job"
+            for i, (w, (wpid,)) in enumerate(workers):
+                assert await e.consumers.name_of(wpid, OWNER_UID) == "job"
+                _end(w)  # each epoch's workers exit before the next epoch's start
+                e.consumers.get("job").swept_at = -1.0  # (the once-a-second sweep: due at every new one here)
+                assert len(e.consumers.get("job").processes) <= 4, i
+            job = e.consumers.get("job")
+            assert consumers.process_start(main_pid) in {s for p, s in job.processes if p == main_pid}
+            assert e.consumers.gone(job) is None  # its main process is alive
+        t.run(go)
+    finally:
+        for w, _ in workers:
+            if w.poll() is None:
+                _end(w)
+        _end(main_p)

@@ -217,3 +217,6 @@ def test_a_remount_over_a_grown_data_set_adapts_nm_and_says_so(open_engine, data
     assert len(said) == 1 and f"mounted with nm={e2.settings.nm} instead of 4" in said[0], said
     _progress(e2, t, 2)  # (it serves: passes go on)
     assert e2.schedule.pos.passes_total >= 2
+    e2.close()
+    with pytest.raises(ValueError, match="nm=5 does not fit"):  # (another nm than the last mount's: refused)
+        open_engine(capacity=64 << 10, nm=5)

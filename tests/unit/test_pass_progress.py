@@ -42,6 +42,7 @@ def test_the_mount_s_figures_read_as_a_person_reads_them():
     assert PassFigures(5, 1.0, hits=0, misses=0, slow_tier_bytes=0, stall_seconds=0.0).text() == \
         "5 samples, 5 samples/s, hits -, slow tier 0/s, stall 0.0 s"
     assert f.text(short=True) == "600/s hits 98% slow 1.5M/s stall 0.2s"
+    assert PassFigures(150_000, 1.0).text(short=True) == "150k/s"
 
 
 class _Terminal(io.StringIO):
@@ -58,7 +59,7 @@ def test_the_bar_fits_an_80_column_terminal_with_every_figure(monkeypatch):
     progress = PassProgress(None, out, rank=0)
     assert progress.mode == "bar"
     progress.start(3, 4, total=120_000)
-    progress._start, progress._now = (0, 0, 0, 0.0), (98_000, 2_000, 123 << 30, 12.5)  # (a mount's counters)
+    progress._start, progress._now = (0, 0, 0, 0.0), (98_000, 2_000, 12_345 << 20, 12.5)  # (a mount's counters)
     for _ in range(3):
         time.sleep(0.25)  # (the bar redraws at most every 0.2 s)
         progress.advance(40_000)
@@ -67,7 +68,7 @@ def test_the_bar_fits_an_80_column_terminal_with_every_figure(monkeypatch):
     for frame in frames:
         assert len(frame) <= 80, frame
     last = frames[-1]
-    assert last.startswith("pass 3/4 100%|") and "120000/120000" in last, last
+    assert last.startswith("pass 3/4: 100%|") and "| 120000/120000, " in last, last
     assert all(w in last for w in ("/s hits 98% slow ", "stall 12.5s")), last
 
 

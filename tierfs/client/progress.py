@@ -78,11 +78,14 @@ class PassFigures:
     def text(self, *, short: bool = False) -> str:
         """``1,200 samples, 387 samples/s, hits 98.0%, slow tier 12.3M/s, stall 0.0 s``; ``short`` (beside a
         bar, which shows the samples itself): ``387/s hits 98% slow 12.3M/s stall 0.0s``."""
-        words = [f"{self.samples_per_s:,.0f}/s"] if short else [f"{self.samples:,} samples",
-                                                                 f"{self.samples_per_s:,.0f} samples/s"]
-        rate = self.hit_rate
+        rate = self.samples_per_s
+        if short:
+            words = [f"{rate:,.0f}/s" if rate < 10_000 else f"{rate / 1000:,.0f}k/s"]
+        else:
+            words = [f"{self.samples:,} samples", f"{rate:,.0f} samples/s"]
+        hit_rate = self.hit_rate
         if self.hits is not None:
-            words.append("hits -" if rate is None else f"hits {100 * rate:.{0 if short else 1}f}%")
+            words.append("hits -" if hit_rate is None else f"hits {100 * hit_rate:.{0 if short else 1}f}%")
         if self.slow_tier_bytes is not None:
             per_s = self.slow_tier_bytes / self.seconds if self.seconds > 0 else 0.0
             words.append(f"{'slow' if short else 'slow tier'} {format_size(per_s)}/s")
@@ -169,8 +172,8 @@ class PassProgress:
             self._bar = tqdm(total=total, desc=f"pass {pass_number}" + (f"/{passes}" if passes else ""),
                              file=self._stream, leave=False, ncols=size.columns, nrows=size.lines,
                              mininterval=0.2, smoothing=0,
-                             bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {postfix}"
-                             if total else "{desc} {n_fmt} {postfix}")
+                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}"
+                             if total else "{desc}: {n_fmt}{postfix}")
 
     def advance(self, samples: int, steps: int | None = None) -> None:
         """``samples`` more trained on, ``steps`` more of the bar's unit (default: ``samples``)."""
