@@ -334,11 +334,12 @@ class Backing:
             return False
         return True
 
-    async def parent_alive(self, relpath: bytes, *, timeout: float | None) -> bool:
-        """Whether the backing root and the directory holding ``relpath`` are still there: a file gone from a
-        live directory is ENOENT; a directory (or the root) gone or unreachable is EIO."""
+    async def root_alive(self, *, timeout: float | None) -> bool:
+        """Whether the backing root is still there and answers: a file or a directory gone from a live root is
+        gone (ENOENT, and out of the mini-epochs: a data set reshaped); the root gone or unreachable is EIO (an
+        unmounted or lost share: nothing is taken for gone)."""
         try:
-            return await self.call(_alive, self.root_fd, os.path.dirname(relpath), timeout=timeout)
+            return await self.call(_alive, self.root_fd, timeout=timeout)
         except OSError:
             return False
 
@@ -346,7 +347,7 @@ class Backing:
         """The reader's error for ``exc`` on ``relpath`` (see :func:`backing_error`)."""
         if isinstance(exc, BackingError):
             return exc
-        alive = exc.errno in _VANISHED and await self.parent_alive(relpath, timeout=timeout)
+        alive = exc.errno in _VANISHED and await self.root_alive(timeout=timeout)
         return backing_error(exc, alive)
 
     async def lost_by(self, exc: OSError) -> bool:
@@ -511,7 +512,5 @@ def _lstat_many(root_fd: int, relpaths: list[bytes]) -> list[os.stat_result | OS
     return out
 
 
-def _alive(root_fd: int, parent: bytes) -> bool:
-    if os.fstat(root_fd).st_nlink == 0:
-        return False
-    return not parent or stat.S_ISDIR(os.stat(parent, dir_fd=root_fd, follow_symlinks=False).st_mode)
+def _alive(root_fd: int) -> bool:
+    return os.fstat(root_fd).st_nlink != 0

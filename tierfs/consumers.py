@@ -380,8 +380,7 @@ class Consumers:
             seed = self.schedule.settings.seed
             if name != ANONYMOUS:  # (the anonymous consumer's order is the mount's own: as before consumers)
                 seed += (zlib.crc32(name.encode()) + 1) << 32
-            view = self.schedule.view
-            c = self._table[name] = Consumer(name, seed, self.schedule.tree.n_files, len(view) if view else 0)
+            c = self._table[name] = Consumer(name, seed, self.schedule.tree.n_files, self.schedule.view_files())
             c.passes = self.schedule.pos.pass_index
         c.last_seen = time.time()
         return c
@@ -461,12 +460,26 @@ class Consumers:
             return c.unread <= 0 and c.state == LIVE
         return False
 
+    def file_gone(self, fidx: int) -> list[Consumer]:
+        """View file ``fidx`` was found gone: each live consumer that had not opened it in its pass counts it as
+        read (it cannot be opened); the consumers whose pass that ends."""
+        done = []
+        for c in self.live():
+            if c.marks is None:
+                c.marks = np.zeros(c.n_files, bool)
+            if not c.marks[fidx]:
+                c.marks[fidx] = True
+                c.unread -= 1
+                if c.unread <= 0:
+                    done.append(c)
+        return done
+
     def _join(self, c: Consumer) -> None:
         """``c`` takes part from now on, at the mount's current pass."""
         sch = self.schedule
         c.state = LIVE
         c.passes = sch.pos.pass_index
-        c.new_pass(len(sch.view) if sch.view is not None else 0)
+        c.new_pass(sch.view_files())
         log.info("consumer %s joined at epoch %d, mini-epoch %d, pass %d", c.name, sch.pos.epoch,
                  sch.pos.mini_epoch, c.passes)
         anonymous = self._table.get(ANONYMOUS)
@@ -474,7 +487,7 @@ class Consumers:
             # (``c`` joins at the mount's pass, so the fewest passes stay the mount's: setting it aside moves nothing)
             anonymous.state = NEW
             anonymous.advance_vote = False
-            anonymous.new_pass(len(sch.view) if sch.view is not None else 0)
+            anonymous.new_pass(sch.view_files())
             log.info("the readers that name no consumer no longer count passes while %s (a named job) reads: "
                      "they hold no named job (a job to keep in step names itself: %s=NAME)", c.name, CONSUMER_ENV)
 
@@ -485,7 +498,7 @@ class Consumers:
             c.rate = c.reads_in_pass / (now - c.pass_started)
         c.passes += 1
         c.passes_total += 1
-        c.new_pass(len(self.schedule.view) if self.schedule.view is not None else 0)
+        c.new_pass(self.schedule.view_files())
 
     def share_done(self, c: Consumer, share: RankShare) -> bool:
         """Rank ``share.rank`` of ``c``'s ``share.world`` ranks finished its share of the mount's pass
@@ -505,15 +518,15 @@ class Consumers:
         for c in self._table.values():
             if c.state == LIVE and c.passes < sch.pos.pass_index:
                 c.passes = sch.pos.pass_index
-                c.new_pass(len(sch.view) if sch.view is not None else 0)
+                c.new_pass(sch.view_files())
 
     def mini_epoch_over(self) -> None:
         """A new mini-epoch: every consumer starts its first pass over it."""
-        view = self.schedule.view
+        files = self.schedule.view_files()
         for c in self._table.values():
             c.passes = 0
             c.advance_vote = False
-            c.new_pass(len(view) if view is not None else 0)
+            c.new_pass(files)
 
     def drop(self, c: Consumer, why: str) -> None:
         c.state = DROPPED
@@ -529,7 +542,7 @@ class Consumers:
         if c.state == DROPPED:
             c.state = NEW
             c.passes = self.schedule.pos.pass_index
-            c.new_pass(len(self.schedule.view) if self.schedule.view is not None else 0)
+            c.new_pass(self.schedule.view_files())
 
     def vote_advance(self, c: Consumer) -> bool:
         """``c``'s ARF says advance; True when every live consumer's does (or ``c`` is not live and no one is)."""

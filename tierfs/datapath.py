@@ -107,6 +107,9 @@ class DataPathEvents(Protocol):
     def restage(self, fidx: int) -> None:
         """``fidx`` has no valid copy any more: stage it again if it is wanted ahead."""
 
+    def gone(self, fidx: int) -> None:
+        """The backing said ``fidx`` is gone: its copy goes, and it leaves the mini-epochs."""
+
     async def data_dir_lost(self) -> str | None:
         """The cache's ``data/`` is gone: make it again; why it could not be (None once it is)."""
 
@@ -207,6 +210,8 @@ class DataPath:
         if isinstance(answer, OSError):
             err = await self.backing.error_for(answer, self.tree.file_path(fidx), timeout=self._timeout())
             if verdict is Verdict.GONE:  # (the file, or its directory or the whole dataset, is not there)
+                if err.errno == errno.ENOENT:  # (the file or its directory: the backing itself answers)
+                    self.events.gone(fidx)
                 self.cache.evict(fidx)
                 raise err from None
             if self.cache.get(fidx) is not None:
@@ -214,7 +219,7 @@ class DataPath:
                 return None
             raise err from None
         if verdict is Verdict.GONE:
-            self.cache.evict(fidx)
+            self.events.gone(fidx)
             raise BackingError(errno.ENOENT, "no longer a regular file in the backing dir")
         if verdict is Verdict.SAME:
             return None
@@ -304,7 +309,10 @@ class DataPath:
         try:
             fd, st = await self.backing.open(node.path, timeout=self._timeout())
         except OSError as exc:
-            raise await self.backing.error_for(exc, node.path, timeout=self._timeout()) from None
+            err = await self.backing.error_for(exc, node.path, timeout=self._timeout())
+            if err.errno == errno.ENOENT:  # (gone from a live root: out of the mini-epochs)
+                self.events.gone(fidx)
+            raise err from None
         finally:
             self.stall_seconds += time.monotonic() - t0
         if self.reval.verdict(fidx, st) is Verdict.CHANGED:

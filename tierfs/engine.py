@@ -462,7 +462,7 @@ class Engine:
     def _consumer_pass_over(self, c: Consumer) -> None:
         """Consumer ``c``'s pass ended: the mount's ends with the last live consumer's (see consumers.py)."""
         if c.state != "live":
-            c.new_pass(len(self.schedule.view) if self.schedule.view is not None else 0)
+            c.new_pass(self.schedule.view_files())
             return
         self.consumers.pass_over(c)
         self._catch_up()
@@ -595,10 +595,30 @@ class Engine:
         self.versions.changed(fidx)  # (later handles bypass the page cache; the old version's pages go)
         self.planner.notify()  # (a plan that failed on its size may fit now)
 
-    def gone(self, fidx: int) -> None:
-        """The backing file is gone (or no longer a regular file): the next open finds that out (ENOENT)."""
+    def drop_copy(self, fidx: int) -> None:
+        """(RevalidatorEvents) ``fidx``'s copy and the kernel's pages may be an old version's: they go."""
         self.cache.evict(fidx)
         self.versions.mark_stale(fidx)
+        self.restage(fidx)
+
+    def gone(self, fidx: int) -> None:
+        """The backing file is gone (or no longer a regular file): its copy goes; from now on it is in no view,
+        listing or ``order``, never staged, and its open answers ENOENT; the pass that runs ends without it."""
+        self.cache.evict(fidx)
+        self.versions.mark_stale(fidx)
+        if not self.tree.mark_gone(fidx):
+            return
+        if self.tree.gone_files == 1 or self.tree.gone_files % 1000 == 0:
+            log.warning("%s is gone from the backing dir (%d files so far): left out of the mini-epochs; files "
+                        "that come back, or new ones, show from the next mount", os.fsdecode(self.tree.file_path(fidx)),
+                        self.tree.gone_files)
+        sch = self.schedule
+        in_view = sch.view is not None and bool(sch.view.mask[fidx])
+        sch.file_gone(fidx)
+        if in_view:
+            for c in self.consumers.file_gone(fidx):
+                self._consumer_pass_over(c)
+        self.planner.notify()  # (the next pass's view: made again without it)
 
     def all_confirmed(self) -> None:
         """The rescan read every fingerprint."""

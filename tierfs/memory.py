@@ -155,7 +155,10 @@ class HeapTrimmer:
     """See the module docstring; ``run`` in the mount's nursery, ``trim`` once (tests)."""
 
     def __init__(self) -> None:
-        self._stats = MemoryStatistics()
+        # (the cgroup's figures from the start, not only after the first trim: /sys and /proc, never a mount)
+        limit, charge = cgroup_memory()
+        self._stats = MemoryStatistics(rss_bytes=resident_bytes(), cgroup_limit_bytes=limit,
+                                       cgroup_charge_bytes=charge)
 
     @staticmethod
     def _trim_now() -> tuple[int, int, tuple[int | None, int | None]]:

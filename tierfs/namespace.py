@@ -209,6 +209,8 @@ class Namespace:
         if kind != KIND_FILE:
             return i + 1
         fidx = self._file(i)
+        if self.tree.gone[fidx]:
+            return None  # (found gone from the backing: ENOENT, as it is listed nowhere)
         if self.substitutions is not None:
             fidx = self.substitutions.resolve(parent_inode - 1, i, fidx)
             if self.substitutions.stale:

@@ -61,6 +61,7 @@ class TreeStatistics:
     unlistable_dirs: tuple[str, ...] = ()  # ... the first of them: "PATH (EACCES: Permission denied)"
     #: whether the backing keeps inode numbers, so that they are part of a copy's identity (``stable_inodes``)
     stable_inodes: bool = True
+    gone: int = 0  # files of the mount's tree found gone from the backing since it mounted (Tree.gone)
 
     def with_unlistable(self, tree: Tree) -> TreeStatistics:
         """These statistics with what scanning ``tree`` could not list (none for a loaded tree)."""
@@ -108,6 +109,7 @@ class TreeKeeper:
         self.cache_fd = cache_fd
         self.stable_inodes = inodes_kept(stable_inodes, os.fstat(root_fd).st_dev)
         self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0, stable_inodes=self.stable_inodes)
+        self._tree: Tree | None = None
 
     def load(self, *, resumed: bool, progress: Callable[[ScanCount], None] | None = None) -> Tree:
         """The saved tree if the mount resumes a journalled position and it is still valid, else a scan
@@ -128,6 +130,7 @@ class TreeKeeper:
                             "a first mount, and the tree saved again", TREE_NAME, exc)
         tree = saved or Tree.scan(self.root_fd, self.backing, progress, unlistable=self.unlistable)
         tree.stable_inodes = self.stable_inodes
+        self._tree = tree  # (the mount's: its files found gone are counted in statistics())
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),
                                     "pending" if saved else "done", 0, 0, 0,
                                     stable_inodes=self.stable_inodes).with_unlistable(tree)
@@ -169,7 +172,8 @@ class TreeKeeper:
         tree.release_path_index()
 
     def statistics(self) -> TreeStatistics:
-        return self.stats
+        tree = self._tree
+        return replace(self.stats, gone=tree.gone_files) if tree is not None and tree.gone_files else self.stats
 
 
 def _save(tree: Tree, cache_fd: int) -> None:

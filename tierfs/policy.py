@@ -131,7 +131,7 @@ class LruPolicy(CachePolicy):
     walks_plans = False
 
     def keeps(self, fidx: int) -> bool:
-        return True
+        return not self.schedule.tree.gone[fidx]  # (a file found gone is never copied again)
 
     def make_room(self, size: int) -> bool:
         """Evict the least recently used unpinned copies until ``size`` more bytes fit."""

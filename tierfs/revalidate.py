@@ -94,7 +94,11 @@ class RevalidatorEvents(Protocol):
         """The backing file now has stat ``st`` (the tree takes it, the old copy goes, it is staged again)."""
 
     def gone(self, fidx: int) -> None:
-        """The backing file is gone or no longer a regular file (the next open finds that out: ENOENT)."""
+        """The backing file is gone from a live backing root, or no longer a regular file: out of the
+        mini-epochs (its open answers ENOENT)."""
+
+    def drop_copy(self, fidx: int) -> None:
+        """``fidx``'s copy and the kernel's pages of it may be of an old version: they go."""
 
 
 class Revalidator:
@@ -236,18 +240,26 @@ class Revalidator:
         fps, regular = stat_fingerprints(answers, self.tree.stable_inodes)
         same = regular & self.tree.holds_many(files, fps)
         self.confirmed[files[same]] = now
+        gone = []
         for fidx, answer in itertools.compress(zip(batch, answers, strict=True), (~same).tolist()):
             verdict = self.verdict(fidx, answer)
             if verdict is Verdict.UNKNOWN:
                 self.forget(fidx)
                 continue
             if verdict is Verdict.GONE:
-                self.events.gone(fidx)
+                gone.append(fidx)
             elif verdict is Verdict.CHANGED:
                 assert isinstance(answer, os.stat_result)
                 self._apply_change(fidx, answer)
             self.confirmed[fidx] = now
             self.changed += verdict is not Verdict.SAME
+        # (gone only from a live root: a backing whose root went -- an unmounted share -- takes nothing for gone)
+        if gone and await self.backing.root_alive(timeout=self.settings.current.backing_timeout_s):
+            for fidx in gone:
+                self.events.gone(fidx)
+        else:
+            for fidx in gone:
+                self.forget(fidx)
 
     def _apply_change(self, fidx: int, st: os.stat_result) -> None:
         """Hand a change found to ``events``.  One that cannot be applied (a bug: the tree refused the stat, as a
@@ -257,7 +269,7 @@ class Revalidator:
         try:
             self.events.changed(fidx, st)
         except Exception:
-            self.events.gone(fidx)  # (the copy and the kernel's pages of the old version go)
+            self.events.drop_copy(fidx)  # (the copy and the kernel's pages of the old version go)
             self._unapplied += 1
             if self._unapplied == 1:
                 log.exception("%s: changed in the backing dir, and the change could not be applied: its copy "

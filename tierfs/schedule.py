@@ -445,6 +445,9 @@ class Schedule:
         # into the arrays the last switch left, not into fresh pages; only this schedule reads them)
         np.logical_or(self.current_mask, self.next_mask, out=self.wanted)
         held, sizes = cached.held(self.tree.n_files), self.tree.sizes
+        if self.tree.gone_files:  # (a file found gone: nothing to copy, nothing to wait for)
+            self.wanted &= ~self.tree.gone
+            held = held | self.tree.gone
         self.pending_next = Pending(sizes, np.greater(self.next_mask, held, out=self.pending_next.mask))  # (& ~held)
         self.pending_current = Pending(sizes, np.greater(self.current_mask, held, out=self.pending_current.mask)
                                        if self.walks_plans else None)
@@ -486,6 +489,8 @@ class Schedule:
         whole = files is None
         # (the whole tree looks like the backing: a hard-linked file is one file, shown under each of its names)
         files = self.tree.first_names() if files is None else files
+        if self.tree.gone_files:  # (files found gone are in no view: the pass ends without them)
+            files, mask = self.tree.present(files), None
         return ViewJob(self.tree, files, seed, epoch, me, pass_index, hard_links=whole,
                        lists_all=self.settings.listing == "all" and self.walks_plans, mask=mask,
                        generation=self._generation, sizes_version=self._sizes_version)
@@ -558,6 +563,8 @@ class Schedule:
 
     def unstaged(self, fidx: int) -> None:
         """``fidx``'s copy went (changed, damaged): pending again in whichever mini-epoch wants it."""
+        if self.tree.gone[fidx]:
+            return
         if self.next_mask[fidx]:
             self.pending_next.add(fidx)
         elif self.current_mask[fidx]:
@@ -603,6 +610,24 @@ class Schedule:
         assert self.view is not None
         order = self.view.order
         return order[~self._read_mark[order]]
+
+    def view_files(self) -> int:
+        """The files of the current view that a pass reads: those not found gone since it was made."""
+        view = self.view
+        if view is None:
+            return 0
+        return len(view) - int(self.tree.gone[view.order].sum()) if self.tree.gone_files else len(view)
+
+    def file_gone(self, fidx: int) -> None:
+        """``fidx`` was found gone (``Tree.mark_gone``): not wanted any more; the pass that runs counts it as
+        read (its readers cannot open it), and views made ahead with it are made again without it."""
+        self.wanted[fidx] = False
+        self.staged(fidx)  # (nothing to wait for)
+        self._sizes_version += 1
+        self._views.clear()  # (made with it: made again, without)
+        if self.view is not None and self.view.mask[fidx] and not self._read_mark[fidx]:
+            self._read_mark[fidx] = True
+            self._unread -= 1
 
     def opened_in_pass(self, fidx: int) -> bool:
         """Whether ``fidx`` (a view file) was opened since this pass began."""

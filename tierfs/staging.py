@@ -58,7 +58,7 @@ from typing import Protocol
 import numpy as np
 import trio
 
-from tierfs.backing import Backing
+from tierfs.backing import Backing, answered_gone
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copier import BackingChanged, Copied, CopyBatch, CopyTooSoon, copy_into_cache
 from tierfs.filequeue import FileQueue
@@ -192,6 +192,9 @@ class StagerEvents(Protocol):
     def gave_up(self, fidx: int) -> None:
         """``fidx`` could not be staged now: it is served from the backing meanwhile, and a mini-epoch never
         waits for it."""
+
+    def gone(self, fidx: int) -> None:
+        """The copy found ``fidx`` gone from the backing: out of the mini-epochs from now on."""
 
     def rf_now(self) -> int:
         """The rf in force (whether staging is ahead of the readers depends on it)."""
@@ -558,9 +561,23 @@ class Stager:
         if await self.backing.lost_by(exc):
             self.queue.appendleft(fidx)  # staged once the backing is back: never skipped for its absence
             return
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and await self._gone_from_backing(fidx):
+            self.events.gone(fidx)  # (the file, or its directory, is gone from a live root: never tried again)
         if exc.errno in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ETIMEDOUT):
             self.tuner.back_off()
         self._fail(fidx, exc.strerror or str(exc))
+
+    async def _gone_from_backing(self, fidx: int) -> bool:
+        """Whether the backing itself says ``fidx`` is not there while its root is (a copy's ENOENT may be the
+        cache dir's, or a moment of a rename: asked again, of the backing alone)."""
+        timeout = self.stuck_after()
+        try:
+            (answer,) = await self.backing.stat_many([self.tree.file_path(fidx)], timeout=timeout)
+        except OSError:
+            return False
+        if isinstance(answer, OSError):
+            return answered_gone(answer) and await self.backing.root_alive(timeout=timeout)
+        return not stat.S_ISREG(answer.st_mode)  # (no longer a regular file: a FIFO took its name)
 
     def _fail(self, fidx: int, why: str) -> None:
         """This file cannot be staged now (gone, not a regular file, unreadable, ENOSPC, EMFILE, ...): skipped --

@@ -272,6 +272,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("dataset_bytes", "gauge", "Bytes in the backing dir.", ("dataset_bytes",)),
     Metric("unlistable_dirs", "gauge", "Directories of the backing dir the scan could not list: the files under "
            "them are not in the data set (status: tree.unlistable_dirs).", ("tree.unlistable",)),
+    Metric("gone_files", "gauge", "Files of the mount found gone from the backing dir since it mounted: out of "
+           "the mini-epochs (status: tree.gone).", ("tree.gone",)),
     Metric("cache_bytes", "gauge", "Disk bytes the cache occupies (allocated blocks, copies in flight included).",
            ("cache_bytes",)),
     Metric("cache_logical_bytes", "gauge", "File sizes of the cached copies.", ("cache_logical_bytes",)),

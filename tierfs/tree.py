@@ -342,6 +342,11 @@ class Tree:
         self.blocks = self.blocks_[1:n_files + 1]
         self.groups = parents[1:n_files + 1]
         self._hard_links()
+        #: files found gone from the backing during this mount (a rescan, a re-stat, a copy or an open answered
+        #: ENOENT): out of every view and listing from then on, never staged again; one that comes back shows
+        #: again at the next mount, as added files do (the numbering is fixed for the life of a mount)
+        self.gone = np.zeros(n_files, bool)
+        self.gone_files = 0
         #: changes of a node's mode, owner or group found during this mount (see "Access changes" above): how many
         #: so far, the count at each node's last one, and the nodes the kernel has not been told of since
         self.access_serial = 0
@@ -602,6 +607,18 @@ class Tree:
         """:meth:`holds` for many files at once, as a mask (a batch plan asks it for a whole pass, a mount for
         every copy of the cache index)."""
         return np.all(self.fingerprints(files) == np.asarray(fps, np.int64).reshape(-1, 4), axis=1)
+
+    def mark_gone(self, fidx: int) -> bool:
+        """File ``fidx`` is gone from the backing (see :attr:`gone`); False if it was known gone already."""
+        if self.gone[fidx]:
+            return False
+        self.gone[fidx] = True
+        self.gone_files += 1
+        return True
+
+    def present(self, files: np.ndarray) -> np.ndarray:
+        """``files`` without those found gone (the array itself when none is)."""
+        return files[~self.gone[files]] if self.gone_files else files
 
     def update_stat(self, fidx: int, st: os.stat_result) -> None:
         """File ``fidx`` is now as ``st`` says (a change found in the backing)."""

@@ -79,9 +79,9 @@ class View:
         kinds = tree.kinds[kids]
         others = kids[kinds != KIND_FILE]
         is_dir = tree.kinds[others] == KIND_DIR
-        parts = [others[is_dir], others[~is_dir], self._files_of(dir_node) + 1]
+        parts = [others[is_dir], others[~is_dir], tree.present(self._files_of(dir_node)) + 1]
         if self.hard_links or self.lists_all:
-            here = kids[kinds == KIND_FILE] - 1
+            here = tree.present(kids[kinds == KIND_FILE] - 1)
             out = here[~self.mask[here]]
             if not self.lists_all:
                 out = out[self.mask[tree.first_name_of(out)]]
@@ -89,7 +89,8 @@ class View:
         return np.concatenate(parts).astype(np.int64)
 
     def _order_paths(self, listable: np.ndarray | None) -> list[bytes]:
-        order = self.order if listable is None else self.order[listable[self.tree.groups[self.order]]]
+        order = self.tree.present(self.order)  # (a file found gone since the view was made: not read any more)
+        order = order if listable is None else order[listable[self.tree.groups[order]]]
         return [self.tree.file_path(f) for f in order.tolist()]
 
     def order_text(self, listable: np.ndarray | None = None) -> bytes:

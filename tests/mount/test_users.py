@@ -37,11 +37,12 @@ def test_other_users_learn_no_names_from_the_control_files(tmp_path, other_user)
     hidden.mkdir(mode=0o700)
     for i in range(8):
         (hidden / f"secret_{i}.bin").write_bytes(os.urandom(64 << 10))
-    # One mini-epoch of everything, staged one file at a time at 64 KiB/s: the hidden files are removed from the
-    # backing before the stager gets to most of them, so its error (status.last_error) names one.
+    # One mini-epoch of everything, staged one file at a time at 64 KiB/s: six of the hidden files are removed
+    # from the backing before the stager gets to most of them, so its error (status.last_error) names one (and
+    # they leave the order: issue 48); the other two stay in the order.
     with mounted(backing, mnt, tmp_path / "cache", "16M", nm=1, rf=1000, staging_streams=1, bandwidth="64K",
                  allow_other=True) as m:
-        for f in hidden.iterdir():
+        for f in sorted(hidden.iterdir())[2:]:
             f.unlink()
 
         def staging_error_names_a_secret() -> bool:
