@@ -75,8 +75,13 @@ async def read_file(engine: Engine, fidx: int, chunk: int = 1 << 16) -> bytes:
         await engine.data.release(h)
 
 
+def backing_path(engine: Engine, fidx: int) -> str:
+    """Where file ``fidx`` is in the engine's backing dir."""
+    return os.path.join(engine.config.backing, os.fsdecode(engine.tree.file_path(fidx)))
+
+
 def backing_bytes(engine: Engine, fidx: int) -> bytes:
-    with open(os.path.join(engine.config.backing, os.fsdecode(engine.tree.file_path(fidx))), "rb") as f:
+    with open(backing_path(engine, fidx), "rb") as f:
         return f.read()
 
 
@@ -120,6 +125,22 @@ def stage_all(engine: Engine) -> None:
     run(main)
 
 
+def read_passes(engine: Engine, passes: int) -> None:
+    """Run the engine's background jobs while a reader reads ``passes`` whole passes (staging settled before
+    each and after the last)."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(engine.run)
+            for _ in range(passes):
+                await settle(engine)
+                await read_view(engine)
+            await settle(engine)
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
 class Tools:
     """The helpers above, as one fixture (tests import nothing from conftest under --import-mode=importlib)."""
 
@@ -129,7 +150,9 @@ class Tools:
     settle = staticmethod(settle)
     deleted = staticmethod(deleted)
     stage_all = staticmethod(stage_all)
+    read_passes = staticmethod(read_passes)
     backing_bytes = staticmethod(backing_bytes)
+    backing_path = staticmethod(backing_path)
 
 
 @pytest.fixture

@@ -315,15 +315,18 @@ def _exited(p: subprocess.Popen) -> None:
         time.sleep(0.01)
 
 
+async def _named_reads(e, pid: int, name: str) -> None:
+    """Process ``pid`` reads as consumer ``name``, and it opens the first file of the view (it takes part)."""
+    assert await e.consumers.name_of(pid, OWNER_UID) == name
+    await _read(e, int(e.schedule.view.order[0]), name)
+
+
 def test_a_job_that_exited_is_dropped_at_once_and_the_log_says_which_and_why(open_engine, t, caplog):
     e = open_engine(rf=2, advance="strict", consumer_timeout=30)
     p, (pid,) = _named("early-stopped")
     clock = trio.testing.MockClock()
     try:
-        async def name():
-            assert await e.consumers.name_of(pid, OWNER_UID) == "early-stopped"
-            await _read(e, int(e.schedule.view.order[0]), "early-stopped")  # it takes part, then stops
-        t.run(name)
+        t.run(lambda: _named_reads(e, pid, "early-stopped"))  # it takes part, then stops
         _exited(p)  # (a zombie: gone all the same)
 
         async def main():
@@ -350,10 +353,7 @@ def test_a_job_that_exits_during_the_wait_is_dropped_within_alive_every(open_eng
     p, (pid,) = _named("b")
     clock = trio.testing.MockClock()
     try:
-        async def name():
-            assert await e.consumers.name_of(pid, OWNER_UID) == "b"
-            await _read(e, int(e.schedule.view.order[0]), "b")
-        t.run(name)
+        t.run(lambda: _named_reads(e, pid, "b"))
 
         async def main():
             await _read_pass(e, "a")
@@ -390,10 +390,7 @@ def test_after_the_named_jobs_exited_an_unnamed_job_moves_the_mount(open_engine,
     p, (pid,) = _named("sweep0")
     clock = trio.testing.MockClock()
     try:
-        async def name():
-            assert await e.consumers.name_of(pid, OWNER_UID) == "sweep0"
-            await _read(e, int(e.schedule.view.order[0]), "sweep0")
-        t.run(name)
+        t.run(lambda: _named_reads(e, pid, "sweep0"))
         _end(p)
 
         async def main():

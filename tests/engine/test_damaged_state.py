@@ -23,17 +23,7 @@ TREE, INDEX = "tree.bin", "index.npz"
 def _used_cache(open_engine, t) -> tuple[str, tuple[int, int, int], dict[int, str]]:
     """A cache dir as a clean unmount leaves it, three passes in: (its path, the position, the copies)."""
     e = open_engine(rf=2)
-
-    async def main():
-        async with trio.open_nursery() as n:
-            await n.start(e.run)
-            for _ in range(3):
-                await t.settle(e)
-                await t.read_view(e)
-            await t.settle(e)
-            n.cancel_scope.cancel()
-
-    t.run(main)
+    t.read_passes(e, 3)
     where = (e.schedule.pos.epoch, e.schedule.pos.mini_epoch, e.schedule.pos.pass_index)
     cached = {f: en.name for f, en in e.cache.entries.items()}
     e.close()
@@ -73,6 +63,16 @@ def _serves_the_backing(e, t) -> None:
     cache = e.config.cache
     assert Tree.load(os.path.join(cache, TREE), os.stat(backing)) is not None
     assert load_position(cache) is not None
+
+
+def _damage(cache: str, name: str, how) -> str:
+    """The state file ``name`` of ``cache`` rewritten as ``how(its bytes)`` says; its path."""
+    path = os.path.join(cache, name)
+    with open(path, "rb") as f:
+        raw = f.read()
+    with open(path, "wb") as f:
+        f.write(how(raw))
+    return path
 
 
 def _said_once(warnings: list[str], name: str, cost: str) -> str:
@@ -138,11 +138,7 @@ TREE_DAMAGE = {
 @pytest.mark.parametrize("damage", list(TREE_DAMAGE))
 def test_a_damaged_saved_tree_is_said_removed_and_scanned_again(damage, open_engine, t, caplog):
     cache, where, cached = _used_cache(open_engine, t)
-    path = os.path.join(cache, TREE)
-    with open(path, "rb") as f:
-        raw = f.read()
-    with open(path, "wb") as f:
-        f.write(TREE_DAMAGE[damage](raw))
+    path = _damage(cache, TREE, TREE_DAMAGE[damage])
     e, warnings = _reopen(open_engine, caplog)
     said = _said_once(warnings, TREE, "scanned")
     assert "damaged" in said and "Error" not in said  # (what is wrong in words, not an exception's name)
@@ -199,11 +195,7 @@ INDEX_DAMAGE = {
 @pytest.mark.parametrize("damage", list(INDEX_DAMAGE))
 def test_a_damaged_index_is_said_removed_and_the_copies_checked_one_by_one(damage, open_engine, t, caplog):
     cache, where, cached = _used_cache(open_engine, t)
-    path = os.path.join(cache, INDEX)
-    with open(path, "rb") as f:
-        raw = f.read()
-    with open(path, "wb") as f:
-        f.write(INDEX_DAMAGE[damage](raw))
+    path = _damage(cache, INDEX, INDEX_DAMAGE[damage])
     e, warnings = _reopen(open_engine, caplog)
     said = _said_once(warnings, INDEX, "checked one by one")
     assert "damaged" in said and "Error" not in said
@@ -252,11 +244,7 @@ JOURNAL_DAMAGE = {
 @pytest.mark.parametrize("damage", list(JOURNAL_DAMAGE))
 def test_a_damaged_journal_is_said_removed_and_the_mount_starts_afresh(damage, open_engine, t, caplog):
     cache, _, _ = _used_cache(open_engine, t)
-    path = os.path.join(cache, JOURNAL_NAME)
-    with open(path, "rb") as f:
-        raw = f.read()
-    with open(path, "wb") as f:
-        f.write(JOURNAL_DAMAGE[damage](raw))
+    _damage(cache, JOURNAL_NAME, JOURNAL_DAMAGE[damage])
     e, warnings = _reopen(open_engine, caplog)
     said = _said_once(warnings, JOURNAL_NAME, "starts over at the first epoch")
     assert "damaged" in said and "Error" not in said

@@ -12,10 +12,6 @@ import trio
 from tierfs.backing import BackingError
 
 
-def _path(e, fidx: int) -> str:
-    return os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(fidx)))
-
-
 def test_a_view_file_gone_mid_pass_leaves_the_view_and_the_pass_ends_without_it(open_engine, t):
     e = open_engine(rf=100)
 
@@ -26,8 +22,8 @@ def test_a_view_file_gone_mid_pass_leaves_the_view_and_the_pass_ends_without_it(
             order = e.schedule.view.order.tolist()
             gone, rest = order[0], order[1:]
             next_gone = e.schedule.next_files.tolist()[0]
-            os.unlink(_path(e, gone))
-            os.unlink(_path(e, next_gone))
+            os.unlink(t.backing_path(e, gone))
+            os.unlink(t.backing_path(e, next_gone))
             with pytest.raises(BackingError) as exc:  # (its copy is not trusted past revalidate=open)
                 await e.data.open_file(gone)
             assert exc.value.errno == errno.ENOENT

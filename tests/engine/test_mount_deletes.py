@@ -17,17 +17,7 @@ def _restart_at_the_start(open_engine, t) -> tuple[set[str], str]:
     position journal removed: the remount starts at mini-epoch 0 and those copies are unwanted.  Returns the
     copies' names and the data dir."""
     e = open_engine(rf=2)
-
-    async def main():
-        async with trio.open_nursery() as n:
-            await n.start(e.run)
-            for _ in range(5):
-                await t.settle(e)
-                await t.read_view(e)
-            await t.settle(e)
-            n.cancel_scope.cancel()
-
-    t.run(main)
+    t.read_passes(e, 5)
     assert e.schedule.pos.mini_epoch == 2
     names = {en.name for en in e.cache.entries.values()}
     data = e.cache.data_path

@@ -12,22 +12,9 @@ from sampler.atomic import TEMP_PREFIX
 from tierfs.tree import fingerprint
 
 
-def _progress(e, t, passes: int) -> None:
-    async def main():
-        async with trio.open_nursery() as n:
-            await n.start(e.run)
-            for _ in range(passes):
-                await t.settle(e)
-                await t.read_view(e)
-            await t.settle(e)
-            n.cancel_scope.cancel()
-
-    t.run(main)
-
-
 def test_clean_restart_resumes_position_and_keeps_copies(open_engine, tmp_path, t):
     e = open_engine(rf=2)
-    _progress(e, t, 5)
+    t.read_passes(e, 5)
     where = (e.schedule.pos.epoch, e.schedule.pos.mini_epoch, e.schedule.pos.pass_index)
     cached = {f: en.name for f, en in e.cache.entries.items()}
     order = e.names.order_text()
@@ -42,7 +29,7 @@ def test_clean_restart_resumes_position_and_keeps_copies(open_engine, tmp_path, 
 
 def test_killed_restart_resumes_and_cleans_temps(open_engine, tmp_path, t):
     e = open_engine(rf=2)
-    _progress(e, t, 3)
+    t.read_passes(e, 3)
     where = (e.schedule.pos.epoch, e.schedule.pos.mini_epoch, e.schedule.pos.pass_index)
     cached = set(e.cache.entries)
     # a kill: no close(); the lock goes with the process, so drop it by hand, and leave temp files behind
@@ -63,7 +50,7 @@ def test_killed_restart_resumes_and_cleans_temps(open_engine, tmp_path, t):
 
 def test_restart_drops_copies_whose_backing_changed(open_engine, t):
     e = open_engine(rf=2)
-    _progress(e, t, 1)
+    t.read_passes(e, 1)
     victim = next(iter(e.cache.entries))
     path = os.path.join(e.config.backing, os.fsdecode(e.tree.file_path(victim)))
     e.close()
@@ -93,7 +80,7 @@ def test_restart_drops_copies_whose_backing_changed(open_engine, t):
 def test_a_remount_answers_from_the_saved_tree_and_sees_what_changed(open_engine, t, dataset):
     backing, files = dataset
     e = open_engine(rf=2)
-    _progress(e, t, 1)
+    t.read_passes(e, 1)
     e.close()
     gone = sorted(files)[0]
     os.unlink(backing / gone)
@@ -121,7 +108,7 @@ def test_a_remount_answers_from_the_saved_tree_and_sees_what_changed(open_engine
 
 def test_journal_is_valid_json_after_every_pass(open_engine, t):
     e = open_engine(rf=1)
-    _progress(e, t, 3)
+    t.read_passes(e, 3)
     with open(os.path.join(e.config.cache, "journal.json")) as f:
         j = json.load(f)
     pos = e.schedule.pos
@@ -154,7 +141,7 @@ def test_a_clean_remount_takes_its_copies_from_the_index_and_still_trusts_no_cop
     (the same entries a full check finds), drops the names gone from data/, and a copy damaged in between is
     still never served: the open's check repairs it and the bytes come from the backing."""
     e = open_engine(rf=2)
-    _progress(e, t, 3)
+    t.read_passes(e, 3)
     before = {f: (en.name, en.disk, en.fp, en.copy_id, en.digest) for f, en in e.cache.entries.items()}
     e.close()
     index = os.path.join(e.cache.path, "index.npz")
@@ -189,7 +176,7 @@ def test_a_remount_over_a_grown_data_set_adapts_nm_and_says_so(open_engine, data
     mount with the same settings is refused with the fix."""
     backing, files = dataset
     e = open_engine(capacity=64 << 10, nm=4)  # (the copies take 32 blocks of 4 KiB: 2 mini-epochs of 16 fit)
-    _progress(e, t, 2)
+    t.read_passes(e, 2)
     e.close()
     for i in range(40):  # (72 blocks: 4 mini-epochs of 18 no longer fit 32 KiB each)
         (backing / "grown").mkdir(exist_ok=True)
@@ -215,7 +202,7 @@ def test_a_remount_over_a_grown_data_set_adapts_nm_and_says_so(open_engine, data
     assert e2.settings.nm > 4 and e2.schedule.nm_in_force() == e2.settings.nm
     said = [r.getMessage() for r in caplog.records if "data set changed" in r.getMessage()]
     assert len(said) == 1 and f"mounted with nm={e2.settings.nm} instead of 4" in said[0], said
-    _progress(e2, t, 2)  # (it serves: passes go on)
+    t.read_passes(e2, 2)  # (it serves: passes go on)
     assert e2.schedule.pos.passes_total >= 2
     e2.close()
     with pytest.raises(ValueError, match="nm=5 does not fit"):  # (another nm than the last mount's: refused)
