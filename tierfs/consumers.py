@@ -380,7 +380,7 @@ class Consumers:
             seed = self.schedule.settings.seed
             if name != ANONYMOUS:  # (the anonymous consumer's order is the mount's own: as before consumers)
                 seed += (zlib.crc32(name.encode()) + 1) << 32
-            c = self._table[name] = Consumer(name, seed, self.schedule.tree.n_files, self.schedule.view_files())
+            c = self._table[name] = Consumer(name, seed, self.schedule.tree.n_slots, self.schedule.view_files())
             c.passes = self.schedule.pos.pass_index
         c.last_seen = time.time()
         return c

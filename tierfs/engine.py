@@ -74,7 +74,7 @@ from tierfs.schedule import Schedule, check_fits, fewest_mini_epochs
 from tierfs.staging import Stager
 from tierfs.stats import Status, build_status
 from tierfs.threads import in_thread
-from tierfs.tree import ScanCount
+from tierfs.tree import Growth, ScanCount
 from tierfs.users import Steering
 
 __all__ = ["Engine"]
@@ -123,7 +123,7 @@ class Engine:
         journalled = load_position(self.cache.dir_fd)
         pos = journalled or Position()
         self.trees = TreeKeeper(self.root_fd, backing, self.cache.dir_fd, unlistable=s.unlistable,
-                                stable_inodes=s.stable_inodes)
+                                stable_inodes=s.stable_inodes, rescan=s.rescan)
         same_nm = journalled is not None and journalled.nm_asked == s.nm  # (before it is overwritten)
         pos.nm_asked = s.nm  # (the option, journalled: see _fit_remount_nm)
         try:
@@ -131,11 +131,13 @@ class Engine:
             s = self._fit_default_nm(tree.n_files)
             disk = disk_estimates(tree.sizes, tree.blocks, self.cache.block)
             policy = POLICIES[s.policy]
+            n = tree.n_files  # (plans cover the files, not the tree's room: see Schedule.planned_sizes)
             if same_nm and policy.walks_plans:
-                s = self._fit_remount_nm(disk)
+                s = self._fit_remount_nm(disk[:n])
             self.schedule = Schedule(tree, self.live, cfg.capacity, pos, disk, walks_plans=policy.walks_plans)
             # Peers: who owns each file (staged it in epoch 0), the same on every node; kept beyond its mini-epochs
-            owners = plan_owners(disk, tree.groups, s, cfg.capacity) if self.link is not None else None
+            owners = plan_owners(disk[:n], tree.groups[:n], s, cfg.capacity,
+                                 tree.n_slots) if self.link is not None else None
             self.peers = PeerGroup(self.link, tree, owners=owners, settings=s)
             self.policy = policy(self.schedule, self.cache, owned=self.peers.owned())
             self.policy.check_fits()
@@ -234,6 +236,8 @@ class Engine:
             async with trio.open_nursery() as nursery:
                 self._nursery = self.data.nursery = self.versions.nursery = nursery
                 nursery.start_soon(once, "tree rescan", rescan)
+                nursery.start_soon(supervise, "rescanner", functools.partial(
+                    self.trees.follow, self.tree, limiter=self.cache_limiter, events=self))
                 nursery.start_soon(supervise, "pin keeper", self.pins.run)
                 nursery.start_soon(supervise, "cache deleter", functools.partial(self.cache.run_deletes, self))
                 nursery.start_soon(supervise, "journal writer", functools.partial(self.journal.run,
@@ -609,9 +613,9 @@ class Engine:
         if not self.tree.mark_gone(fidx):
             return
         if self.tree.gone_files == 1 or self.tree.gone_files % 1000 == 0:
-            log.warning("%s is gone from the backing dir (%d files so far): left out of the mini-epochs; files "
-                        "that come back, or new ones, show from the next mount", os.fsdecode(self.tree.file_path(fidx)),
-                        self.tree.gone_files)
+            log.warning("%s is gone from the backing dir (%d files so far): left out of the mini-epochs; one that "
+                        "comes back joins them again, as new files do, at a later epoch (rescan=epoch) or the next "
+                        "mount", os.fsdecode(self.tree.file_path(fidx)), self.tree.gone_files)
         sch = self.schedule
         in_view = sch.view is not None and bool(sch.view.mask[fidx])
         sch.file_gone(fidx)
@@ -619,6 +623,24 @@ class Engine:
             for c in self.consumers.file_gone(fidx):
                 self._consumer_pass_over(c)
         self.planner.notify()  # (the next pass's view: made again without it)
+
+    def grew(self, growth: Growth) -> None:
+        """(RescanEvents) The tree took files new in the backing or back in it: their copies' sizes; the epochs
+        after the next mini-epoch's are planned again with them, and they join as the first of those starts
+        (policy=lru: at once, the next pass shows them)."""
+        tree = self.tree
+        for fidx in growth.taken:
+            self.schedule.set_disk_size(fidx, self.cache.estimate(int(tree.sizes[fidx]), int(tree.blocks[fidx])))
+        self.names.grew(growth.entries)
+        if self.policy.walks_plans:
+            self.schedule.grew()
+        else:
+            tree.join(growth.number)
+        self.planner.notify()
+
+    def running_epoch(self) -> int:
+        """(RescanEvents) The epoch the position is in."""
+        return self.schedule.pos.epoch
 
     def all_confirmed(self) -> None:
         """The rescan read every fingerprint."""

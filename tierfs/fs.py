@@ -7,7 +7,8 @@ The names come from the :class:`~tierfs.namespace.Namespace` (``engine.names``),
 
 Caveats worth knowing:
 
-* Names that do not exist get negative entries with the same timeout (the tree is fixed for a mount's life).
+* Names that do not exist get negative entries with the same timeout, except those that may join later (see
+  :meth:`lookup`).
 * With a pyfuse3 that passes ``cache_readdir`` (``CACHES_LISTINGS``: the build of scripts/pyfuse3), ``opendir``
   also tells the kernel whether it may cache the listing and keep what it cached; the namespace's
   :class:`~tierfs.namespace.KernelListings` decides (``view=full`` directories but the root, per view).
@@ -196,12 +197,13 @@ class TierOperations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         inode = self.engine.names.lookup(parent_inode, name)
         if inode is None:
-            # A negative entry the kernel keeps (st_ino 0): the tree is fixed for the mount's life (files added
-            # to the backing show from the next mount), so a name that is not there now stays absent.  Loaders
-            # probe for names that do not exist (``.tierfs`` in a sub-directory, ``__init__.py``, sidecar files).
+            # A negative entry the kernel keeps (st_ino 0): loaders probe for names that do not exist (``.tierfs``
+            # in a sub-directory, ``__init__.py``, sidecar files).  Not for a name that may join later (a rescan
+            # took it, or a file found gone): the kernel asks again.  A name the backing gains later has its
+            # negative entry dropped when a rescan takes it (Namespace.grew), an epoch before it joins.
             a = pyfuse3.EntryAttributes()
             a.st_ino = 0
-            a.entry_timeout = ATTR_TIMEOUT
+            a.entry_timeout = ATTR_TIMEOUT if self.engine.names.absence_lasts(parent_inode, name) else 0.0
             return a
         return self._entry(inode)
 

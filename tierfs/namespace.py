@@ -2,9 +2,10 @@
 
 It owns no state of its own but, under ``substitute``, the :class:`~tierfs.substitute.Substitutions` (which
 view file each name is served as this pass; the kernel entries they find stale are dropped in the background by
-:meth:`Namespace.run`, through the pusher's :class:`~tierfs.pusher.KernelCache`): the tree (fixed for the
-mount's life) says what exists, the schedule's view what the root lists in this pass.  Every name of the tree
-can be looked up and opened, in view or not; only the view is listed (every file with ``listing=all``).  Two
+:meth:`Namespace.run`, through the pusher's :class:`~tierfs.pusher.KernelCache`): the tree (whose numbers are
+fixed for the mount's life; entries the backing gains join as an epoch starts) says what exists, the schedule's
+view what the root lists in this pass.  Every name of the tree can be looked up and opened, in view or not; only
+the view is listed (every file with ``listing=all``).  Two
 things here are news for other parts: a lookup or a listing tells the pusher the kernel now has an inode (pushes
 wait for one), and a listing of the root (or an ``order`` file) starts a consumer's pass -- listing it again
 after reads may end the pass -- which is the engine's to decide, by who listed (:class:`NamespaceEvents`).
@@ -56,7 +57,7 @@ class NamespaceEvents(Protocol):
 
 class Listing(Sequence[tuple[bytes, int]]):
     """One ``opendir``'s snapshot of a directory: (name, inode) per entry, in listing order.  Kept as an array of
-    inodes and a way to name a range of entries (from the tree's arrays, fixed for the mount's life): a directory
+    inodes and a way to name a range of entries (from the tree's arrays: a node's name never changes): a directory
     of a million files is listed without a Python object per entry, each ``readdir`` makes the names it sends."""
 
     def __init__(self, inodes: np.ndarray, *, tree: Tree | None = None, nodes: np.ndarray | None = None,
@@ -168,6 +169,8 @@ class Namespace:
         self.substitutions = Substitutions(schedule) if substitute else None
         self._stale = Wakeup()  # (the substitutions found stale kernel entries: run() drops them)
         self._access = Wakeup()  # (the tree found a mode or owner changed: run() tells the kernel)
+        self._absences: list[tuple[int, bytes]] = []  # (entries a rescan took: run() drops negative ones)
+        self._grown = Wakeup()
         tree.access_watcher = self
         self.listings = KernelListings(tree)  # which listings the kernel may cache
 
@@ -225,8 +228,28 @@ class Namespace:
         answers)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._tell_access_changes)
+            nursery.start_soon(self._drop_absences)
             if self.substitutions is not None:
                 nursery.start_soon(self._drop_stale_entries)
+
+    def absence_lasts(self, parent_inode: int, name: bytes) -> bool:
+        """Whether the kernel may keep the answer that ``name`` is not in directory ``parent_inode`` (a negative
+        entry): not for a name a rescan took that has not joined yet, nor for a file found gone (it may come
+        back: ``Tree.may_come``)."""
+        tree = self.tree
+        return not (0 < parent_inode <= tree.n_nodes and tree.may_come(parent_inode - 1, name))
+
+    def grew(self, entries: tuple[tuple[int, bytes], ...]) -> None:
+        """A rescan took these (directory node, name) entries (``Growth.entries``): the kernel is to drop any
+        negative entry it keeps for them (answered before), well before they join."""
+        self._absences += entries
+        self._grown.notify()
+
+    async def _drop_absences(self) -> None:
+        while True:
+            await self._grown.wait()
+            entries, self._absences = self._absences, []
+            await self.pusher.kernel.drop_entries([(i + 1, name) for i, name in entries])
 
     def access_changed(self) -> None:
         """(AccessWatcher) A node's mode, owner or group changed: the kernel is to be told."""

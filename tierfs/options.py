@@ -292,6 +292,9 @@ OPTIONS: dict[str, Option] = {
         Option("stable_inodes", _choice("auto", "yes", "no"), False, "whether the backing keeps a file's inode "
                "number: no = copies are known by size and times only (sshfs without noforget, rclone, gcsfuse, "
                "s3fs number inodes per mount); auto = no on a FUSE backing, yes on any other"),
+        Option("rescan", _choice("epoch", "never"), False, "epoch = scan the backing dir again as each epoch starts: "
+               "files it gained join the mini-epochs from a later epoch, files back from gone too (no remount); "
+               "never = only after a mount that loaded the saved tree (new files show from the next mount)"),
         Option("unlistable", _choice("skip", "refuse"), False, "a directory of the backing dir the daemon cannot "
                "list (a permission, an I/O error): skip = mount without the files under it, said in the log and "
                "status (tree.unlistable); refuse = the mount fails, naming it"),
@@ -312,7 +315,7 @@ OPTION_SECTIONS: dict[str, tuple[str, ...]] = {
                                                                        "arf_weights"),
     "the slow tier and staging": ("bandwidth", "staging_streams", "revalidate", "backing_timeout", "verify",
                                   "stable_inodes", "policy"),
-    "what the mount shows": ("view", "listing", "substitute", "ro", "unlistable"),
+    "what the mount shows": ("view", "listing", "substitute", "ro", "unlistable", "rescan"),
     "several jobs, several nodes": ("consumer_timeout", "rank", "world_size", "peers", "peer_addr",
                                     "peer_timeout"),
     "access and the daemon": ("allow_other", "group", "log_level"),
@@ -373,6 +376,7 @@ class Settings:
     verify: str = "size-mtime"
     stable_inodes: str = "auto"
     unlistable: str = "skip"
+    rescan: str = "epoch"
     allow_other: bool = False
     group: str = ""
     ro: bool = False

@@ -260,10 +260,12 @@ def detach_from_launcher(link: PeerLink) -> None:
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
-def plan_owners(disk_sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacity: int) -> np.ndarray:
-    """The rank that stages each file in epoch 0 of the plan every node derives (int32 per file): who owns
-    it.  One plan per rank, made once at mount (seconds at millions of files and many ranks)."""
-    owners = np.full(len(disk_sizes), -1, np.int32)
+def plan_owners(disk_sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacity: int,
+                slots: int = 0) -> np.ndarray:
+    """The rank that stages each file in epoch 0 of the plan every node derives (int32 per file, ``slots`` of
+    them if more: the tree's room, files the backing gains, is owned by none): who owns it.  One plan per rank,
+    made once at mount (seconds at millions of files and many ranks)."""
+    owners = np.full(max(slots, len(disk_sizes)), -1, np.int32)
     for r in range(settings.world_size):
         plan, _ = make_plan(disk_sizes, groups, dataclasses.replace(settings, rank=r), capacity, 0)
         for piece in plan:

@@ -112,7 +112,7 @@ class Revalidator:
     def __init__(self, tree: Tree, backing: Backing, *, policy: CachePolicy, settings: LiveSettings,
                  events: RevalidatorEvents) -> None:
         #: time of the last agreeing backing answer per file: seconds after ``_base`` (see :meth:`_now`)
-        self.confirmed = np.full(tree.n_files, -math.inf, np.float32)
+        self.confirmed = np.full(tree.n_slots, -math.inf, np.float32)
         self._dirs = tree.dir_nodes  # ... and per directory (the same units)
         self.dir_confirmed = np.full(len(self._dirs), -math.inf, np.float32)
         self._base = time.monotonic()

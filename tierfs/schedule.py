@@ -209,9 +209,12 @@ class PlanJob:
     sizes: np.ndarray
     groups: np.ndarray
     generation: int
+    n_files: int  # the files it plans (the tree's then: not its room)
+    growth: int  # the tree's growth then (Schedule._join)
 
     def make(self) -> tuple[list[np.ndarray], str | None]:
-        return make_plan(self.sizes, self.groups, self.settings, self.capacity, self.epoch)
+        n = self.n_files
+        return make_plan(self.sizes[:n], self.groups[:n], self.settings, self.capacity, self.epoch)
 
 
 #: which view: (plan generation, epoch, mini-epoch, pass) -- the seed and listing are no live settings
@@ -263,9 +266,12 @@ class Schedule:
         self.capacity = capacity
         self.pos = pos
         self.plans: dict[int, list[np.ndarray]] = {}
+        #: per planned epoch, the tree's growth its plan was made with: the files it took join as it starts
+        self._plan_growth: dict[int, int] = {}
         #: set while the engine runs (``Engine.run``): a missing plan is left to its planner, never made here
         self.plans_ahead = False
         self._awaited: int | None = None  # the epoch whose plan the walk to the next mini-epoch waits for
+        self._joined = 0  # the tree growth whose files joined last (see _join)
         self._sums: tuple[int, int, int] | None = None  # _bytes(), until the next mini-epoch or changed file
         self._generation = 0  # bumped by a replan: plans made from older settings are not kept
         self._sizes_lent = False  # disk_sizes is read by a plan job (copy before writing)
@@ -274,7 +280,7 @@ class Schedule:
         self._whole_next: ViewKey | None = None  # (view=full) the next pass's, once this one is in its last eighth
         self.views_ahead = 0
         self.views_inline = 0
-        n = tree.n_files
+        n = tree.n_slots
         self.current = np.zeros(0, np.int64)
         self.current_mask = np.zeros(n, bool)
         self.next_files = np.zeros(0, np.int64)
@@ -308,19 +314,24 @@ class Schedule:
 
     def check(self, settings: Settings) -> None:
         """``ValueError`` with the reason and the fix if ``settings`` cannot plan an epoch (no plan is made)."""
-        check_fits(self.disk_sizes, settings, self.capacity)
+        check_fits(self.planned_sizes(), settings, self.capacity)
 
     def capacity_needed(self, nm: int, world_size: int) -> int:
         """:func:`capacity_needed` of this data set's copies."""
-        return capacity_needed(self.disk_sizes, nm, world_size)
+        return capacity_needed(self.planned_sizes(), nm, world_size)
+
+    def planned_sizes(self) -> np.ndarray:
+        """The copies' sizes of the files a plan made now covers: the tree's, not its room (a view)."""
+        return self.disk_sizes[:self.tree.n_files]
 
     def plan(self, epoch: int) -> list[np.ndarray]:
         """The plan of ``epoch``, made now if it is missing: only where nothing waits on the trio thread for it
         (before the mount serves, engine tests without a planner); see :meth:`_plan_or_none`."""
         plan = self.plans.get(epoch)
         if plan is None:
-            plan, note = make_plan(self.disk_sizes, self.tree.groups, self.settings, self.capacity, epoch)
-            self._keep(epoch, plan, note)
+            n = self.tree.n_files
+            plan, note = make_plan(self.disk_sizes[:n], self.tree.groups[:n], self.settings, self.capacity, epoch)
+            self._keep(epoch, plan, note, self.tree.growth)
         return plan
 
     def _plan_or_none(self, epoch: int) -> list[np.ndarray] | None:
@@ -330,13 +341,15 @@ class Schedule:
         self._awaited = epoch
         return None
 
-    def _keep(self, epoch: int, plan: list[np.ndarray], note: str | None) -> None:
+    def _keep(self, epoch: int, plan: list[np.ndarray], note: str | None, growth: int) -> None:
         self.plan_error = None
         if note is not None:
             self.plan_note = note
         for old in [e for e in self.plans if e < min(epoch, self.pos.epoch)]:
             del self.plans[old]  # (the position never goes back)
+            self._plan_growth.pop(old, None)
         self.plans[epoch] = plan
+        self._plan_growth[epoch] = growth
 
     def plan_job(self) -> PlanJob | None:
         """The plan to make next off the trio thread: the next epoch's from the moment an epoch starts (ready
@@ -347,7 +360,7 @@ class Schedule:
             if epoch not in self.plans:
                 self._sizes_lent = True  # (copied before it is written: set_disk_size)
                 return PlanJob(epoch, self.settings, self.capacity, self.disk_sizes, self.tree.groups,
-                               self._generation)
+                               self._generation, self.tree.n_files, self.tree.growth)
         return None
 
     def adopt(self, job: PlanJob, plan: list[np.ndarray], note: str | None, cached: HeldCopies) -> bool:
@@ -357,7 +370,7 @@ class Schedule:
             self._sizes_lent = False
         if job.generation != self._generation or job.epoch in self.plans or job.epoch <= self.pos.epoch:
             return False
-        self._keep(job.epoch, plan, note)
+        self._keep(job.epoch, plan, note, job.growth)
         if self.next_coords is not None or self._awaited != job.epoch:
             return False
         self.enter(self.pos.epoch, self.pos.mini_epoch, cached, keep_view=True)
@@ -424,6 +437,7 @@ class Schedule:
         """Make (epoch, me) current and recompute next, wanted and pending; a new view unless ``keep_view``
         (a plan change keeps the view and pass it is in).  The one way into a mini-epoch."""
         if not keep_view:
+            self._join(epoch)
             self.current = self.plans[epoch][me]
             if (epoch, me) == self.next_coords and self.next_files is self.current:
                 # (a switch: the next mini-epoch's mask is made; the old current one's array takes the next's)
@@ -444,7 +458,7 @@ class Schedule:
         # (masks, not the files: a switch makes these from millions of files while every reader waits; written
         # into the arrays the last switch left, not into fresh pages; only this schedule reads them)
         np.logical_or(self.current_mask, self.next_mask, out=self.wanted)
-        held, sizes = cached.held(self.tree.n_files), self.tree.sizes
+        held, sizes = cached.held(self.tree.n_slots), self.tree.sizes
         if self.tree.gone_files:  # (a file found gone: nothing to copy, nothing to wait for)
             self.wanted &= ~self.tree.gone
             held = held | self.tree.gone
@@ -465,6 +479,26 @@ class Schedule:
         del self.pos.rf_effective[:-RF_EFFECTIVE_KEPT]  # (switches as fast as "advance" lines come: bounded)
         self.advance_requested = False
         self.enter(epoch, me, cached)
+
+    def grew(self) -> None:
+        """The tree took new files (``Tree.grow``, their disk sizes set): the epochs after the one the next
+        mini-epoch is in are planned again, with them (they join as the first of those starts)."""
+        keep = self.pos.epoch if self.next_coords is None else max(self.pos.epoch, self.next_coords[0])
+        for epoch in [e for e in self.plans if e > keep]:
+            del self.plans[epoch]
+            self._plan_growth.pop(epoch, None)
+        self._generation += 1  # (a plan under way without them is not kept)
+        self._drop_unwanted_views()
+
+    def _join(self, epoch: int) -> None:
+        """Entering ``epoch``: the files its plan was made with join the tree (``Tree.join``); views made ahead
+        without them are made again."""
+        growth = self._plan_growth.get(epoch, 0)
+        if growth > self._joined:
+            self._joined = growth
+            if self.tree.join(growth):
+                self._sizes_version += 1
+                self._views.clear()
 
     def replan(self, cached: HeldCopies) -> None:
         """New nm/mini_epoch_size/composition (in the settings now): the current epoch keeps its plan, later epochs

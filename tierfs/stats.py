@@ -412,7 +412,7 @@ _SETTING = "a setting: status shows it, the control file changes it"
 _DIAGNOSTIC = "a diagnostic figure: status shows it, no metric so far"
 _SINCE = "the wall-clock start of the state its gauge shows"
 _FD_SHARE = "a share of the descriptor limit (tierfs_fd_limit)"
-_AT_MOUNT = "found once per mount (the tree's load and rescan): status shows it"
+_AT_MOUNT = "found by the tree's load and rescans (rare events): status shows it"
 _MEASURED = ("as measured when staging fell behind, for status's why and fix (the live rates: "
              "tierfs_staging_bytes_per_second, tierfs_consumption_bytes_per_second)")
 
@@ -446,7 +446,8 @@ NOT_METRICS: dict[str, str] = {
     "fd_budget.reserve": _FD_SHARE, "fd_budget.others_limit": _FD_SHARE, "fd_budget.per_user_limit": _FD_SHARE,
     "fd_budget.others_held": _DIAGNOSTIC,
     "tree.source": _TEXT, "tree.seconds": _AT_MOUNT, "tree.rescan": _TEXT,
-    "tree.added": _AT_MOUNT, "tree.removed": _AT_MOUNT, "tree.changed": _AT_MOUNT,
+    "tree.added": _AT_MOUNT, "tree.removed": _AT_MOUNT, "tree.changed": _AT_MOUNT, "tree.rescans": _AT_MOUNT,
+    "tree.joining": _AT_MOUNT, "tree.left_out": _AT_MOUNT,
     "tree.unlistable_dirs": "the first of them, text (their count: tierfs_unlistable_dirs)",
     "tree.stable_inodes": _AT_MOUNT,
     "arf.mode": _SETTING, "arf.history": "a list of scored feedback lines",

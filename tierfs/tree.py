@@ -22,6 +22,15 @@ no filesystem crossed).
 mode, owner or group found during the mount (a file's :meth:`Tree.update_stat`, a directory's
 :meth:`Tree.update_access`) and keeps, until the kernel has been told (``access_untold``, emptied by the
 namespace), which nodes the kernel may still hold older ones of; its :class:`AccessWatcher` hears of each.
+
+**Room to grow.**  A mount's tree keeps room for entries the backing gains while it runs (:meth:`Tree.with_room`):
+unused file slots after the files (so every per-file array of the mount is made once, at its size, and file
+``f`` stays node ``f + 1``) and unused nodes after the rest, all of kind KIND_HOLE and in no directory.  A
+rescan's :meth:`Tree.additions` take them (:meth:`Tree.grow`), hidden -- in no directory, files masked as gone --
+until the epoch whose plan was made with them starts (:meth:`Tree.join`): node numbers, and so the kernel's
+inode numbers, never change under a running mount.  A node taken keeps its name in ``_late`` (the names of the
+scan are one string, read by other threads as it is).  ``n_files`` counts the files in use; ``n_slots`` the
+per-file arrays' length.
 """
 
 from __future__ import annotations
@@ -57,12 +66,16 @@ __all__ = [
     "CONTROL_INODES",
     "KIND_DIR",
     "KIND_FILE",
+    "KIND_HOLE",
     "KIND_LINK",
     "KIND_SPECIAL",
     "NS_MAX",
     "NS_MIN",
     "AccessWatcher",
+    "Additions",
+    "Comparison",
     "Fingerprint",
+    "Growth",
     "Node",
     "ScanCount",
     "Tree",
@@ -74,6 +87,8 @@ __all__ = [
 ]
 
 KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL = 0, 1, 2, 3
+#: a node kept for an entry the backing may gain during the mount (see "Room to grow"): in no directory yet
+KIND_HOLE = 4
 
 #: Inode numbers of ``/.tierfs`` and its files, far above any tree inode (tree inode = node index + 1).
 CONTROL_BASE = 1 << 60
@@ -81,6 +96,55 @@ CONTROL_INODES = {os.fsencode(name): CONTROL_BASE + i for i, name in enumerate((
 
 
 Fingerprint = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What a newer scan of the same backing says about a tree's files (:meth:`Tree.compare`)."""
+
+    changed: list[tuple[int, os.stat_result]]  # files whose fingerprint differs there, with their stat there
+    gone: list[int]  # files it lacks
+    added: np.ndarray  # its files the tree lacks (the newer scan's file indices, in storage order)
+    returned: list[tuple[int, os.stat_result]]  # files found gone during the mount that it has again
+
+
+@dataclass
+class Additions:
+    """Entries a newer scan found that a tree lacks (:meth:`Tree.additions`), parents before children: each a
+    (parent, name, kind, stat, link text), the parent a node of the tree or ``-1 - k`` for the k-th addition."""
+
+    entries: list[tuple[int, bytes, int, os.stat_result, bytes]] = field(default_factory=list)
+
+    def add(self, parent: int, name: bytes, kind: int, st: os.stat_result, text: bytes) -> int:
+        self.entries.append((parent, name, kind, st, text))
+        return -len(self.entries)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def files(self) -> int:
+        return sum(kind == KIND_FILE for _, _, kind, _, _ in self.entries)
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What :meth:`Tree.grow` took: its number (what :meth:`Tree.join` is given), the files and other entries
+    taken into the room, the files left out for want of room, the files back from gone, and the file indices of
+    those new and back."""
+
+    number: int
+    files: int
+    others: int
+    left_out: int
+    returned: int
+    taken: tuple[int, ...] = ()
+    #: (directory node, name) of each entry taken into a directory the kernel may have looked it up in before
+    #: (not a new one): a negative entry it keeps there is to be dropped before the entry joins
+    entries: tuple[tuple[int, bytes], ...] = ()
 
 
 SCAN_THREADS = 16  # lstat requests in flight while scanning: a network tier answers many at once
@@ -334,19 +398,34 @@ class Tree:
         self.meta_idx = meta_idx.astype(_row_dtype(len(meta)), copy=False)  # per node: its row of ``meta``
         self.size, self.mtime, self.ctime = size, mtime, ctime
         self.ino, self.blocks_ = _narrow(ino), _narrow(blocks)  # (uint32 when they fit)
-        self.kids = kids  # int32: directory p's children, by name: kids[first[s]:first[s + 1]], s = dir_slot(p)
-        self.first = np.zeros(n - n_files + 1, np.int64)
-        self.first[1:] = np.cumsum(np.bincount(self.dir_slots(parents[kids]), minlength=n - n_files))
+        self._filled = n_files  # file slots in use (the rest: room for files the backing gains, see with_room)
+        self._next_other = n  # the first node of the room for directories, symlinks and special entries
+        first = np.zeros(n - n_files + 1, np.int64)
+        first[1:] = np.cumsum(np.bincount(self.dir_slots(parents[kids]), minlength=n - n_files))
+        #: (kids, first): directory p's children, by name, are kids[first[s]:first[s + 1]], s = dir_slot(p); one
+        #: attribute, so that a thread reading it while :meth:`join` links new nodes sees one version of both
+        self._children = (kids, first)
         self.dev = dev
         self.sizes = size[1:n_files + 1]
         self.blocks = self.blocks_[1:n_files + 1]
         self.groups = parents[1:n_files + 1]
         self._hard_links()
         #: files found gone from the backing during this mount (a rescan, a re-stat, a copy or an open answered
-        #: ENOENT): out of every view and listing from then on, never staged again; one that comes back shows
-        #: again at the next mount, as added files do (the numbering is fixed for the life of a mount)
+        #: ENOENT): out of every view and listing from then on, never staged again; one that comes back joins
+        #: again as added files do (see "Room to grow"); also, until they join, the files a rescan took
         self.gone = np.zeros(n_files, bool)
         self.gone_files = 0
+        #: files masked in ``gone``: those found gone and those not joined yet (what :meth:`present` leaves out)
+        self.hidden = 0
+        #: growth (see "Room to grow" above): rescans whose news were taken, nodes taken since the scan with
+        #: their names and link texts, the nodes not in a directory yet and the files still masked (each with the
+        #: growth that took it), and the nodes not in a directory by (parent, name)
+        self.growth = 0
+        self._late: dict[int, bytes] = {}
+        self._late_links: dict[int, bytes] = {}
+        self._unlinked: dict[tuple[int, bytes], int] = {}
+        self._link_due: list[tuple[int, int]] = []
+        self._unmask: dict[int, int] = {}
         #: changes of a node's mode, owner or group found during this mount (see "Access changes" above): how many
         #: so far, the count at each node's last one, and the nodes the kernel has not been told of since
         self.access_serial = 0
@@ -363,7 +442,7 @@ class Tree:
     def _hard_links(self) -> None:
         """Files sharing a backing inode (more than one name in the tree): ``_linked`` (their file indices,
         sorted) and per each the first of its names in storage order (``_canon``).  Few: kept sparse."""
-        nf = self._n_files
+        nf = self._filled
         many = np.flatnonzero(self.meta[self.meta_idx[1:nf + 1], _NLINK] > 1)
         ino = self.ino[many + 1]
         by_ino = np.lexsort((many, ino))
@@ -398,14 +477,22 @@ class Tree:
 
     @property
     def n_files(self) -> int:
+        """The files the tree has numbered (those found gone and those not joined yet too; not its room)."""
+        return self._filled
+
+    @property
+    def n_slots(self) -> int:
+        """The length of every per-file array: the files and the room for more (see "Room to grow")."""
         return self._n_files
 
     @property
     def files(self) -> np.ndarray:
         """The node of each file index (file ``f`` is node ``f + 1``)."""
-        return np.arange(1, self._n_files + 1, dtype=np.int64)
+        return np.arange(1, self._filled + 1, dtype=np.int64)
 
     def name(self, i: int) -> bytes:
+        if self._late and i in self._late:
+            return self._late[i]
         return self._names[(int(self._name_ends[i - 1]) if i else 0):int(self._name_ends[i])]
 
     def path(self, i: int) -> bytes:
@@ -416,6 +503,8 @@ class Tree:
         return self.name(i) if parent == 0 else self._dir_path(parent) + b"/" + self.name(i)
 
     def link(self, i: int) -> bytes:
+        if i in self._late_links:
+            return self._late_links[i]
         at = int(np.searchsorted(self._link_nodes, i))
         if at == len(self._link_nodes) or int(self._link_nodes[at]) != i:
             return b""
@@ -426,7 +515,7 @@ class Tree:
 
     def fidx_of(self, i: int) -> int:
         """The file index of node ``i``, -1 for anything but a file."""
-        return i - 1 if 0 < i <= self._n_files else -1
+        return i - 1 if 0 < i <= self._filled else -1
 
     @property
     def n_dir_slots(self) -> int:
@@ -442,19 +531,24 @@ class Tree:
 
     def children(self, i: int) -> np.ndarray:
         """The nodes in directory ``i``, sorted by name (empty for anything else)."""
+        kids, first = self._children
         if 0 < i <= self._n_files:
-            return self.kids[:0]
+            return kids[:0]
         s = self.dir_slot(i)
-        return self.kids[self.first[s]:self.first[s + 1]]
+        return kids[first[s]:first[s + 1]]
 
     def child(self, i: int, name: bytes) -> int | None:
         """The node called ``name`` in directory ``i`` (a binary search over its sorted names), or None."""
         if 0 < i <= self._n_files:
             return None
+        kids, first = self._children
         s = self.dir_slot(i)
-        lo, stop = self.first.item(s), self.first.item(s + 1)
+        lo, stop = first.item(s), first.item(s + 1)
+        if self._late:  # (names taken since the scan: the general way)
+            at = self._name_search(kids, lo, stop, name)
+            return kids.item(at) if at < stop and self.name(kids.item(at)) == name else None
         hi = stop
-        kids, ends, names = self.kids, self._name_ends, self._names  # (a lookup per open: no Python call a step)
+        ends, names = self._name_ends, self._names  # (a lookup per open: no Python call a step)
         while lo < hi:
             mid = (lo + hi) >> 1
             k = kids.item(mid)  # (a child is never the root: its name starts where node k - 1's ends)
@@ -466,11 +560,26 @@ class Tree:
             return k
         return None
 
+    def _name_search(self, kids: np.ndarray, lo: int, hi: int, name: bytes) -> int:
+        """Where ``name`` is, or goes, among the names of ``kids[lo:hi]`` (sorted): a binary search."""
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.name(kids.item(mid)) < name:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def names_of(self, nodes: np.ndarray) -> list[bytes]:
         """:meth:`name` of each of ``nodes`` (none the root), with no Python code run per node."""
         ends = self._name_ends[nodes]
         starts = self._name_ends[nodes - 1]
-        return list(map(self._names.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+        out = list(map(self._names.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+        if self._late:
+            late = self._late
+            for j in np.flatnonzero(np.isin(nodes, np.fromiter(late, np.int64, len(late)))).tolist():
+                out[j] = late[int(nodes[j])]
+        return out
 
     def attributes_of(self, nodes: np.ndarray) -> tuple[np.ndarray, ...]:
         """:meth:`attributes` of each of ``nodes``: (mode, nlink, uid, gid, rdev) per node (int64 [node, 5], a
@@ -547,13 +656,13 @@ class Tree:
 
     def first_names(self) -> np.ndarray:
         """The file indices that are no second name of a hard-linked file (all, without hard links)."""
-        files = np.arange(self._n_files, dtype=index_dtype(self._n_files))
+        files = np.arange(self._filled, dtype=index_dtype(self._n_files))
         return files[~np.isin(files, self._linked[self._canon != self._linked])] if self._linked.size else files
 
     def fingerprints(self, fidx: np.ndarray | None = None) -> np.ndarray:
         """(size, mtime_ns, ino, ctime_ns) per file index (of ``fidx``, or all), as the tree knows them now (ino 0
         unless :attr:`stable_inodes`)."""
-        nodes = slice(1, self._n_files + 1) if fidx is None else np.asarray(fidx) + 1
+        nodes = slice(1, self._filled + 1) if fidx is None else np.asarray(fidx) + 1
         ino = self.ino[nodes].astype(np.int64) if self.stable_inodes else np.zeros(len(self.size[nodes]), np.int64)
         return np.stack([self.size[nodes], self.mtime[nodes], ino, self.ctime[nodes]], axis=-1)
 
@@ -564,7 +673,7 @@ class Tree:
     def path_index(self) -> tuple[np.ndarray, np.ndarray]:
         """(the files' path hashes sorted (uint64), the file of each); made again if it was released."""
         if self._path_index is None:
-            nf = self._n_files
+            nf = self._filled
             hashes = np.fromiter((self.path_hash_of(f) for f in range(nf)), np.uint64, nf)
             order = np.argsort(hashes, kind="stable").astype(index_dtype(nf))
             self._path_index = (hashes[order], order)
@@ -610,20 +719,28 @@ class Tree:
 
     def mark_gone(self, fidx: int) -> bool:
         """File ``fidx`` is gone from the backing (see :attr:`gone`); False if it was known gone already."""
+        if self._unmask.pop(fidx, None) is not None:  # (not joined yet: it never will)
+            self.gone_files += 1
+            return True
         if self.gone[fidx]:
             return False
         self.gone[fidx] = True
         self.gone_files += 1
+        self.hidden += 1
         return True
 
     def present(self, files: np.ndarray) -> np.ndarray:
-        """``files`` without those found gone (the array itself when none is)."""
-        return files[~self.gone[files]] if self.gone_files else files
+        """``files`` without those found gone and those not joined yet (the array itself when none is)."""
+        return files[~self.gone[files]] if self.hidden else files
 
     def update_stat(self, fidx: int, st: os.stat_result) -> None:
         """File ``fidx`` is now as ``st`` says (a change found in the backing)."""
         i = fidx + 1
         self._set_meta(i, _META(st))
+        self._set_stat(i, st)
+
+    def _set_stat(self, i: int, st: os.stat_result) -> None:
+        """Node ``i``'s size, blocks, times and inode number are ``st``'s."""
         self.size[i], blocks, mtime, ctime = _COLUMNS(st)
         self.mtime[i], self.ctime[i] = clamp_ns(mtime), clamp_ns(ctime)
         if st.st_ino >= 2**32 and self.ino.dtype == np.uint32:  # (see _narrow)
@@ -640,15 +757,7 @@ class Tree:
         old = self._meta_rows[self.meta_idx.item(i)]
         if tuple(row) == old:
             return
-        new = np.array(row, np.int64)
-        same = np.flatnonzero((self.meta == new).all(axis=1))
-        if same.size:
-            self.meta_idx[i] = same[0]
-        else:
-            self.meta = np.vstack([self.meta, new])
-            self.meta_idx = self.meta_idx.astype(_row_dtype(len(self.meta)), copy=False)
-            self.meta_idx[i] = len(self.meta) - 1
-            self._meta_rows.append(tuple(new.tolist()))
+        self.meta_idx[i] = self._meta_row(row)
         self.nodes.drop(i)
         if _access(old) != _access(row):
             self.access_serial += 1
@@ -656,9 +765,20 @@ class Tree:
             if self.access_watcher is not None:
                 self.access_watcher.access_changed()
 
+    def _meta_row(self, row: tuple[int, ...]) -> int:
+        """The row of ``meta`` holding ``row``, added if none does."""
+        new = np.array(row, np.int64)
+        same = np.flatnonzero((self.meta == new).all(axis=1))
+        if same.size:
+            return int(same[0])
+        self.meta = np.vstack([self.meta, new])
+        self.meta_idx = self.meta_idx.astype(_row_dtype(len(self.meta)), copy=False)
+        self._meta_rows.append(tuple(new.tolist()))
+        return len(self.meta) - 1
+
     def update_access(self, i: int, st: os.stat_result) -> bool:
         """Directory ``i``'s mode, owner and group are now ``st``'s (a backing stat); whether they changed.  Its
-        other attributes stay the scan's, as its entries do (the tree is fixed for the mount's life)."""
+        other attributes stay the scan's (a directory's size and times are not served from the backing)."""
         mode, nlink, uid, gid, rdev = self._meta_rows[self.meta_idx.item(i)]
         if (mode, uid, gid) == (st.st_mode, st.st_uid, st.st_gid):
             return False
@@ -708,13 +828,16 @@ class Tree:
         """Write the tree's arrays to ``path`` (a name in the directory ``dir_fd``, if given) atomically, one
         ``.npy`` record after another (read back at disk speed: a zip of them read at a third of it): a remount
         over the same cache answers from it at once and rescans in the background (see ``opening.TreeKeeper``).
-        About 70 bytes per file plus its name."""
+        About 70 bytes per file plus its name.  Only a tree as scanned or loaded is saved, never one with room
+        (the mount keeps that one: ``opening.TreeKeeper``)."""
+        if self._n_files != self._filled or self._next_other != self.n_nodes:
+            raise ValueError("a tree with room is not saved: save the tree it was made from")
         keys, order = self.path_index()
         arrays = {"parents": self.parents, "kinds": self.kinds, "names": np.frombuffer(self._names, np.uint8),
                   "name_ends": self._name_ends, "link_nodes": self._link_nodes,
                   "links": np.frombuffer(self._links, np.uint8), "link_ends": self._link_ends, "meta": self.meta,
                   "meta_idx": self.meta_idx, "ino": self.ino, "size": self.size, "blocks": self.blocks_,
-                  "mtime": self.mtime, "ctime": self.ctime, "kids": self.kids, "hash_keys": keys,
+                  "mtime": self.mtime, "ctime": self.ctime, "kids": self._children[0], "hash_keys": keys,
                   "hash_order": order}
         h = xxhash.xxh3_64()
         with atomic_open(path, dir_fd=dir_fd) as f:
@@ -773,32 +896,233 @@ class Tree:
                 if isinstance(exc, OSError) else f"it cannot be read ({type(exc).__name__}: {exc})"
             raise ValueError(why) from None
 
-    def compare(self, new: Tree) -> tuple[list[tuple[int, os.stat_result]], list[int], int]:
-        """What a newer scan of the same backing says about this tree's files: (changed files with their new
-        stat, files gone, how many files it has that this tree lacks).  Matched by path hash, then by path."""
+    def compare(self, new: Tree) -> Comparison:
+        """What a newer scan of the same backing says about this tree's files (see :class:`Comparison`).  Matched
+        by path hash, then by path (vectorised: it runs on the trio thread)."""
         (keys, order), (mine, mine_order) = new.path_index(), self.path_index()
+        nf = self.n_files
         at = np.minimum(np.searchsorted(keys, mine), max(0, len(keys) - 1))
-        found = np.zeros(self.n_files, bool)
-        match = np.full(self.n_files, -1, np.int64)
+        found = np.zeros(nf, bool)
+        match = np.full(nf, -1, np.int64)
         if len(keys):
-            found[mine_order] = keys[at] == mine
-            match[mine_order] = np.where(keys[at] == mine, order[at], -1)
-        mine, theirs = self.fingerprints(), new.fingerprints()
-        differs = found & (np.any(mine != theirs[np.maximum(match, 0)], axis=1) if len(keys) else False)
-        changed, gone = [], np.flatnonzero(~found).tolist()
-        for fidx in np.flatnonzero(differs).tolist():
+            hit = keys[at] == mine
+            found[mine_order] = hit
+            match[mine_order] = np.where(hit, order[at], -1)
+        theirs_found = np.zeros(new.n_files, bool)
+        theirs_found[match[found]] = True
+        was_gone = self.gone[:nf].copy()  # (found gone during this mount, not only waiting to join)
+        was_gone[np.fromiter(self._unmask, np.int64, len(self._unmask))] = False
+        mine_fp, theirs_fp = self.fingerprints(), new.fingerprints()
+        differs = found & (np.any(mine_fp != theirs_fp[np.maximum(match, 0)], axis=1) if len(keys) else False)
+        changed, returned, gone = [], [], np.flatnonzero(~found).tolist()
+        for fidx in np.flatnonzero(differs | (found & was_gone)).tolist():
             g = int(match[fidx])
-            if new.file_path(g) == self.file_path(fidx):
-                changed.append((fidx, new.stat_of(g + 1)))
-            else:  # (two paths with one 64-bit hash: compare the slow way)
+            if new.file_path(g) != self.file_path(fidx):  # (two paths with one 64-bit hash: compare the slow way)
                 gone.append(fidx)
-        return changed, sorted(gone), len(keys) - int(found.sum())
+            else:
+                (returned if was_gone[fidx] else changed).append((fidx, new.stat_of(g + 1)))
+        return Comparison(changed, sorted(gone), np.flatnonzero(~theirs_found), returned)
+
+    # -------------------------------------------------------------------------------------- room to grow
+
+    def with_room(self, files: int, others: int) -> Tree:
+        """This tree (as scanned or loaded) with room for ``files`` more files and ``others`` more directories,
+        symlinks and special entries (see "Room to grow" in the module docstring); the same numbering for every
+        file (file ``f`` is still node ``f + 1``), the other nodes after the room for files.  A new tree: this one
+        is still the one to save."""
+        nf, n = self._n_files, self.n_nodes
+        if not files and not others:
+            return self
+
+        def per_node(a: np.ndarray, fill: int) -> np.ndarray:
+            return np.concatenate([a[:nf + 1], np.full(files, fill, a.dtype), a[nf + 1:],
+                                   np.full(others, fill, a.dtype)])
+
+        def shifted(nodes: np.ndarray) -> np.ndarray:
+            dt = index_dtype(n + files + others) if nodes.dtype.itemsize < 8 else nodes.dtype
+            return np.where(nodes > nf, nodes.astype(dt) + files, nodes.astype(dt))
+
+        ends = self._name_ends
+        meta = np.vstack([self.meta, np.array([[0, 1, 0, 0, 0]], np.int64)])  # (a hole's: no hard link)
+        keys, order = self.path_index()
+        tree = Tree(parents=per_node(shifted(self.parents), 0).astype(np.int32), kinds=per_node(self.kinds, KIND_HOLE),
+                    names=self._names, name_ends=np.concatenate(  # (a hole's name is empty: its end repeats)
+                        [ends[:nf + 1], np.full(files, ends[nf], ends.dtype), ends[nf + 1:],
+                         np.full(others, ends[-1], ends.dtype)]),
+                    link_nodes=shifted(self._link_nodes).astype(np.int64), links=self._links,
+                    link_ends=self._link_ends, meta=meta,
+                    meta_idx=per_node(self.meta_idx.astype(_row_dtype(len(meta))), len(meta) - 1),
+                    ino=per_node(self.ino, 0), size=per_node(self.size, 0), blocks=per_node(self.blocks_, 0),
+                    mtime=per_node(self.mtime, 0), ctime=per_node(self.ctime, 0),
+                    kids=shifted(self._children[0]).astype(np.int32), n_files=nf + files, dev=self.dev,
+                    hash_keys=keys, hash_order=order)
+        tree._filled, tree._next_other = nf, n + files
+        tree.unlistable, tree.unlistable_dirs, tree.stable_inodes = (self.unlistable, self.unlistable_dirs,
+                                                                     self.stable_inodes)
+        return tree
+
+    @property
+    def room(self) -> tuple[int, int]:
+        """(files, other entries) this tree still has room for."""
+        return self._n_files - self._filled, self.n_nodes - self._next_other
+
+    def additions(self, new: Tree, files: np.ndarray, *, settled_ns: int | None = None) -> Additions:
+        """The entries of ``new`` (a newer scan of the same backing) this tree lacks, parents before children:
+        its symlinks and special entries, then ``files`` (its files this tree lacks, in storage order:
+        :attr:`Comparison.added`), each new directory with the first entry taken under it (an empty one, or one
+        whose files are all still being written, waits: a class directory never joins empty).  A file whose
+        mtime or ctime is after ``settled_ns`` (ns since the epoch) is still being written -- a copy under way,
+        a writer's temporary file -- and waits for a later rescan.  One whose name this tree holds as another
+        kind (a file now a directory) is left out, with what is under it: it shows from the next mount.  A
+        worker thread: a Python step per directory of ``new`` (its structure is only read; :meth:`grow` and
+        :meth:`join` run on the trio thread, between rescans)."""
+        out = Additions()
+        unlinked = dict(self._unlinked)  # (first: a join meanwhile moves a node from it into a directory)
+        #: new's directories: this tree's node (>= 0), -1 - k for addition k, None for one not taken (yet)
+        where: dict[int, int | None] = {0: 0}
+        others: list[int] = []
+
+        def mine(parent: int | None, name: bytes) -> int | None:
+            if parent is None or parent < 0:
+                return None
+            at = self.child(parent, name)
+            return at if at is not None else unlinked.get((parent, name))
+
+        def taken(j: int) -> int:
+            """Directory ``j`` of new as a parent: taken first if it is new."""
+            at = where[j]
+            if at is None:
+                at = where[j] = out.add(taken(int(new.parents[j])), new.name(j), KIND_DIR, new.stat_of(j), b"")
+            return at
+
+        for j in range(new._n_files + 1, new.n_nodes):  # (breadth first: a parent before its children)
+            up = int(new.parents[j])
+            kind = int(new.kinds[j])
+            if up not in where or kind == KIND_HOLE:
+                continue  # (under a directory left out)
+            have = mine(where[up], new.name(j))
+            if kind == KIND_DIR:
+                if have is None or int(self.kinds[have]) == KIND_DIR:
+                    where[j] = have
+            elif have is None:
+                others.append(j)
+        for j in others:
+            kind = int(new.kinds[j])
+            out.add(taken(int(new.parents[j])), new.name(j), kind, new.stat_of(j),
+                    new.link(j) if kind == KIND_LINK else b"")
+        for g in files.tolist():
+            up = int(new.parents[g + 1])
+            if up not in where:
+                continue
+            st, name = new.stat_of(g + 1), new.name(g + 1)
+            if settled_ns is not None and max(st.st_mtime_ns, st.st_ctime_ns) > settled_ns:
+                continue
+            if mine(where[up], name) is None:
+                out.add(taken(up), name, KIND_FILE, st, b"")
+        return out
+
+    def grow(self, added: Additions, returned: Sequence[tuple[int, os.stat_result]] = ()) -> Growth:
+        """Take ``added`` (:meth:`additions`) into the room, and ``returned`` files (found gone, back in the backing:
+        :attr:`Comparison.returned`) back with their stat, all hidden until :meth:`join` is given this growth
+        (see "Room to grow").  What does not fit the room is left out (it shows from the next mount).  The trio
+        thread."""
+        self.growth += 1
+        gen = self.growth
+        nodes: list[int] = []  # per addition: its node (-1: left out)
+        taken: list[int] = []
+        entries: list[tuple[int, bytes]] = []
+        files = others = left = 0
+        for parent, name, kind, st, text in added:
+            known_parent = parent >= 0
+            if parent < 0:
+                parent = nodes[-1 - parent]
+            if parent < 0 or (kind == KIND_FILE and self._filled == self._n_files) or (
+                    kind != KIND_FILE and self._next_other == self.n_nodes):
+                nodes.append(-1)
+                left += kind == KIND_FILE
+                continue
+            if kind == KIND_FILE:
+                i = self._filled + 1
+                self._filled += 1
+                self.gone[i - 1] = True
+                self.hidden += 1
+                self._unmask[i - 1] = gen
+                taken.append(i - 1)
+                files += 1
+            else:
+                i = self._next_other
+                self._next_other += 1
+                others += 1
+                if kind == KIND_LINK:
+                    self._late_links[i] = text
+            nodes.append(i)
+            self.parents[i], self.kinds[i] = parent, kind
+            self._late[i] = name
+            self._set_stat(i, st)
+            self.meta_idx[i] = self._meta_row(_META(st))
+            self._unlinked[(parent, name)] = i
+            self._link_due.append((gen, i))
+            if known_parent:
+                entries.append((parent, name))
+        for fidx, st in returned:
+            self.update_stat(fidx, st)
+            self._unmask[fidx] = gen
+            self.gone_files -= 1  # (still hidden: it joins as the added files do)
+            taken.append(fidx)
+            entries.append((int(self.parents[fidx + 1]), self.name(fidx + 1)))
+        if files or others:
+            self._path_index = None
+            if any(_META(st)[_NLINK] > 1 for _, _, kind, st, _ in added if kind == KIND_FILE):
+                self._hard_links()
+        return Growth(gen, files, others, left, len(returned), tuple(taken), tuple(entries))
+
+    def join(self, growth: int) -> int:
+        """The entries taken by growths up to ``growth`` join: into their directories, their files out of the
+        mask (the epoch whose plan was made with them starts); how many files joined.  The trio thread."""
+        due = [i for g, i in self._link_due if g <= growth]
+        if due:
+            self._link_due = [(g, i) for g, i in self._link_due if g > growth]
+            kids, first = self._children
+            nodes = np.array(due, np.int64)
+            slots = self.dir_slots(self.parents[nodes].astype(np.int64))
+            at = [self._name_search(kids, int(first[s]), int(first[s + 1]), self.name(i))
+                  for s, i in zip(slots.tolist(), due, strict=True)]
+            slot = slots.tolist()  # (new directories' runs are empty, all at the end: by slot, then name)
+            by = sorted(range(len(due)), key=lambda k: (at[k], slot[k], self.name(due[k])))
+            grown = np.insert(kids, [at[k] for k in by], nodes[by].astype(kids.dtype))
+            more = np.zeros(len(first), np.int64)
+            more[1:] = np.cumsum(np.bincount(slots, minlength=len(first) - 1))
+            self._children = (grown, first + more)
+            for i in due:
+                self._unlinked.pop((int(self.parents[i]), self.name(i)), None)
+            for cached in ("dir_nodes", "dirs_with_data"):
+                self.__dict__.pop(cached, None)
+        joined = [f for f, g in self._unmask.items() if g <= growth]
+        for f in joined:
+            del self._unmask[f]
+            self.gone[f] = False
+        self.hidden -= len(joined)
+        return len(joined)
+
+    def may_come(self, i: int, name: bytes) -> bool:
+        """Whether an entry ``name`` of directory ``i`` that a lookup does not find now may be found later in
+        this mount: a rescan took it and it has not joined, or it is a file found gone (one may come back)."""
+        if (i, name) in self._unlinked:
+            return True
+        at = self.child(i, name)
+        return at is not None and 0 < at <= self._filled and bool(self.gone[at - 1])
+
+    @property
+    def joining(self) -> int:
+        """Files taken by a growth, not joined yet."""
+        return len(self._unmask)
 
     # ---------------------------------------------------------------------------------------- the scan
 
     @classmethod
     def scan(cls, root_fd: int, root_path: str | None = None,
-             progress: Callable[[ScanCount], None] | None = None, *, unlistable: str = "skip") -> Tree:
+             progress: Callable[[ScanCount], None] | None = None, *, unlistable: str = "skip",
+             quiet: bool = False) -> Tree:
         """Scan the tree below ``root_fd`` (see the module docstring).  ``root_path``: where it is mounted in
         this process's view, to leave out bind mounts from the same filesystem (same ``st_dev``), and to name
         the directories it cannot list.  ``progress(count)`` hears of it (a :class:`ScanCount`) at the start,
@@ -809,7 +1133,9 @@ class Tree:
         error) stays in the tree, empty: its files leave the data set, which a job would never notice.  So each
         is logged (the first UNLISTABLE_SHOWN by name, then one line for them all) and counted on the tree
         (``unlistable``, for ``status.tree``); ``unlistable="refuse"`` makes it a ``ValueError`` naming the
-        directory instead (the mount is refused), at the end of the level it is found in."""
+        directory instead (the mount is refused), at the end of the level it is found in.  ``quiet`` (a rescan
+        while mounted, again every epoch): its progress and the directories it cannot list go to the debug log
+        (the mount's scan said them; ``status.tree`` counts them)."""
         if unlistable not in ("skip", "refuse"):
             raise ValueError(f"unlistable must be skip or refuse, got {unlistable!r}")
         if progress is None:
@@ -820,7 +1146,7 @@ class Tree:
         if prefix is not None:
             with contextlib.suppress(OSError):
                 mounted_below = frozenset(w[len(prefix):] for _, w, _ in mountinfo() if w.startswith(prefix))
-        scan = _Scan(root_st, mounted_below, root_path)
+        scan = _Scan(root_st, mounted_below, root_path, quiet=quiet)
         last_log = t0 = time.monotonic()
         total = _entries_expected(root_fd, root_st)
 
@@ -859,7 +1185,7 @@ class Tree:
                             if time.monotonic() - last_log > SCAN_REPORT_S:
                                 last_log = time.monotonic()
                                 now = count(last_log - t0)
-                                log.info("%s", now.line())
+                                (log.debug if quiet else log.info)("%s", now.line())
                                 progress(now)
                         del jobs, batches
                         if unlistable == "refuse" and scan.unlistable:
@@ -1068,8 +1394,9 @@ class _Scan:
     copied at once peaked at 480 bytes a file for 300,000 files, 143 MB: what a 120 MB cgroup killed.)"""
 
     def __init__(self, root_st: os.stat_result, mounted_below: frozenset[bytes],
-                 root_path: str | None = None) -> None:
+                 root_path: str | None = None, *, quiet: bool = False) -> None:
         self.dev = root_st.st_dev
+        self.say = log.debug if quiet else log.warning  # (how a directory it cannot list is said)
         self.mounted_below = mounted_below
         self.root_path = root_path
         self.meta: dict[tuple[int, int, int, int, int], int] = {_META(root_st): 0}
@@ -1207,13 +1534,13 @@ class _Scan:
         self.unlistable += 1
         if len(self.unlistable_dirs) < UNLISTABLE_SHOWN:
             self.unlistable_dirs.append((path, err))
-            log.warning("cannot list %s (%s): the files under it are left out of the mount and its data set",
+            self.say("cannot list %s (%s): the files under it are left out of the mount and its data set",
                         self.shown(path), _errno_text(err))
 
     def said_unlistable(self) -> None:
         """The scan's end: the directories it could not list, in one line, where there were more than it named."""
         if self.unlistable > len(self.unlistable_dirs):
-            log.warning("%d directories of the backing dir could not be listed (the first %d named above): the "
+            self.say("%d directories of the backing dir could not be listed (the first %d named above): the "
                         "files under them are left out of the mount and its data set (status: tree.unlistable)",
                         self.unlistable, len(self.unlistable_dirs))
 

@@ -41,7 +41,7 @@ class View:
         self.serial = next(_serials)
         self.order = serving_order(files, seed=seed, epoch=epoch, mini_epoch=mini_epoch, pass_index=pass_index)
         if mask is None:
-            mask = np.zeros(tree.n_files, dtype=bool)
+            mask = np.zeros(tree.n_slots, dtype=bool)
             mask[files] = True
         self.mask = mask
         self.bytes = int(tree.sizes[files].sum()) if files.size else 0

@@ -455,7 +455,7 @@ def test_placement_keeps_owned_copies_and_evicts_the_others_first(pair, t):
             await _walk([a, b], t, (0, 3))
             for e in (a, b):
                 owned = e.peers.owned()
-                held = e.cache.held(e.tree.n_files)
+                held = e.cache.held(e.tree.n_slots)
                 # every file owned so far is still cached, past its mini-epoch; nothing else but the wanted ones
                 staged = [int(f) for m in range(3) for f in e.schedule.plans[0][m]]
                 assert all(held[f] for f in staged)

@@ -6,12 +6,14 @@ import errno
 import itertools
 import os
 import subprocess
+import time
 
+import numpy as np
 import pytest
 
 from tierfs import beneath as tree_mod
 from tierfs.beneath import open_beneath
-from tierfs.tree import KIND_DIR, KIND_LINK, KIND_SPECIAL, Tree
+from tierfs.tree import KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL, Tree
 
 
 @pytest.fixture
@@ -167,11 +169,13 @@ def test_compare_finds_changed_gone_and_added_files(root, tmp_path):
     (root / "b" / "z.bin").write_bytes(b"changed")
     os.unlink(root / "a.bin")
     (root / "b" / "new.bin").write_bytes(b"n")
-    changed, gone, added = old.compare(_scan(root))
-    assert [(old.file_path(f), st.st_size) for f, st in changed] == [(b"b/z.bin", 7)]
-    assert [old.file_path(f) for f in gone] == [b"a.bin"]
-    assert added == 1
-    assert old.compare(old) == ([], [], 0)
+    new = _scan(root)
+    news = old.compare(new)
+    assert [(old.file_path(f), st.st_size) for f, st in news.changed] == [(b"b/z.bin", 7)]
+    assert [old.file_path(f) for f in news.gone] == [b"a.bin"]
+    assert [new.file_path(g) for g in news.added.tolist()] == [b"b/new.bin"]
+    again = old.compare(old)
+    assert (again.changed, again.gone, again.added.tolist(), again.returned) == ([], [], [], [])
 
 
 def test_lookups_and_attributes_from_the_arrays_agree_with_the_nodes(odd_root):
@@ -289,3 +293,113 @@ def test_a_scan_of_a_filesystems_root_knows_its_total(tmp_path):
         assert counts[-1].total == counts[-1].entries == t.n_nodes and counts[-1].eta == 0.0
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False, timeout=30)
+
+
+# ------------------------------------------------------------------------------------------- room to grow
+# (issue 48 item 6: files the backing gains join a running mount; no number the kernel holds changes)
+
+
+def _grown(old: Tree, root) -> tuple[Tree, object]:
+    """Rescan ``root`` and take what it gained into ``old`` (what the mount's rescanner does)."""
+    new = _scan(root)
+    news = old.compare(new)
+    for f in news.gone:
+        old.mark_gone(f)
+    return new, old.grow(old.additions(new, news.added), news.returned)
+
+
+def _walked(t: Tree, i: int = 0) -> list[tuple]:
+    """Every entry reachable from node ``i``: (path, kind, attributes, link text), depth first by name."""
+    out = [(t.path(i), t.kind_of(i), t.attributes(i), t.link(i))]
+    for k in t.children(i).tolist():
+        out += _walked(t, k)
+    return out
+
+
+def test_room_keeps_every_number_and_shows_nothing_more(odd_root):
+    plain = _scan(odd_root)
+    t = plain.with_room(50, 7)
+    assert (t.n_files, t.n_slots, t.room) == (plain.n_files, plain.n_files + 50, (50, 7))
+    assert _walked(t) == _walked(plain)
+    for f in range(plain.n_files):
+        assert (t.file_path(f), t.fingerprint_of(f), t.inode_of(f)) == (plain.file_path(f), plain.fingerprint_of(f),
+                                                                       plain.inode_of(f))
+    for i in plain.dir_nodes.tolist():  # (directories move past the room: their names, paths and children stay)
+        j = t.child(t.parents[i + 50] if i else 0, plain.name(i)) if i else 0
+        assert t.path(j) == plain.path(i) and t.names_of(t.children(j)) == plain.names_of(plain.children(i))
+    assert len(t.first_names()) == plain.n_files and t.fingerprints().shape == (plain.n_files, 4)
+    assert (t.sizes[plain.n_files:] == 0).all() and not t.gone.any()
+    with pytest.raises(ValueError, match="room"):
+        t.save("/nonexistent")
+
+
+def test_additions_join_in_their_directories_only_when_their_growth_joins(root, tmp_path):
+    t = _scan(root).with_room(8, 4)
+    old_paths = [t.file_path(f) for f in range(t.n_files)]
+    dirs_before = {t.path(i): i for i in t.dir_nodes.tolist()}
+    (root / "b" / "m.bin").write_bytes(b"m")  # (between b/c and b/z.bin by name)
+    (root / "new" / "deep").mkdir(parents=True)
+    (root / "new" / "x.bin").write_bytes(b"x")
+    (root / "new" / "deep" / "y.bin").write_bytes(b"yy")
+    os.symlink("b", root / "link")
+    os.unlink(root / "a.bin")
+    in_b, in_root = t.names_of(t.children(t.child(0, b"b"))), t.names_of(t.children(0))
+    _, g = _grown(t, root)
+    assert (g.files, g.others, g.left_out, t.n_files, t.joining) == (3, 3, 0, len(old_paths) + 3, 3)
+    assert [t.file_path(f) for f in range(len(old_paths))] == old_paths  # (no file renumbered)
+    # hidden until they join: in no directory, masked as gone, not listed
+    assert t.child(0, b"new") is None and t.child(t.child(0, b"b"), b"m.bin") is None
+    assert t.present(np.arange(t.n_files)).tolist() == list(range(1, len(old_paths)))  # (a.bin gone, 3 hidden)
+    # a rescan before they join finds them taken: nothing taken twice
+    _, again = _grown(t, root)
+    assert (again.files, again.others, t.n_files) == (0, 0, len(old_paths) + 3)
+    assert t.join(g.number) == 3 and t.joining == 0
+    b = t.child(0, b"b")
+    assert t.names_of(t.children(b)) == sorted([*in_b, b"m.bin"])
+    assert t.names_of(t.children(0)) == sorted([*in_root, b"link", b"new"])
+    new_dir = t.child(0, b"new")
+    assert t.names_of(t.children(new_dir)) == [b"deep", b"x.bin"] and t.link(t.child(0, b"link")) == b"b"
+    y = t.child(t.child(new_dir, b"deep"), b"y.bin")
+    assert t.path(y) == b"new/deep/y.bin" and t.file_stat(t.fidx_of(y)).st_size == 2
+    assert {t.path(i): i for i in t.dir_nodes.tolist() if t.path(i) in dirs_before} == dirs_before
+    assert sorted(t.file_paths(t.present(np.arange(t.n_files)))) == sorted(
+        [p for p in old_paths if p != b"a.bin"] + [b"b/m.bin", b"new/x.bin", b"new/deep/y.bin"])
+    # a file found gone that comes back joins again the same way
+    (root / "a.bin").write_bytes(b"back")
+    _, back = _grown(t, root)
+    assert (back.files, back.returned, t.gone_files, t.joining) == (0, 1, 0, 1)
+    assert t.present(np.array([0])).size == 0
+    t.join(back.number)
+    assert t.present(np.array([0])).tolist() == [0] and t.file_stat(0).st_size == 4
+
+
+def test_what_the_room_cannot_hold_and_a_kind_that_changed_are_left_out(root):
+    t = _scan(root).with_room(2, 1)
+    (root / "b" / "c" / "y.bin").unlink()
+    (root / "b" / "c" / "y.bin").mkdir()  # (a file that became a directory: shows from the next mount)
+    (root / "one").mkdir()
+    for name in ("p.bin", "q.bin", "r.bin"):
+        (root / "one" / name).write_bytes(b"1")
+    (root / "two").mkdir()  # (no room left for a second directory: it and its file are left out)
+    (root / "two" / "s.bin").write_bytes(b"2")
+    _, g = _grown(t, root)
+    assert (g.files, g.others, g.left_out, t.room) == (2, 1, 2, (0, 0))
+    t.join(g.number)
+    assert t.names_of(t.children(t.child(0, b"one"))) == [b"p.bin", b"q.bin"] and t.child(0, b"two") is None
+    assert t.kind_of(t.child(t.child(t.child(0, b"b"), b"c"), b"y.bin")) == KIND_FILE  # (the old file, gone)
+
+
+def test_files_still_being_written_and_empty_directories_wait_for_a_later_rescan(root):
+    t = _scan(root).with_room(8, 4)
+    before = time.time_ns() - 1
+    (root / "empty").mkdir()
+    (root / "writing").mkdir()
+    (root / "writing" / "part.bin").write_bytes(b"half")
+    (root / "b" / ".tmp123").write_bytes(b"temp")
+    new = _scan(root)
+    news = t.compare(new)
+    # changed after `settled_ns`: being written, taken by a later rescan; so is a directory with nothing else
+    assert not len(t.additions(new, news.added, settled_ns=before))
+    added = t.additions(new, news.added, settled_ns=time.time_ns())
+    assert [(name, kind) for _, name, kind, _, _ in added] == [(b".tmp123", KIND_FILE), (b"writing", KIND_DIR),
+                                                              (b"part.bin", KIND_FILE)]  # (never b"empty")
