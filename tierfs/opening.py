@@ -131,7 +131,6 @@ class TreeKeeper:
         self.stable_inodes = inodes_kept(stable_inodes, os.fstat(root_fd).st_dev)
         self.stats = TreeStatistics("scan", 0.0, "done", 0, 0, 0, stable_inodes=self.stable_inodes)
         self._tree: Tree | None = None
-        self._unsaved: Tree | None = None  # the tree as scanned, until saved (the mount's has room: never saved)
         self._one = trio.Lock()  # (one rescan at a time)
 
     def load(self, *, resumed: bool, progress: Callable[[ScanCount], None] | None = None) -> Tree:
@@ -153,10 +152,10 @@ class TreeKeeper:
                             "a first mount, and the tree saved again", TREE_NAME, exc)
         plain = saved or Tree.scan(self.root_fd, self.backing, progress, unlistable=self.unlistable)
         plain.stable_inodes = self.stable_inodes
-        self._unsaved = None if saved else plain
         tree = plain if self.rescan == "never" else plain.with_room(
             max(ROOM_FILES, plain.n_files // ROOM_SHARE),
             max(ROOM_OTHERS, (plain.n_nodes - 1 - plain.n_files) // ROOM_SHARE))
+        del plain  # (the mount's tree saves itself without its room: Tree.save)
         self._tree = tree  # (the mount's: its files found gone are counted in statistics())
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),
                                     "pending" if saved else "done", 0, 0, 0,
@@ -173,12 +172,9 @@ class TreeKeeper:
         async with self._one:
             if self.stats.rescan == "pending":
                 await self._rescan(tree, limiter, events)
-            elif self._unsaved is not None:
-                plain, self._unsaved = self._unsaved, None
+            else:
                 # (the save's own descriptor: one abandoned at unmount never writes through a number reused since)
-                await in_thread(_save, plain, os.dup(self.cache_fd), limiter=limiter, abandon_on_cancel=True)
-                plain.release_path_index()
-                del plain
+                await in_thread(_save, tree, os.dup(self.cache_fd), limiter=limiter, abandon_on_cancel=True)
         # the mount's tree needs its path hashes no more: the cache found its copies by them, the rescan compared
         tree.release_path_index()
 

@@ -828,21 +828,34 @@ class Tree:
         """Write the tree's arrays to ``path`` (a name in the directory ``dir_fd``, if given) atomically, one
         ``.npy`` record after another (read back at disk speed: a zip of them read at a third of it): a remount
         over the same cache answers from it at once and rescans in the background (see ``opening.TreeKeeper``).
-        About 70 bytes per file plus its name.  Only a tree as scanned or loaded is saved, never one with room
-        (the mount keeps that one: ``opening.TreeKeeper``)."""
-        if self._n_files != self._filled or self._next_other != self.n_nodes:
-            raise ValueError("a tree with room is not saved: save the tree it was made from")
+        About 70 bytes per file plus its name.  A tree with room (:meth:`with_room`) is saved without it, as it
+        was scanned, one array at a time (no second tree held); one that took entries since (:meth:`grow`) is not
+        saved (``ValueError``): a newer scan is (``opening.TreeKeeper``)."""
+        if self.growth or self._late:
+            raise ValueError("a tree that took entries since its scan is not saved: save a newer scan")
+        nf, files, others = self._filled, *self.room
+        n = self.n_nodes - files - others
+
+        def per_node(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([a[:nf + 1], a[nf + 1 + files:self.n_nodes - others]]) if files or others else a
+
+        def unshifted(nodes: np.ndarray) -> np.ndarray:
+            return np.where(nodes > nf, nodes - files, nodes).astype(nodes.dtype) if files else nodes
+
         keys, order = self.path_index()
-        arrays = {"parents": self.parents, "kinds": self.kinds, "names": np.frombuffer(self._names, np.uint8),
-                  "name_ends": self._name_ends, "link_nodes": self._link_nodes,
-                  "links": np.frombuffer(self._links, np.uint8), "link_ends": self._link_ends, "meta": self.meta,
-                  "meta_idx": self.meta_idx, "ino": self.ino, "size": self.size, "blocks": self.blocks_,
-                  "mtime": self.mtime, "ctime": self.ctime, "kids": self._children[0], "hash_keys": keys,
-                  "hash_order": order}
+        arrays = {"parents": lambda: unshifted(per_node(self.parents)), "kinds": lambda: per_node(self.kinds),
+                  "names": lambda: np.frombuffer(self._names, np.uint8),
+                  "name_ends": lambda: per_node(self._name_ends), "link_nodes": lambda: unshifted(self._link_nodes),
+                  "links": lambda: np.frombuffer(self._links, np.uint8), "link_ends": lambda: self._link_ends,
+                  "meta": lambda: self.meta,
+                  "meta_idx": lambda: per_node(self.meta_idx), "ino": lambda: per_node(self.ino),
+                  "size": lambda: per_node(self.size), "blocks": lambda: per_node(self.blocks_),
+                  "mtime": lambda: per_node(self.mtime), "ctime": lambda: per_node(self.ctime),
+                  "kids": lambda: unshifted(self._children[0]), "hash_keys": lambda: keys, "hash_order": lambda: order}
         h = xxhash.xxh3_64()
         with atomic_open(path, dir_fd=dir_fd) as f:
-            head = np.array([TREE_FORMAT, self.n_nodes, self._n_files, self.dev], np.int64)
-            for a in (head, *(arrays[name] for name in _SAVED)):
+            head = np.array([TREE_FORMAT, n, nf, self.dev], np.int64)
+            for a in (head, *(arrays[name]() for name in _SAVED)):  # (made one at a time, let go once written)
                 np.save(f, a, allow_pickle=False)
                 _digest(h, a)
             np.save(f, np.array([h.intdigest()], np.uint64), allow_pickle=False)  # (last: see load)

@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from sampler.atomic import TEMP_PREFIX
+from tierfs import opening
 from tierfs.tree import fingerprint
 
 
@@ -77,8 +78,10 @@ def test_restart_drops_copies_whose_backing_changed(open_engine, t):
     assert len(os.listdir(e2.cache.data_path)) == len(e2.cache.entries)
 
 
-def test_a_remount_answers_from_the_saved_tree_and_sees_what_changed(open_engine, t, dataset):
+def test_a_remount_answers_from_the_saved_tree_and_sees_what_changed(open_engine, t, dataset, monkeypatch):
     backing, files = dataset
+    # (the file added below is seconds old: taken at once, not left for the next rescan as one being written)
+    monkeypatch.setattr(opening, "ADD_SETTLE_S", 0.0)
     e = open_engine(rf=2)
     t.read_passes(e, 1)
     e.close()

@@ -329,8 +329,6 @@ def test_room_keeps_every_number_and_shows_nothing_more(odd_root):
         assert t.path(j) == plain.path(i) and t.names_of(t.children(j)) == plain.names_of(plain.children(i))
     assert len(t.first_names()) == plain.n_files and t.fingerprints().shape == (plain.n_files, 4)
     assert (t.sizes[plain.n_files:] == 0).all() and not t.gone.any()
-    with pytest.raises(ValueError, match="room"):
-        t.save("/nonexistent")
 
 
 def test_additions_join_in_their_directories_only_when_their_growth_joins(root, tmp_path):
@@ -403,3 +401,16 @@ def test_files_still_being_written_and_empty_directories_wait_for_a_later_rescan
     added = t.additions(new, news.added, settled_ns=time.time_ns())
     assert [(name, kind) for _, name, kind, _, _ in added] == [(b".tmp123", KIND_FILE), (b"writing", KIND_DIR),
                                                               (b"part.bin", KIND_FILE)]  # (never b"empty")
+
+
+def test_a_tree_with_room_saves_as_it_was_scanned(odd_root, tmp_path):
+    plain = _scan(odd_root)
+    roomy = plain.with_room(40, 6)
+    plain.save(str(tmp_path / "plain.bin"))
+    roomy.save(str(tmp_path / "roomy.bin"))
+    loaded = Tree.load(str(tmp_path / "roomy.bin"), os.stat(odd_root))
+    assert loaded is not None and _walked(loaded) == _walked(plain) and loaded.n_nodes == plain.n_nodes
+    (odd_root / "new.bin").write_bytes(b"n")
+    _grown(roomy, odd_root)
+    with pytest.raises(ValueError, match="newer scan"):
+        roomy.save(str(tmp_path / "grown.bin"))
