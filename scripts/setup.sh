@@ -25,7 +25,7 @@ if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv
 fi
 # pyfuse3 with the kernel's readdir cache and the non-blocking request loop first (scripts/pyfuse3/README.md): the
-# project's own install below keeps it, since 3.5.0+tierfs2 satisfies its pyfuse3 requirement
+# project's own install below keeps it, since 3.5.0+tierfs3 satisfies its pyfuse3 requirement
 bash scripts/pyfuse3/install.sh .venv/bin/python
 # The stamp holds the commit installed: the version is git's, taken at install (setuptools-scm, pyproject.toml),
 # so a new commit reinstalls the project alone (no dependencies: seconds) and `tierfs --version` names it.

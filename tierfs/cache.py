@@ -87,8 +87,8 @@ from tierfs.threads import in_thread
 from tierfs.tree import Fingerprint, Tree, path_hash
 from tierfs.wakeup import Wakeup
 
-__all__ = ["MARKER_NAME", "CacheEntry", "CacheEvents", "CacheStatistics", "CacheStore", "allocated", "cache_block",
-           "disk_estimates", "entry_name", "path_hash", "temp_copy_name"]
+__all__ = ["MARKER_NAME", "CacheEntry", "CacheEvents", "CacheStatistics", "CacheStore", "CopyRegistry", "allocated",
+           "cache_block", "disk_estimates", "entry_name", "path_hash", "temp_copy_name"]
 
 #: The marker of a tierfs cache dir: a Cache Directory Tagging Specification tag (backup tools skip the dir)
 #: whose comment says it is tierfs's.  A tag written by another program is not tierfs's.
@@ -252,7 +252,7 @@ class CacheEntry:
     one bytes object and handed out unpacked, not kept as eight int objects (tracemalloc: 226 bytes an entry
     against 464, its name aside; 15 bytes a file there: issue 22, 7)."""
 
-    __slots__ = ("_packed", "advised", "digest", "disk", "doomed", "name", "opens", "verified")
+    __slots__ = ("_packed", "advised", "backing_id", "digest", "disk", "doomed", "name", "opens", "verified")
 
     def __init__(self, fidx: int, name: str, size: int, disk: int, fp: Fingerprint, digest: int | None,
                  copy_id: tuple[int, int]) -> None:
@@ -262,6 +262,7 @@ class CacheEntry:
         self.doomed = False
         self.verified = False
         self.advised = False  # (its bytes were asked into the page cache once: DataPath's first open of it)
+        self.backing_id = 0  # (registered with the kernel for passthrough opens: backing_ids.py; 0: not)
 
     @property
     def fidx(self) -> int:
@@ -333,6 +334,13 @@ class _Index(OrderedDict[int, CacheEntry]):
         return out
 
 
+class CopyRegistry(Protocol):
+    """Who registered copies with the kernel (``backing_ids.BackingIds``): told before a registered copy's file
+    is deleted, so that the kernel lets go of it too."""
+
+    def deleted(self, entry: CacheEntry) -> None: ...
+
+
 class CacheEvents(Protocol):
     """What the cache tells the engine."""
 
@@ -388,6 +396,7 @@ class CacheStore:
         self._serial = 0
         self._retired: list[int] = []
         self._lock_fd = -1
+        self.registry: CopyRegistry | None = None  # (passthrough: set by the engine once the mount is up)
 
     # ----------------------------------------------------------------------------------------- lifecycle
 
@@ -659,6 +668,7 @@ class CacheStore:
         if entry.doomed and entry.opens == 0:
             entry.doomed = False
             self.doomed_bytes -= entry.disk
+            self._deregister(entry)
             return self._delete(entry.name, entry.disk)
         return False
 
@@ -692,6 +702,8 @@ class CacheStore:
             entry.doomed = True
         self.committed -= entry.disk
         entry.disk = 0
+        if not entry.opens:
+            self._deregister(entry)
 
     def _drop(self, entry: CacheEntry) -> bool:
         """``entry`` just left the index: delete its copy now, or on its last unpin."""
@@ -701,7 +713,13 @@ class CacheStore:
                 entry.doomed = True
                 self.doomed_bytes += entry.disk
             return False
+        self._deregister(entry)
         return self._delete(entry.name, entry.disk)
+
+    def _deregister(self, entry: CacheEntry) -> None:
+        """``entry``'s copy is deleted now, unpinned: the kernel lets go of it too (its blocks are then free)."""
+        if entry.backing_id and self.registry is not None:
+            self.registry.deleted(entry)
 
     def _delete(self, name: str, disk: int) -> bool:
         """Delete the copy ``name`` (``disk`` bytes, counted in ``committed``): queued for the deleting thread

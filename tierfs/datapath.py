@@ -36,6 +36,7 @@ from typing import Protocol
 import trio
 
 from tierfs.backing import Backing, BackingError
+from tierfs.backing_ids import BackingIds
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.consumers import ANONYMOUS
 from tierfs.copies import CopyDamaged, hash_copy, open_copy
@@ -70,6 +71,7 @@ class FileHandle:
     direct_io: bool
     uid: int
     opening: trio.Event | None = None  # set while a read opens the pinned copy (the other reads wait for it)
+    backing_id: int = 0  # a passthrough open: the kernel reads its copy itself (backing_ids.py), no READ comes
 
 
 class AccessChanged(BackingError):
@@ -119,8 +121,10 @@ class DataPath:
 
     def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
                  reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule, policy: CachePolicy,
-                 pins: PinKeeper, settings: LiveSettings, events: DataPathEvents) -> None:
+                 pins: PinKeeper, settings: LiveSettings, events: DataPathEvents,
+                 passthrough: BackingIds | None = None) -> None:
         self.tree = tree
+        self.passthrough = passthrough or BackingIds(asked=False)  # (which opens the kernel serves itself)
         self.cache = cache
         self.cache_limiter = cache_limiter
         self.backing = backing
@@ -239,6 +243,10 @@ class DataPath:
             raise
 
     async def _open_file(self, fidx: int, uid: int, who: str) -> FileHandle:
+        passthrough = self.passthrough.on
+        shared = self.passthrough.shared(fidx) if passthrough else None
+        if shared is not None:  # (the kernel takes no other file for an inode its passthrough opens read)
+            return self._pass_through(fidx, shared, uid, who)
         access = self.tree.access_serial  # (a change of this file's mode or owner found from here on: refused)
         entry = self.cache.get(fidx)
         if entry is not None and not self.reval.fresh(fidx):
@@ -255,7 +263,7 @@ class DataPath:
         fd = None
         if entry is not None and self.settings.current.verify == "xxhash" and not entry.verified:
             entry = await self._verify(entry)
-        if entry is not None and self.pusher.holds(fidx) and self.cache.data_dir_held():
+        if entry is not None and not passthrough and self.pusher.holds(fidx) and self.cache.data_dir_held():
             # Its bytes, checked, are in the mount's own page cache: the reads stay in the kernel, so the copy is
             # only pinned here, and opened (and checked) at the first read that reaches us (_open_pinned; a file
             # found changed meanwhile is read with direct_io, from the copy of the version it was opened at, as
@@ -271,6 +279,21 @@ class DataPath:
         if self.tree.access_serial != access and self.tree.access_changed_since(fidx + 1, access):
             await self._let_go(entry, fd)
             raise AccessChanged
+        # From here to the reply nothing waits: what the kernel allows beside the other opens of this inode is
+        # decided now (backing_ids.py).
+        if passthrough and (shared := self.passthrough.shared(fidx)) is not None:
+            if entry is not None:
+                self.release_copy(entry, fd)
+            elif self.nursery is not None:  # (a backing close may wait on its server: not before this reply)
+                self.nursery.start_soon(self.backing.close, fd)
+            else:
+                await self.backing.close(fd)
+            return self._pass_through(fidx, shared, uid, who)
+        if (passthrough and entry is not None and fd != _NOT_OPEN and not self.passthrough.plain_open(fidx)
+                and self.passthrough.register(entry, fd)):
+            os.close(fd)  # (the kernel holds the copy: the daemon's descriptor is not needed; the pin stays)
+            return self._pass_through(fidx, entry, uid, who, hit=was_cached, pinned=True)
+        self.passthrough.opened_plain(fidx)
         if entry is not None:
             self.cache.touch(entry)
             if was_cached:
@@ -295,6 +318,24 @@ class DataPath:
                 os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
         self._opened(fidx, size, uid, who)
         return handle
+
+    def _pass_through(self, fidx: int, entry: CacheEntry, uid: int, who: str, *, hit: bool = True,
+                      pinned: bool = False) -> FileHandle:
+        """A passthrough open of ``entry``'s copy (registered): pinned while open, as an opened copy is; no READ
+        comes, so its bytes count as served now."""
+        if not pinned:
+            self.cache.pin(entry)
+        self.cache.touch(entry)
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1  # (fetched on demand)
+        self.passthrough.opened(fidx, entry)
+        self.handles += 1
+        self.served_bytes += entry.size
+        self._opened(fidx, entry.size, uid, who)
+        return FileHandle(fidx, _NOT_OPEN, entry, keep_cache=False, direct_io=False, uid=uid,
+                          backing_id=entry.backing_id)
 
     async def _let_go(self, entry: CacheEntry | None, fd: int) -> None:
         """Close what an open opened: its copy (``entry``), or its backing file (in a backing thread: a network
@@ -473,7 +514,11 @@ class DataPath:
 
     async def release(self, handle: FileHandle) -> None:
         self.handles -= 1
-        self.versions.released(handle.fidx, handle.direct_io)
+        if handle.backing_id:
+            self.passthrough.released(handle.fidx)
+        else:
+            self.passthrough.released_plain(handle.fidx)
+            self.versions.released(handle.fidx, handle.direct_io)
         try:
             await self._let_go(handle.entry, handle.fd)
         finally:

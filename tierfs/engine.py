@@ -52,6 +52,7 @@ import trio
 
 from sampler.iomodel import stall_free_rf
 from tierfs.backing import Backing
+from tierfs.backing_ids import BackingIds, KernelBackings
 from tierfs.cache import CacheEntry, CacheStore, disk_estimates
 from tierfs.consumers import ALIVE_EVERY, ANONYMOUS, Consumer, Consumers
 from tierfs.control import Arf, ConsumerArfs, ControlWriter, apply_control
@@ -159,9 +160,11 @@ class Engine:
         self.reval = Revalidator(tree, self.backing, policy=self.policy, settings=self.live, events=self)
         self.pins = PinKeeper(self.cache, self.stager)  # lent copies, the batch plans' pass pins, peers' sends
         self.peer_server = PeerServer(self.peers, tree, self.cache, self.pins)
+        self.passthrough = BackingIds(asked=s.passthrough == "auto")  # (the kernel reads cached copies itself)
         self.data = DataPath(tree=tree, cache=self.cache, cache_limiter=self.cache_limiter, backing=self.backing,
                              reval=self.reval, stager=self.stager, pusher=self.pusher, schedule=self.schedule,
-                             policy=self.policy, pins=self.pins, settings=self.live, events=self)
+                             policy=self.policy, pins=self.pins, settings=self.live, events=self,
+                             passthrough=self.passthrough)
         self.batch = self.data.batch  # the batch plans (control.py reports ``consumed`` to them)
         self.consumers = Consumers(self.schedule, self.steering)  # (only those who steer are named)
         self.trimmer = HeapTrimmer()  # the heap's freed memory back to the system after the peaks
@@ -220,11 +223,15 @@ class Engine:
         self.live.current = s = dataclasses.replace(s, nm=nm)
         return s
 
-    def attach_kernel(self, kernel: KernelCache, *, caches_listings: bool = False) -> None:
-        """The mount is up (fs.init): pushes and invalidations now reach the kernel, and it may cache listings if
-        pyfuse3 can ask it to."""
+    def attach_kernel(self, kernel: KernelCache, *, caches_listings: bool = False,
+                      backings: KernelBackings | None = None) -> None:
+        """The mount is up (fs.init): pushes and invalidations now reach the kernel, it may cache listings if
+        pyfuse3 can ask it to, and read cached copies itself if pyfuse3 can register them (``backings``)."""
         self.pusher.kernel = kernel
         self.names.listings.available = caches_listings
+        self.passthrough.attach(backings)
+        self.cache.registry = self.passthrough
+        self.pusher.passthrough = self.passthrough
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stage, push, revalidate, rescan, watch for a lost backing and for stuck copies, and return leases in the
@@ -728,4 +735,5 @@ class Engine:
             consumers=self.consumers.statistics(self.settings.consumer_timeout),
             peers=self.peers.statistics(self.cache),
             listings=self.names.listings.statistics(), memory=self.trimmer.statistics(),
+            passthrough=self.passthrough.statistics(),
         )

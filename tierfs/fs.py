@@ -83,6 +83,9 @@ READ_AHEAD_KB = 4096
 #: pyfuse3 passes an opendir's ``cache_readdir`` to the kernel (the build of scripts/pyfuse3; stock 3.5 does not):
 #: the kernel may then keep a listing and serve the next ones itself (see :class:`~tierfs.namespace.KernelListings`)
 CACHES_LISTINGS = hasattr(pyfuse3.FileInfo(), "cache_readdir")
+#: pyfuse3 registers backing files and asks the kernel for passthrough (the build of scripts/pyfuse3, its third
+#: patch): cached opens are answered with their copy's backing id (backing_ids.py)
+PASSTHROUGH = hasattr(pyfuse3, "backing_open")
 
 _CTL_DIR = CONTROL_INODES[b".tierfs"]
 _CTL_CONTROL = CONTROL_INODES[b"control"]
@@ -150,7 +153,8 @@ class TierOperations(pyfuse3.Operations):
     def init(self) -> None:
         # Only now is there a kernel to notify (engine tests without a mount keep a KernelCache of no-ops).
         # Both calls can wait on the kernel's page locks: KernelCache makes them from a thread of its own.
-        self.engine.attach_kernel(KernelCache(pyfuse3), caches_listings=CACHES_LISTINGS)
+        self.engine.attach_kernel(KernelCache(pyfuse3), caches_listings=CACHES_LISTINGS,
+                                  backings=pyfuse3 if PASSTHROUGH else None)
         # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
         with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)
             trio.lowlevel.spawn_system_task(self._widen_read_ahead)
@@ -346,6 +350,8 @@ class TierOperations(pyfuse3.Operations):
             raise
         fh = next(self._fh)
         self._handles[fh] = handle
+        if handle.backing_id:  # (the kernel reads the copy itself: keep_cache and direct_io do not apply)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=handle.backing_id)  # type: ignore[call-arg]
         return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
 
     @_errors

@@ -587,7 +587,7 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     import pyfuse3  # the FUSE binding is only needed here: the rest of the package imports without it
 
     from tierfs.engine import Engine
-    from tierfs.fs import TierOperations
+    from tierfs.fs import PASSTHROUGH, TierOperations
 
     # SIGHUP before serving (a first scan can take minutes) reopens the log too, instead of ending the process;
     # serving, _stop_on_signal takes it over (trio puts this handler back when it returns)
@@ -628,7 +628,10 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
 
     ops = TierOperations(engine)
     try:
-        pyfuse3.init(ops, config.mountpoint, fuse_options(config))
+        if config.settings.passthrough == "auto" and PASSTHROUGH:  # (the kernel's answer: status.passthrough)
+            pyfuse3.init(ops, config.mountpoint, fuse_options(config), passthrough=True)  # type: ignore[call-arg]
+        else:
+            pyfuse3.init(ops, config.mountpoint, fuse_options(config))
     except RuntimeError as exc:
         engine.close()
         raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None

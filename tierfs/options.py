@@ -298,6 +298,9 @@ OPTIONS: dict[str, Option] = {
         Option("unlistable", _choice("skip", "refuse"), False, "a directory of the backing dir the daemon cannot "
                "list (a permission, an I/O error): skip = mount without the files under it, said in the log and "
                "status (tree.unlistable); refuse = the mount fails, naming it"),
+        Option("passthrough", _choice("auto", "off"), False, "auto = opens of cached files are served by the kernel "
+               "from the copy itself (Linux 6.9+ FUSE passthrough, the daemon as root, the pyfuse3 of "
+               "scripts/pyfuse3): native speed, one copy in the page cache; status.passthrough says if not and why"),
         Option("allow_other", _bool, False, "let other users read the mount (implies default_permissions)",
                flag=True),
         Option("group", _group, False, "a group whose members steer the mount like its owner: their reads and "
@@ -314,7 +317,7 @@ OPTION_SECTIONS: dict[str, tuple[str, ...]] = {
     "adaptive repetition (ARF, fed by the trainer's feedback lines)": ("arf", "arf_wait", "arf_window", "arf_k",
                                                                        "arf_weights"),
     "the slow tier and staging": ("bandwidth", "staging_streams", "revalidate", "backing_timeout", "verify",
-                                  "stable_inodes", "policy"),
+                                  "stable_inodes", "policy", "passthrough"),
     "what the mount shows": ("view", "listing", "substitute", "ro", "unlistable", "rescan"),
     "several jobs, several nodes": ("consumer_timeout", "rank", "world_size", "peers", "peer_addr",
                                     "peer_timeout"),
@@ -377,6 +380,7 @@ class Settings:
     stable_inodes: str = "auto"
     unlistable: str = "skip"
     rescan: str = "epoch"
+    passthrough: str = "auto"
     allow_other: bool = False
     group: str = ""
     ro: bool = False

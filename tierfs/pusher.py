@@ -44,6 +44,7 @@ from typing import Protocol
 import numpy as np
 import trio
 
+from tierfs.backing_ids import BackingIds
 from tierfs.cache import CacheEntry, CacheStore
 from tierfs.copies import CopyDamaged, open_copy
 from tierfs.filequeue import FileQueue
@@ -258,6 +259,7 @@ class Pusher:
         self.verify = verify
         self.events = events
         self.versions = KernelVersions(tree, self)
+        self.passthrough: BackingIds | None = None  # (set once the mount is up: Engine.attach_kernel)
         self.pushed_bytes = 0
         self.pushed: set[int] = set()  # files of the current/next mini-epoch whose bytes were pushed
         self.window = 0  # their bytes, held under budget
@@ -271,7 +273,9 @@ class Pusher:
 
     @property
     def enabled(self) -> bool:
-        return self.kernel.store is not None
+        """Whether pushes reach the kernel and are of use: not under passthrough (the kernel reads the copies
+        themselves, never the mount's page cache)."""
+        return self.kernel.store is not None and not (self.passthrough is not None and self.passthrough.on)
 
     def _wanted(self, fidx: int) -> bool:
         return bool(self.schedule.wanted[fidx]) and fidx not in self.versions.changed_files

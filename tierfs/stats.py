@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import Metric as MetricFamily
 
 from tierfs import __version__
 from tierfs.backing import BackingStatistics
+from tierfs.backing_ids import PassthroughStatistics
 from tierfs.consumers import ConsumersStatistics
 from tierfs.following import LoaderStatistics
 from tierfs.memory import MemoryStatistics
@@ -163,6 +164,7 @@ class Status:
     peers: PeerStatistics  # the other nodes of the job, with peers=mpi (peers.py)
     listings: ListingStatistics  # directories opened, listings the kernel cached (namespace.py)
     memory: MemoryStatistics  # the daemon's resident bytes, the heap trims (memory.py)
+    passthrough: PassthroughStatistics  # cached opens the kernel serves itself (backing_ids.py)
 
     def as_dict(self) -> dict[str, Any]:
         raw = asdict(self)
@@ -342,6 +344,10 @@ METRICS: tuple[Metric, ...] = (
            "Bytes the daemon returned to readers (reads from the kernel page cache are not seen).", ("served_bytes",)),
     Metric("pushed_bytes_total", "counter", "Staged bytes pushed into the kernel page cache ahead of readers.",
            ("push.pushed_bytes",)),
+    Metric("passthrough_opens_total", "counter", "Opens of cached files the kernel serves itself (passthrough): "
+           "their bytes count in served_bytes at the open.", ("passthrough.opens",)),
+    Metric("passthrough_registered_copies", "gauge", "Cached copies registered with the kernel for passthrough.",
+           ("passthrough.registered",)),
     Metric("opened_bytes_total", "counter", "Sizes of the dataset files opened (what loaders consume).",
            ("opened_bytes",)),
     Metric("stall_seconds_total", "counter", "Seconds readers waited on the backing dir.", ("stall_seconds",)),
@@ -438,6 +444,7 @@ NOT_METRICS: dict[str, str] = {
     "pushed_bytes": "the same count as push.pushed_bytes (tierfs_pushed_bytes_total)",
     "push.window_bytes": _DIAGNOSTIC, "push.budget": _DIAGNOSTIC, "push.queued": _DIAGNOSTIC,
     "push.waiting_for_inode": _DIAGNOSTIC,
+    "passthrough.state": _TEXT, "passthrough.plain_opens": _DIAGNOSTIC, "passthrough.registrations": _DIAGNOSTIC,
     "slow_tier.since": _SINCE, "slow_tier.staging_bytes_per_s": _MEASURED,
     "slow_tier.consumption_bytes_per_s": _MEASURED, "slow_tier.rf_needed": _MEASURED,
     "slow_tier.why": _TEXT, "slow_tier.fix": _TEXT,
@@ -471,7 +478,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
                  pace: PaceStatistics, arf: Arf, last_error: str | None, tree: TreeStatistics,
                  loader: LoaderStatistics, substitution: SubstitutionStatistics,
                  consumers: ConsumersStatistics, peers: PeerStatistics, listings: ListingStatistics,
-                 memory: MemoryStatistics) -> Status:
+                 memory: MemoryStatistics, passthrough: PassthroughStatistics) -> Status:
     """A :class:`Status` from the parts' statistics (the one place that knows the JSON's shape)."""
     s, sch = settings, schedule
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -502,7 +509,7 @@ def build_status(*, mountpoint: str, settings: Settings, rf: int, rf_wanted: int
         fd_budget=data.fd_budget, tree=tree, arf=ArfStatus(s.arf, arf.score, tuple(arf.history[-100:])),
         last_error=last_error, mountpoint=mountpoint, loader=loader, substitution=substitution, consumers=consumers,
         peers=peers, version=__version__,
-        listings=listings, memory=memory,
+        listings=listings, memory=memory, passthrough=passthrough,
     )
 
 

@@ -6,10 +6,11 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=$1
 version=3.5.0
-local_version=$version+tierfs2  # (a new patch: a new number, so venvs built before get this build)
-patches=(cache-readdir.patch nonblocking-loop.patch)
+local_version=$version+tierfs3  # (a new patch: a new number, so venvs built before get this build)
+patches=(cache-readdir.patch nonblocking-loop.patch passthrough.patch)
 check="import importlib.metadata as m, pyfuse3; assert m.version('pyfuse3') == '$local_version'
-assert pyfuse3.FileInfo(cache_readdir=True).cache_readdir"
+assert pyfuse3.FileInfo(cache_readdir=True).cache_readdir and pyfuse3.FileInfo(backing_id=1).backing_id == 1
+assert pyfuse3.passthrough_active() is None"
 if "$py" -c "$check" 2>/dev/null; then
     exit 0
 fi

@@ -130,13 +130,15 @@ def test_a_reader_of_the_old_version_reads_it_whole_while_a_reader_of_the_new_on
     attributes again.  On the old code the answer was the new size, and the kernel cut the old reader's
     page-cache reads at a smaller one: test_abuse's readers got a truncated version under load.  Now the
     kernel keeps the old size until the old reader closes, and the new reader's direct reads are not cut by
-    it (``bigger``: a new version larger than the size the kernel holds is still read whole)."""
+    it (``bigger``: a new version larger than the size the kernel holds is still read whole).  The daemon's
+    read path (passthrough=off): under passthrough the kernel takes no other file for an inode while an open
+    reads its copy, so a new open gets the old copy until the old reader closes (test_passthrough.py)."""
     backing, mnt = tmp_path / "b", tmp_path / "m"
     backing.mkdir()
     mnt.mkdir()
     old, new = os.urandom(old_size), os.urandom(new_size)
     (backing / "f.bin").write_bytes(old)
-    with mounted(backing, mnt, tmp_path / "c", "4M", nm=1, rf=1, revalidate="open") as m:
+    with mounted(backing, mnt, tmp_path / "c", "4M", nm=1, rf=1, revalidate="open", passthrough="off") as m:
         path = m.path("f.bin")
         got: dict[str, bytes | int] = {}
 

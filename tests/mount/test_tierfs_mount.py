@@ -250,9 +250,10 @@ def test_data_path_tuning_keeps_reads_whole(tierfs_mount, dataset):
 
 def test_staged_mini_epoch_is_pushed_into_the_page_cache_and_never_served_stale(tierfs_mount, dataset):
     # The next mini-epoch's copies are pushed into the kernel page cache (notify_store) once staged, so its first
-    # pass sends no READ to the daemon; a backing change still reaches the reader, never the pushed bytes.
+    # pass sends no READ to the daemon; a backing change still reaches the reader, never the pushed bytes.  (The
+    # daemon's read path: under passthrough the kernel reads the copies themselves and nothing is pushed.)
     backing, files = dataset
-    with tierfs_mount(capacity="4M", nm=2, rf=100, revalidate="open") as m:
+    with tierfs_mount(capacity="4M", nm=2, rf=100, revalidate="open", passthrough="off") as m:
         for rel in files:
             os.stat(m.path(rel))  # the kernel learns every inode (a push needs one)
         _wait_next_ready(m)
@@ -341,10 +342,11 @@ def _copy_descriptors(pid: int, cache: str) -> int:
 def test_an_open_of_pushed_bytes_holds_no_copy_until_a_read_reaches_the_daemon(tierfs_mount, dataset, mount_dirs):
     # Opens of files whose bytes the kernel was given pin their copies without opening them: a loader holding
     # many open costs the daemon no descriptors.  Once the kernel drops the pages, the reads that reach the daemon
-    # open the copy then -- and a copy damaged meanwhile is repaired, its bytes read from the backing file.
+    # open the copy then -- and a copy damaged meanwhile is repaired, its bytes read from the backing file.  (The
+    # daemon's read path: under passthrough nothing is pushed.)
     backing, files = dataset
     _, cache = mount_dirs
-    with tierfs_mount(capacity="4M", nm=2, rf=100) as m:
+    with tierfs_mount(capacity="4M", nm=2, rf=100, passthrough="off") as m:
         for rel in files:
             os.stat(m.path(rel))  # the kernel learns every inode (a push needs one)
         _wait_next_ready(m)
