@@ -20,9 +20,9 @@ even if the file changed or the copy was evicted meanwhile) and how many plain o
 plain until they are released).
 
 What tierfs no longer sees are the READs of passthrough opens: the bytes served are counted at the open (the
-copy's size), and everything that works from opens -- passes, out-of-view reads, the loader watch, a copy changed
-by someone else (checked at each open, as before) -- works as before.  A copy changed on the cache disk *during*
-an open read is not seen (the kernel reads it as it is).
+copy's size), and everything that works from opens -- passes, out-of-view reads, the loader watch -- works as
+before.  A copy is checked (and with ``verify=xxhash`` hashed) before it is registered, as a pushed copy is
+before it is pushed; one changed on the cache disk after that is read as it is (the kernel reads it).
 
 It is off, and ``status.passthrough`` says why, where it cannot work: ``passthrough=off``; pyfuse3 without the
 patch; a kernel that did not offer it (before 6.9, or built without ``CONFIG_FUSE_PASSTHROUGH``); a daemon
@@ -74,10 +74,11 @@ class BackingIds:
     """See the module docstring.  ``kernel`` is None until the mount is up (:meth:`attach`), and for good where
     passthrough is off (``why_off`` says why)."""
 
-    def __init__(self, *, asked: bool) -> None:
+    def __init__(self, *, asked: bool, min_size: int = 0) -> None:
         self._kernel: KernelBackings | None = None
         self._why_off = "off (not mounted yet)" if asked else "off (passthrough=off)"
         self._asked = asked
+        self.min_size = min_size  # (copies smaller are served by the daemon: passthrough=auto, see serves())
         self._shared: dict[int, tuple[CacheEntry, int]] = {}  # file -> (the copy its passthrough opens share, opens)
         self._plain: dict[int, int] = {}  # file -> its plain opens
         self.opens = 0
@@ -111,6 +112,13 @@ class BackingIds:
         if not active:
             self._off("the kernel did not offer it: Linux 6.9+ built with CONFIG_FUSE_PASSTHROUGH")
         return not self._why_off
+
+    def serves(self, entry: CacheEntry) -> bool:
+        """Whether an open of ``entry``'s copy is answered in passthrough (when :attr:`on`): copies of at least
+        ``min_size`` bytes.  Under ``passthrough=auto`` that is 1 MiB: below it, a warm pass is faster through
+        the mount's own page cache (the pusher's, ``keep_cache``), and a kernel passthrough open costs ~30 µs
+        more (docs/benchmarks.md); ``passthrough=all`` serves every copy so."""
+        return entry.size >= self.min_size
 
     # ------------------------------------------------------------------------------------------- opens
 

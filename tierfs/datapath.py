@@ -243,8 +243,8 @@ class DataPath:
             raise
 
     async def _open_file(self, fidx: int, uid: int, who: str) -> FileHandle:
-        passthrough = self.passthrough.on
-        shared = self.passthrough.shared(fidx) if passthrough else None
+        pt_on = self.passthrough.on
+        shared = self.passthrough.shared(fidx) if pt_on else None
         if shared is not None:  # (the kernel takes no other file for an inode its passthrough opens read)
             return self._pass_through(fidx, shared, uid, who)
         access = self.tree.access_serial  # (a change of this file's mode or owner found from here on: refused)
@@ -263,12 +263,18 @@ class DataPath:
         fd = None
         if entry is not None and self.settings.current.verify == "xxhash" and not entry.verified:
             entry = await self._verify(entry)
+        passthrough = pt_on and entry is not None and self.passthrough.serves(entry)  # (its size: passthrough=)
         if entry is not None and not passthrough and self.pusher.holds(fidx) and self.cache.data_dir_held():
             # Its bytes, checked, are in the mount's own page cache: the reads stay in the kernel, so the copy is
             # only pinned here, and opened (and checked) at the first read that reaches us (_open_pinned; a file
             # found changed meanwhile is read with direct_io, from the copy of the version it was opened at, as
             # an opened copy would be).  (A data dir someone deleted is found here, as the open of a copy would
             # find it: then made again.)
+            self.cache.pin(entry)
+            fd = _NOT_OPEN
+        elif entry is not None and passthrough and entry.backing_id and self.cache.data_dir_held():
+            # Registered with the kernel, checked then: it reads the copy itself, so it is only pinned here (as
+            # a pushed copy is; opened at a read that reaches us, should one).
             self.cache.pin(entry)
             fd = _NOT_OPEN
         elif entry is not None:
@@ -281,7 +287,7 @@ class DataPath:
             raise AccessChanged
         # From here to the reply nothing waits: what the kernel allows beside the other opens of this inode is
         # decided now (backing_ids.py).
-        if passthrough and (shared := self.passthrough.shared(fidx)) is not None:
+        if pt_on and (shared := self.passthrough.shared(fidx)) is not None:
             if entry is not None:
                 self.release_copy(entry, fd)
             elif self.nursery is not None:  # (a backing close may wait on its server: not before this reply)
@@ -289,9 +295,10 @@ class DataPath:
             else:
                 await self.backing.close(fd)
             return self._pass_through(fidx, shared, uid, who)
-        if (passthrough and entry is not None and fd != _NOT_OPEN and not self.passthrough.plain_open(fidx)
-                and self.passthrough.register(entry, fd)):
-            os.close(fd)  # (the kernel holds the copy: the daemon's descriptor is not needed; the pin stays)
+        if passthrough and entry is not None and not self.passthrough.plain_open(fidx) and (
+                entry.backing_id or (fd != _NOT_OPEN and self.passthrough.register(entry, fd))):
+            if fd != _NOT_OPEN:
+                os.close(fd)  # (the kernel holds the copy: the daemon's descriptor is not needed; the pin stays)
             return self._pass_through(fidx, entry, uid, who, hit=was_cached, pinned=True)
         self.passthrough.opened_plain(fidx)
         if entry is not None:

@@ -67,7 +67,7 @@ from tierfs.pace import PaceWatch, Rates
 from tierfs.peers import PeerGroup, PeerLink, PeerServer, plan_owners
 from tierfs.pins import PinKeeper
 from tierfs.planner import Planner
-from tierfs.policy import POLICIES
+from tierfs.policy import ADVISE_WHOLE, POLICIES
 from tierfs.protocol import RankShare
 from tierfs.pusher import KernelCache, Pusher, push_budget
 from tierfs.revalidate import Revalidator
@@ -160,7 +160,9 @@ class Engine:
         self.reval = Revalidator(tree, self.backing, policy=self.policy, settings=self.live, events=self)
         self.pins = PinKeeper(self.cache, self.stager)  # lent copies, the batch plans' pass pins, peers' sends
         self.peer_server = PeerServer(self.peers, tree, self.cache, self.pins)
-        self.passthrough = BackingIds(asked=s.passthrough == "auto")  # (the kernel reads cached copies itself)
+        # (the kernel reads cached copies itself: those of 1 MiB or more under passthrough=auto, all under all)
+        self.passthrough = BackingIds(asked=s.passthrough != "off",
+                                      min_size=ADVISE_WHOLE if s.passthrough == "auto" else 0)
         self.data = DataPath(tree=tree, cache=self.cache, cache_limiter=self.cache_limiter, backing=self.backing,
                              reval=self.reval, stager=self.stager, pusher=self.pusher, schedule=self.schedule,
                              policy=self.policy, pins=self.pins, settings=self.live, events=self,

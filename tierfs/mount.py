@@ -628,7 +628,7 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
 
     ops = TierOperations(engine)
     try:
-        if config.settings.passthrough == "auto" and PASSTHROUGH:  # (the kernel's answer: status.passthrough)
+        if config.settings.passthrough != "off" and PASSTHROUGH:  # (the kernel's answer: status.passthrough)
             pyfuse3.init(ops, config.mountpoint, fuse_options(config), passthrough=True)  # type: ignore[call-arg]
         else:
             pyfuse3.init(ops, config.mountpoint, fuse_options(config))

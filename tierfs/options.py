@@ -298,9 +298,10 @@ OPTIONS: dict[str, Option] = {
         Option("unlistable", _choice("skip", "refuse"), False, "a directory of the backing dir the daemon cannot "
                "list (a permission, an I/O error): skip = mount without the files under it, said in the log and "
                "status (tree.unlistable); refuse = the mount fails, naming it"),
-        Option("passthrough", _choice("auto", "off"), False, "auto = opens of cached files are served by the kernel "
-               "from the copy itself (Linux 6.9+ FUSE passthrough, the daemon as root, the pyfuse3 of "
-               "scripts/pyfuse3): native speed, one copy in the page cache; status.passthrough says if not and why"),
+        Option("passthrough", _choice("auto", "all", "off"), False, "auto = opens of cached files of 1 MiB or more "
+               "are served by the kernel from the copy itself (Linux 6.9+ FUSE passthrough, the daemon as root, the "
+               "pyfuse3 of scripts/pyfuse3): native speed, one copy in the page cache; all = every cached file "
+               "(faster first passes of small files, slower warm ones); status.passthrough says if not and why"),
         Option("allow_other", _bool, False, "let other users read the mount (implies default_permissions)",
                flag=True),
         Option("group", _group, False, "a group whose members steer the mount like its owner: their reads and "

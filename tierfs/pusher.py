@@ -273,9 +273,8 @@ class Pusher:
 
     @property
     def enabled(self) -> bool:
-        """Whether pushes reach the kernel and are of use: not under passthrough (the kernel reads the copies
-        themselves, never the mount's page cache)."""
-        return self.kernel.store is not None and not (self.passthrough is not None and self.passthrough.on)
+        """Whether pushes reach the kernel."""
+        return self.kernel.store is not None
 
     def _wanted(self, fidx: int) -> bool:
         return bool(self.schedule.wanted[fidx]) and fidx not in self.versions.changed_files
@@ -359,6 +358,7 @@ class Pusher:
             if (entry is None or fidx in self.pushed or fidx in self.inflight or fidx in taken
                     or not self._wanted(fidx)
                     or entry.doomed or self.window + size + entry.size > self.budget
+                    or (self.passthrough is not None and self.passthrough.on and self.passthrough.serves(entry))
                     or (self.verify and not entry.verified)):  # only checked bytes
                 continue
             batch.append((fidx, entry))

@@ -206,8 +206,12 @@ def mounted(backing: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
             capacity: int | str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
             wrapper: Sequence[str] = (), **options: object) -> Iterator[Mounted]:
     """Mount tierfs (foreground subprocess); ``options`` are mount options, e.g. ``rf=4, nm=8``; ``wrapper``
-    runs the daemon under a command, e.g. ``("prlimit", "--nofile=256:4096")``."""
+    runs the daemon under a command, e.g. ``("prlimit", "--nofile=256:4096")``.  ``TIERFS_TEST_PASSTHROUGH`` in
+    the environment is the ``passthrough`` of every mount that names none (a suite run with ``all``: every
+    cached open in passthrough)."""
     mountpoint, backing, cache = os.fspath(mountpoint), os.fspath(backing), os.fspath(cache)
+    if "passthrough" not in options and os.environ.get("TIERFS_TEST_PASSTHROUGH"):
+        options = {**options, "passthrough": os.environ["TIERFS_TEST_PASSTHROUGH"]}
     cmd = [*wrapper, sys.executable, "-m", "tierfs", "mount", backing, mountpoint, "--cache", cache,
            "--capacity", str(capacity), *_args(options)]
     errfile = tempfile.NamedTemporaryFile(prefix="tierfs-stderr-", suffix=".log", delete=False)  # noqa: SIM115

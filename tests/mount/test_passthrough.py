@@ -29,7 +29,7 @@ def _cached_mount(tmp_path, **options):
     backing = tmp_path / "b"
     files = make_dataset(backing, dirs=2, files_per_dir=4, max_size=256 << 10, seed=4)
     (tmp_path / "m").mkdir()
-    options = {"nm": 1, "rf": 100, **options}
+    options = {"nm": 1, "rf": 100, "passthrough": "all", **options}  # (all: these files are under 1 MiB)
     return backing, files, mounted(backing, tmp_path / "m", tmp_path / "c", 3 * sum(files.values()) + (1 << 20),
                                    **options)
 
@@ -90,7 +90,7 @@ def test_a_copy_evicted_under_an_open_file_stays_whole_and_its_registration_goes
     (tmp_path / "m").mkdir()
     total = sum(files.values())
     with mounted(backing, tmp_path / "m", tmp_path / "c", total // 2 + (1 << 20), nm=4, rf=1,
-                 advance="strict") as m:
+                 advance="strict", passthrough="all") as m:
         from tierfs.client import Client
 
         wait_until(lambda: m.status()["next_ready"], what="the mini-epoch staged")
@@ -188,7 +188,8 @@ def test_a_cache_on_a_stacked_filesystem_says_so_and_serves(tmp_path):
         backing = tmp_path / "b"
         files = make_dataset(backing, dirs=1, files_per_dir=3, max_size=32 << 10, seed=8)
         (tmp_path / "m").mkdir()
-        with mounted(backing, tmp_path / "m", merged / "cache", 3 * sum(files.values()) + (1 << 20), nm=1) as m:
+        with mounted(backing, tmp_path / "m", merged / "cache", 3 * sum(files.values()) + (1 << 20), nm=1,
+                     passthrough="all") as m:
             wait_until(lambda: m.status()["next_ready"], what="staged")
             for f in files:
                 assert within(m.mountpoint, lambda f=f: read_bytes(m.path(f))) == read_bytes(str(backing / f))
@@ -196,3 +197,16 @@ def test_a_cache_on_a_stacked_filesystem_says_so_and_serves(tmp_path):
             assert state.startswith("off (ELOOP") and "stacked" in state, state
     finally:
         subprocess.run(["umount", "-l", str(merged)], check=False, timeout=30)
+
+
+def test_auto_leaves_files_under_1_mib_to_the_daemon_and_its_pushes(tmp_path):
+    backing = tmp_path / "b"
+    files = make_dataset(backing, dirs=1, files_per_dir=4, max_size=64 << 10, seed=9)
+    (backing / "big.bin").write_bytes(os.urandom(2 << 20))
+    (tmp_path / "m").mkdir()
+    with mounted(backing, tmp_path / "m", tmp_path / "c", 16 << 20, nm=1, rf=100, passthrough="auto") as m:
+        wait_until(lambda: m.status()["next_ready"], what="staged")
+        for f in [*files, "big.bin"]:
+            assert within(m.mountpoint, lambda f=f: read_bytes(m.path(f))) == read_bytes(str(backing / f)), f
+        st = m.status()["passthrough"]
+        assert (st["state"], st["opens"], st["plain_opens"], st["registered"]) == ("on", 1, len(files), 1), st
