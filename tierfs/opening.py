@@ -203,7 +203,9 @@ class TreeKeeper:
             self.stats = replace(self.stats, rescan="done")
             return
         new.stable_inodes = self.stable_inodes  # (compared as this mount's tree is)
-        news = tree.compare(new)
+        # (a worker thread: ~0.25 s at a million files, which every request would wait out on the trio thread; a
+        # fingerprint the trio thread changes meanwhile is at worst a copy made again)
+        news = await in_thread(tree.compare, new, abandon_on_cancel=True)
         # (directories' modes and owners too: a chmod 700 made while unmounted closes them from this mount on)
         for i, st in await in_thread(tree.dir_access_news, new, abandon_on_cancel=True):
             tree.update_access(i, st)

@@ -911,7 +911,8 @@ class Tree:
 
     def compare(self, new: Tree) -> Comparison:
         """What a newer scan of the same backing says about this tree's files (see :class:`Comparison`).  Matched
-        by path hash, then by path (vectorised: it runs on the trio thread)."""
+        by path hash, then by path, vectorised (a worker thread: what it reads of this tree the trio thread may
+        change meanwhile only a file at a time)."""
         (keys, order), (mine, mine_order) = new.path_index(), self.path_index()
         nf = self.n_files
         at = np.minimum(np.searchsorted(keys, mine), max(0, len(keys) - 1))
@@ -924,7 +925,8 @@ class Tree:
         theirs_found = np.zeros(new.n_files, bool)
         theirs_found[match[found]] = True
         was_gone = self.gone[:nf].copy()  # (found gone during this mount, not only waiting to join)
-        was_gone[np.fromiter(self._unmask, np.int64, len(self._unmask))] = False
+        joining = list(self._unmask)  # (a snapshot: the trio thread may join files meanwhile)
+        was_gone[np.array(joining, np.int64)] = False
         mine_fp, theirs_fp = self.fingerprints(), new.fingerprints()
         differs = found & (np.any(mine_fp != theirs_fp[np.maximum(match, 0)], axis=1) if len(keys) else False)
         changed, returned, gone = [], [], np.flatnonzero(~found).tolist()
