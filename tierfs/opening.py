@@ -154,7 +154,7 @@ class TreeKeeper:
         plain.stable_inodes = self.stable_inodes
         tree = plain if self.rescan == "never" else plain.with_room(
             max(ROOM_FILES, plain.n_files // ROOM_SHARE),
-            max(ROOM_OTHERS, (plain.n_nodes - 1 - plain.n_files) // ROOM_SHARE))
+            max(ROOM_OTHERS, (plain.n_nodes - 1 - plain.n_files) // ROOM_SHARE), consume=True)
         del plain  # (the mount's tree saves itself without its room: Tree.save)
         self._tree = tree  # (the mount's: its files found gone are counted in statistics())
         self.stats = TreeStatistics("saved" if saved else "scan", round(time.monotonic() - t0, 3),

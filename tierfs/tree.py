@@ -940,11 +940,12 @@ class Tree:
 
     # -------------------------------------------------------------------------------------- room to grow
 
-    def with_room(self, files: int, others: int) -> Tree:
+    def with_room(self, files: int, others: int, *, consume: bool = False) -> Tree:
         """This tree (as scanned or loaded) with room for ``files`` more files and ``others`` more directories,
         symlinks and special entries (see "Room to grow" in the module docstring); the same numbering for every
-        file (file ``f`` is still node ``f + 1``), the other nodes after the room for files.  A new tree: this one
-        is still the one to save."""
+        file (file ``f`` is still node ``f + 1``), the other nodes after the room for files.  A new tree.  With
+        ``consume`` this one gives up each array as its longer one is made (it is unusable after): the mount's
+        peak is this tree and one array, not two trees."""
         nf, n = self._n_files, self.n_nodes
         if not files and not others:
             return self
@@ -953,24 +954,38 @@ class Tree:
             return np.concatenate([a[:nf + 1], np.full(files, fill, a.dtype), a[nf + 1:],
                                    np.full(others, fill, a.dtype)])
 
-        def shifted(nodes: np.ndarray) -> np.ndarray:
-            dt = index_dtype(n + files + others) if nodes.dtype.itemsize < 8 else nodes.dtype
-            return np.where(nodes > nf, nodes.astype(dt) + files, nodes.astype(dt))
+        def shifted(nodes: np.ndarray, dt: type[np.generic]) -> np.ndarray:
+            out = nodes.astype(dt)
+            out[out > nf] += files
+            return out
 
-        ends = self._name_ends
-        meta = np.vstack([self.meta, np.array([[0, 1, 0, 0, 0]], np.int64)])  # (a hole's: no hard link)
+        def taken(name: str) -> np.ndarray:
+            a = getattr(self, name)
+            if consume:
+                setattr(self, name, None)
+            return a
+
         keys, order = self.path_index()
-        tree = Tree(parents=per_node(shifted(self.parents), 0).astype(np.int32), kinds=per_node(self.kinds, KIND_HOLE),
-                    names=self._names, name_ends=np.concatenate(  # (a hole's name is empty: its end repeats)
-                        [ends[:nf + 1], np.full(files, ends[nf], ends.dtype), ends[nf + 1:],
-                         np.full(others, ends[-1], ends.dtype)]),
-                    link_nodes=shifted(self._link_nodes).astype(np.int64), links=self._links,
+        meta = np.vstack([self.meta, np.array([[0, 1, 0, 0, 0]], np.int64)])  # (a hole's: no hard link)
+        if consume:
+            self.sizes = self.blocks = self.groups = None  # type: ignore[assignment]  # (views of the arrays)
+        kids = shifted(self._children[0], np.int32)
+        if consume:
+            self._children = None  # type: ignore[assignment]
+        parents = per_node(shifted(taken("parents"), np.int32), 0)
+        kinds = per_node(taken("kinds"), KIND_HOLE)
+        ends = taken("_name_ends")  # (a hole's name is empty: its end repeats)
+        name_ends = np.concatenate([ends[:nf + 1], np.full(files, ends[nf], ends.dtype), ends[nf + 1:],
+                                    np.full(others, ends[-1], ends.dtype)])
+        del ends
+        columns = {name: per_node(taken(name), 0) for name in ("ino", "size", "blocks_", "mtime", "ctime")}
+        tree = Tree(parents=parents, kinds=kinds, names=self._names, name_ends=name_ends,
+                    link_nodes=shifted(self._link_nodes, np.int64), links=self._links,
                     link_ends=self._link_ends, meta=meta,
-                    meta_idx=per_node(self.meta_idx.astype(_row_dtype(len(meta))), len(meta) - 1),
-                    ino=per_node(self.ino, 0), size=per_node(self.size, 0), blocks=per_node(self.blocks_, 0),
-                    mtime=per_node(self.mtime, 0), ctime=per_node(self.ctime, 0),
-                    kids=shifted(self._children[0]).astype(np.int32), n_files=nf + files, dev=self.dev,
-                    hash_keys=keys, hash_order=order)
+                    meta_idx=per_node(taken("meta_idx").astype(_row_dtype(len(meta))), len(meta) - 1),
+                    ino=columns["ino"], size=columns["size"], blocks=columns["blocks_"], mtime=columns["mtime"],
+                    ctime=columns["ctime"], kids=kids, n_files=nf + files, dev=self.dev, hash_keys=keys,
+                    hash_order=order)
         tree._filled, tree._next_other = nf, n + files
         tree.unlistable, tree.unlistable_dirs, tree.stable_inodes = (self.unlistable, self.unlistable_dirs,
                                                                      self.stable_inodes)

@@ -329,6 +329,9 @@ def test_room_keeps_every_number_and_shows_nothing_more(odd_root):
         assert t.path(j) == plain.path(i) and t.names_of(t.children(j)) == plain.names_of(plain.children(i))
     assert len(t.first_names()) == plain.n_files and t.fingerprints().shape == (plain.n_files, 4)
     assert (t.sizes[plain.n_files:] == 0).all() and not t.gone.any()
+    # (the mount's way: the scanned tree gives up each array as its longer one is made; the same tree)
+    consumed = _scan(odd_root).with_room(50, 7, consume=True)
+    assert _walked(consumed) == _walked(t) and (consumed.parents == t.parents).all() and (consumed.size == t.size).all()
 
 
 def test_additions_join_in_their_directories_only_when_their_growth_joins(root, tmp_path):
