@@ -310,7 +310,11 @@ class DataPath:
             size = entry.size
         else:
             self.misses += 1
-        direct = await self.versions.opened(fidx)
+        try:
+            direct = await self.versions.opened(fidx)
+        except BaseException:  # (cancelled at unmount: this open is never answered, nor released)
+            self.passthrough.released_plain(fidx)
+            raise
         # (a changed file can change again between this open and its reads, and the kernel keeps one size and
         # one page cache per inode, not per open: direct_io makes this handle's reads end where its version ends)
         handle = FileHandle(fidx, fd, entry, keep_cache=not direct, direct_io=direct, uid=uid)
