@@ -264,17 +264,14 @@ class DataPath:
         if entry is not None and self.settings.current.verify == "xxhash" and not entry.verified:
             entry = await self._verify(entry)
         passthrough = pt_on and entry is not None and self.passthrough.serves(entry)  # (its size: passthrough=)
-        if entry is not None and not passthrough and self.pusher.holds(fidx) and self.cache.data_dir_held():
-            # Its bytes, checked, are in the mount's own page cache: the reads stay in the kernel, so the copy is
-            # only pinned here, and opened (and checked) at the first read that reaches us (_open_pinned; a file
+        if entry is not None and (entry.backing_id if passthrough else self.pusher.holds(fidx)) \
+                and self.cache.data_dir_held():
+            # Its bytes, checked, are in the mount's own page cache (pushed), or the kernel reads the copy itself
+            # (registered for passthrough, checked then): the reads stay in the kernel, so the copy is only pinned
+            # here, and opened (and checked) at the first read that reaches us, should one (_open_pinned; a file
             # found changed meanwhile is read with direct_io, from the copy of the version it was opened at, as
             # an opened copy would be).  (A data dir someone deleted is found here, as the open of a copy would
             # find it: then made again.)
-            self.cache.pin(entry)
-            fd = _NOT_OPEN
-        elif entry is not None and passthrough and entry.backing_id and self.cache.data_dir_held():
-            # Registered with the kernel, checked then: it reads the copy itself, so it is only pinned here (as
-            # a pushed copy is; opened at a read that reaches us, should one).
             self.cache.pin(entry)
             fd = _NOT_OPEN
         elif entry is not None:

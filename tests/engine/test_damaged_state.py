@@ -84,6 +84,17 @@ def _said_once(warnings: list[str], name: str, cost: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------- tree.bin
 
+def _remount_damaged(open_engine, t, caplog, name: str, how, cost: str):
+    """A used cache whose ``name`` is damaged ``how``, mounted again: it says so once, in words, with ``cost``.
+    (The engine, the cache dir, the damaged file's path, the position and the copies before.)"""
+    cache, where, cached = _used_cache(open_engine, t)
+    path = _damage(cache, name, how)
+    e, warnings = _reopen(open_engine, caplog)
+    said = _said_once(warnings, name, cost)
+    assert "damaged" in said and "Error" not in said  # (what is wrong in words, not an exception's name)
+    return e, cache, path, where, cached
+
+
 def _records(raw: bytes) -> list[tuple[int, int, int]]:
     """(start, data start, data end) of each .npy record of a saved tree: 0 is the head, then Tree's arrays in
     ``tree._SAVED`` order (3: names, 11: size), the checksum last."""
@@ -137,11 +148,7 @@ TREE_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(TREE_DAMAGE))
 def test_a_damaged_saved_tree_is_said_removed_and_scanned_again(damage, open_engine, t, caplog):
-    cache, where, cached = _used_cache(open_engine, t)
-    path = _damage(cache, TREE, TREE_DAMAGE[damage])
-    e, warnings = _reopen(open_engine, caplog)
-    said = _said_once(warnings, TREE, "scanned")
-    assert "damaged" in said and "Error" not in said  # (what is wrong in words, not an exception's name)
+    e, _, path, where, cached = _remount_damaged(open_engine, t, caplog, TREE, TREE_DAMAGE[damage], "scanned")
     assert not os.path.exists(path)  # removed (the scan saves a whole one again: below)
     assert e.trees.statistics().source == "scan"
     assert (e.schedule.pos.epoch, e.schedule.pos.mini_epoch, e.schedule.pos.pass_index) == where  # (the journal)
@@ -194,11 +201,8 @@ INDEX_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(INDEX_DAMAGE))
 def test_a_damaged_index_is_said_removed_and_the_copies_checked_one_by_one(damage, open_engine, t, caplog):
-    cache, where, cached = _used_cache(open_engine, t)
-    path = _damage(cache, INDEX, INDEX_DAMAGE[damage])
-    e, warnings = _reopen(open_engine, caplog)
-    said = _said_once(warnings, INDEX, "checked one by one")
-    assert "damaged" in said and "Error" not in said
+    e, _, path, where, cached = _remount_damaged(open_engine, t, caplog, INDEX, INDEX_DAMAGE[damage],
+                                                 "checked one by one")
     assert not os.path.exists(path)
     assert {f: en.name for f, en in e.cache.entries.items()} == cached  # every copy kept: a stat each
     assert (e.schedule.pos.epoch, e.schedule.pos.mini_epoch, e.schedule.pos.pass_index) == where
@@ -243,11 +247,8 @@ JOURNAL_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(JOURNAL_DAMAGE))
 def test_a_damaged_journal_is_said_removed_and_the_mount_starts_afresh(damage, open_engine, t, caplog):
-    cache, _, _ = _used_cache(open_engine, t)
-    _damage(cache, JOURNAL_NAME, JOURNAL_DAMAGE[damage])
-    e, warnings = _reopen(open_engine, caplog)
-    said = _said_once(warnings, JOURNAL_NAME, "starts over at the first epoch")
-    assert "damaged" in said and "Error" not in said
+    e, cache, _, _, _ = _remount_damaged(open_engine, t, caplog, JOURNAL_NAME, JOURNAL_DAMAGE[damage],
+                                         "starts over at the first epoch")
     pos = e.schedule.pos
     assert (pos.epoch, pos.mini_epoch, pos.pass_index, pos.passes_total) == (0, 0, 0, 0)
     again = load_position(cache)  # (removed, and the opened engine journalled where it stands: a whole one)
