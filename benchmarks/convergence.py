@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from dslide.data import write_xc  # noqa: E402
 from dslide.gen import generate  # noqa: E402
-from tierfs.testing import mounted  # noqa: E402
+from tierfs.testing.harness import mounted  # noqa: E402
 
 
 @dataclass(frozen=True)

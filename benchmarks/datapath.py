@@ -268,7 +268,7 @@ def py_spy(pid: int, out: Path | None) -> Iterator[None]:
 def run(args: argparse.Namespace) -> list[Row]:
     from tqdm import tqdm
 
-    from tierfs.testing import mounted
+    from tierfs.testing.harness import mounted
 
     base = args.workdir / f"datapath-{os.getpid()}"
     backing, mnt = base / "backing", base / "mnt"
@@ -404,7 +404,7 @@ def _big(
     n = rate(backing / rel, True)
     (t, mib) = on_mount(True)
     rows = [Row("big first", threads, t, n, "GiB/s", mib)]
-    from tierfs.testing import wait_until
+    from tierfs.testing.harness import wait_until
 
     # (an LRU miss over 1 MiB is served from the backing while its copy is made: the re-reads want the copy)
     wait_until(lambda: cached_path(mnt / rel) is not None, timeout=600, what="the big file's copy")

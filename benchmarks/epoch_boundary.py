@@ -1,6 +1,6 @@
 """How long does the request that ends a pass hold the trio thread at an epoch boundary of a big tree?
 
-An engine resumes over a saved synthetic tree of ``--files`` files (``tierfs.testing.synthetic_tree``: 1,000
+An engine resumes over a saved synthetic tree of ``--files`` files (``tierfs.testing.harness.synthetic_tree``: 1,000
 directories of 4 KiB files, no file behind them) with ``nm=2, rf=1, advance=strict``, so every ``next-pass``
 switches.  It writes ``next-pass`` ``--passes`` times, ``--gap`` seconds apart (a reader's pass), each the way
 the FUSE write handler does (``Engine.control_write``, on the trio thread), while a heartbeat task measures the
@@ -25,11 +25,11 @@ import time
 
 import trio
 
-import tierfs.schedule
-from tierfs.engine import Engine
-from tierfs.opening import TREE_NAME
-from tierfs.options import MountConfig, Settings
-from tierfs.testing import make_dataset, synthetic_tree
+import tierfs.daemon.schedule.schedule
+from tierfs.common.options import MountConfig, Settings
+from tierfs.daemon.coordinator.engine import Engine
+from tierfs.daemon.tree.keeper import TREE_NAME
+from tierfs.testing.harness import make_dataset, synthetic_tree
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
 
     planning: list[tuple[int, float]] = []  # (thread, seconds) of every plan_epoch call
-    real = tierfs.schedule.plan_epoch
+    real = tierfs.daemon.schedule.schedule.plan_epoch
 
     def timed(*a, **kw):
         t0 = time.perf_counter()
@@ -49,7 +49,7 @@ def main() -> None:
         finally:
             planning.append((threading.get_ident(), time.perf_counter() - t0))
 
-    tierfs.schedule.plan_epoch = timed
+    tierfs.daemon.schedule.schedule.plan_epoch = timed
 
     with tempfile.TemporaryDirectory(prefix="epoch-boundary-") as tmp:
         backing, cache = os.path.join(tmp, "backing"), os.path.join(tmp, "cache")

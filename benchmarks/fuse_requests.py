@@ -3,7 +3,7 @@
     python benchmarks/fuse_requests.py [--files 1000] [--size 110K] [-o KEY=VALUE ...]
 
 The daemon runs with every ``TierOperations`` handler wrapped by a counter (this program is its wrapper:
-``tierfs.testing.mounted(wrapper=...)``); SIGUSR1 makes it write the counts.  Under ``policy=met`` (nm=2, the
+``tierfs.testing.harness.mounted(wrapper=...)``); SIGUSR1 makes it write the counts.  Under ``policy=met`` (nm=2, the
 first mini-epoch staged and pushed) a loader reads the order file and opens every file of the view with
 ``open()``, twice: the first pass (the copies staged, their pages pushed) and a repeated pass; then the same
 pass through a batch plan.  Prints requests per file for each pass, and files/s beside it (one reader).
@@ -32,8 +32,8 @@ HANDLERS = ("lookup", "getattr", "open", "read", "release", "flush", "opendir", 
 
 def _daemon(argv: list[str]) -> None:
     """Run ``python -m tierfs ...`` (argv after this program's name) with counted handlers."""
-    import tierfs.fs as fs
-    from tierfs.cli import main
+    import tierfs.daemon.fuse.operations as fs
+    from tierfs.cli.commands import main
 
     counts: Counter[str] = Counter()
     out = os.environ["TIERFS_REQUEST_COUNTS"]
@@ -64,7 +64,7 @@ def _daemon(argv: list[str]) -> None:
 def _counts(proc: subprocess.Popen[bytes], path: str) -> Counter[str]:
     before = os.path.getmtime(path) if os.path.exists(path) else 0.0
     os.kill(proc.pid, signal.SIGUSR1)
-    from tierfs.testing import wait_until
+    from tierfs.testing.harness import wait_until
 
     wait_until(lambda: os.path.exists(path) and os.path.getmtime(path) != before, what="the counts")
     time.sleep(0.05)
@@ -75,7 +75,7 @@ def _counts(proc: subprocess.Popen[bytes], path: str) -> Counter[str]:
 def main(argv: list[str] | None = None) -> None:
     from slowtier import KiB, Workload, parse_size
     from tierfs.client import Client
-    from tierfs.testing import mounted, wait_until
+    from tierfs.testing.harness import mounted, wait_until
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=1000)

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sidebyside import HEADERS, drop_caches, slow_tier  # noqa: E402
-from tierfs.testing import mounted  # noqa: E402
+from tierfs.testing.harness import mounted  # noqa: E402
 
 _READY_TIMEOUT = 120.0  # seconds for every job to read its first file
 

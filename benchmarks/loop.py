@@ -70,7 +70,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tierfs.testing import mounted, process_cpu  # noqa: E402
+from tierfs.testing.harness import mounted, process_cpu  # noqa: E402
 
 WAYS = ("relist", "minepoch", "sampler", "substitute")
 #: mount options of each way (besides nm and rf)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tierfs.testing import mounted, process_cpu, scan_memory, wait_until
+from tierfs.testing.harness import mounted, process_cpu, scan_memory, wait_until
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -125,7 +125,7 @@ def _daemon(argv: list[str]) -> None:
         import tracemalloc
 
         tracemalloc.start()
-    from tierfs.cli import main as tierfs_main
+    from tierfs.cli.commands import main as tierfs_main
 
     reports = [0]
 

@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tierfs.mount import abort_connection, fuse_connection
+from tierfs.daemon.fuse.mount import abort_connection, fuse_connection
 
 __all__ = ["NetBacking", "net_backing", "relay_main"]
 

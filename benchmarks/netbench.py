@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from datapath import read_files
 from netbacking import net_backing
 from slowtier import KiB, drop_caches, install_sigterm, require_root
-from tierfs.testing import Mounted, mounted
+from tierfs.testing.harness import Mounted, mounted
 
 _BUF = 1 << 20
 

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tierfs.options import parse_size  # noqa: E402
+from tierfs.common.options import parse_size  # noqa: E402
 
 
 def _make(data: Path, files: int, size: int) -> None:
@@ -86,7 +86,7 @@ def measure_one(args: argparse.Namespace) -> dict:
     from importlib.metadata import version
 
     from tierfs.loaders import PassIndices
-    from tierfs.testing import mounted, process_cpu
+    from tierfs.testing.harness import mounted, process_cpu
 
     nm, think = args.nm[0], args.think[0]
     data = args.tmp / "data"

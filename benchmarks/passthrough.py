@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from slowtier import GiB, KiB, MiB, drop_caches, parse_size, require_root
-from tierfs.testing import mounted, wait_until
+from tierfs.testing.harness import mounted, wait_until
 
 CHUNK = MiB
 

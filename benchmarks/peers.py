@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from dslide.mpirun import MpiJob  # noqa: E402
 from sidebyside import drop_caches, slow_tier  # noqa: E402
-from tierfs.testing import end_mount_job, is_mounted, within  # noqa: E402
+from tierfs.testing.harness import end_mount_job, is_mounted, within  # noqa: E402
 
 N = 4
 MODES = ("sharded", "peers", "peers-auto")

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from netbacking import NetBacking, net_backing  # noqa: E402
-from tierfs.testing import force_unmount, is_mounted, mounted  # noqa: E402
+from tierfs.testing.harness import force_unmount, is_mounted, mounted  # noqa: E402
 
 HEADERS = 66  # Ethernet 14 + IPv4 20 + TCP 32 (timestamps): bytes per packet that are not the stream's
 

@@ -17,7 +17,7 @@ them for ``--stall-minutes``, iv after that for ``--fault-minutes``):
 * **iii** 8 readers over the network backing of :mod:`netbacking`, everything cached, while the backing stalls
   (the relay SIGSTOPped) for 20 s every minute: 0 wrong bytes, 0 daemon deaths, ``status`` sampled every
   0.5 s and always answering within 1 s.
-* **iv** (issue 22) 8 readers of a dataset whose backing is a FUSE mount (:mod:`tierfs.passthrough`, as sshfs or
+* **iv** (issue 22) 8 readers of a dataset whose backing is a FUSE mount (:mod:`tierfs.testing.mirrorfs`, as sshfs or
   rclone would be) while its daemon is SIGKILLed every ``--kill-every`` seconds (the mount answers ENOTCONN),
   left dead for ``--kill-for`` seconds, unmounted and started again at the same path; a file of a later
   mini-epoch is replaced by a FIFO; ``advance``/``next-pass`` every 1.5 s.  0 wrong bytes, 0 hangs, 0 daemon
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from netbacking import net_backing
 from slowtier import install_sigterm, require_root
 from tierfs.loaders import read_plan, read_sample
-from tierfs.testing import Mounted, abort_connection, mounted, passthrough
+from tierfs.testing.harness import Mounted, abort_connection, mounted, passthrough
 
 KiB = 1 << 10
 PLAN_READERS = 2  # row i: readers 0 and 1 read through batch plans

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from tierfs.options import format_size
-from tierfs.testing import mounted
+from tierfs.common.options import format_size
+from tierfs.testing.harness import mounted
 
 
 def make_data(root: Path, *, files: int, dirs: int, seed: int) -> dict[str, tuple[int, int]]:

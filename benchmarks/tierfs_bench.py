@@ -220,7 +220,7 @@ def run_config(
     with contextlib.ExitStack() as stack:
         status = None
         if cfg.source == "mount":
-            from tierfs.testing import mounted
+            from tierfs.testing.harness import mounted
 
             mnt, cache = work / "mnt", work / f"cache-{cfg.name}"
             shutil.rmtree(cache, ignore_errors=True)

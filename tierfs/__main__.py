@@ -1,5 +1,5 @@
 import sys
 
-from tierfs.cli import main
+from tierfs.cli.commands import main
 
 sys.exit(main())

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import trio
 
-from tierfs.engine import Engine
-from tierfs.options import MountConfig, Settings
-from tierfs.testing import make_dataset
+from tierfs.common.options import MountConfig, Settings
+from tierfs.daemon.coordinator.engine import Engine
+from tierfs.testing.harness import make_dataset
 
 
 def run(fn: Callable[[], Awaitable[Any]]) -> Any:

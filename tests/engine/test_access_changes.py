@@ -11,10 +11,10 @@ import os
 import pytest
 import trio
 
-from tierfs.datapath import AccessChanged
-from tierfs.namespace import Listing
-from tierfs.tree import KIND_DIR
-from tierfs.users import OWNER_UID
+from tierfs.daemon.access import OWNER_UID
+from tierfs.daemon.serving.datapath import AccessChanged
+from tierfs.daemon.serving.namespace import Listing
+from tierfs.daemon.tree.tree import KIND_DIR
 
 from .conftest import run
 

@@ -11,9 +11,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfs.cache import CacheStore, allocated, entry_name
-from tierfs.copies import open_copy
-from tierfs.protocol import COPY_MTIME_NS
+from tierfs.common.protocol import COPY_MTIME_NS
+from tierfs.daemon.cache.copy_check import open_copy
+from tierfs.daemon.cache.store import CacheStore, allocated, entry_name
 
 ops = st.lists(st.tuples(st.sampled_from(["stage", "open", "release", "evict", "lru"]),
                          st.integers(0, 7), st.integers(0, 400)), max_size=60)

@@ -15,10 +15,10 @@ import pytest
 import trio
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.cache import MARKER_NAME
-from tierfs.mount import MountError, check_paths
-from tierfs.options import MountConfig, Settings
-from tierfs.testing import snapshot
+from tierfs.common.options import MountConfig, Settings
+from tierfs.daemon.cache.store import MARKER_NAME
+from tierfs.daemon.fuse.mount import MountError, check_paths
+from tierfs.testing.harness import snapshot
 
 
 def users_scratch(cache: Path) -> None:

@@ -1,5 +1,5 @@
 """Consumers (consumers.py): passes per job, each its own order, the wait bounded by ``consumer_timeout``, ARF
-decided by every live consumer -- the engine driven directly, the consumer named as ``fs.py`` names it."""
+decided by every live consumer -- the engine driven directly, the consumer named as ``operations.py`` names it."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import time
 import trio
 import trio.testing
 
-from tierfs import consumers
-from tierfs.consumers import ANONYMOUS, MAX_CONSUMERS, MAX_CONSUMERS_PER_USER
-from tierfs.summary import WIDTH, format_status
-from tierfs.users import OWNER_UID
+from tierfs.cli.status_text import WIDTH, format_status
+from tierfs.daemon.access import OWNER_UID
+from tierfs.daemon.schedule import consumers
+from tierfs.daemon.schedule.consumers import ANONYMOUS, MAX_CONSUMERS, MAX_CONSUMERS_PER_USER
 
 
 async def _read(e, fidx: int, who: str) -> None:

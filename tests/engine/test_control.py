@@ -10,10 +10,10 @@ import pyfuse3
 import pytest
 import trio
 
-from tierfs.fs import TierOperations
-from tierfs.options import Settings
-from tierfs.protocol import RankShare, parse_control
-from tierfs.tree import CONTROL_INODES
+from tierfs.common.options import Settings
+from tierfs.common.protocol import RankShare, parse_control
+from tierfs.daemon.fuse.operations import TierOperations
+from tierfs.daemon.tree.tree import CONTROL_INODES
 
 REQUIRED = {"epoch", "mini_epoch", "pass", "rf", "rf_effective", "view_files", "view_bytes", "cache_bytes",
             "cache_capacity", "prefetch", "reads", "backing_bytes_read", "served_bytes", "stall_seconds", "arf",

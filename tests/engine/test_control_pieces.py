@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from tierfs.protocol import CONTROL_WRITE_MAX
+from tierfs.common.protocol import CONTROL_WRITE_MAX
 
 
 def test_a_piece_over_the_limit_is_refused_and_nothing_applied(open_engine):

@@ -1,5 +1,5 @@
-"""One copy into the cache (tierfs.copier), on real files: whole or not at all, never a version it was not
-asked for, and no more calls on the backing file than one open, the reads and one fstat (counted by strace)."""
+"""One copy into the cache (tierfs.daemon.staging.copier), on real files: whole or not at all, never a version it was
+not asked for, and no more calls on the backing file than one open, the reads and one fstat (counted by strace)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 import xxhash
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.cache import cache_block
-from tierfs.copier import BackingChanged, copy_into_cache
-from tierfs.protocol import COPY_MTIME_NS
-from tierfs.tree import fingerprint
+from tierfs.common.protocol import COPY_MTIME_NS
+from tierfs.daemon.cache.store import cache_block
+from tierfs.daemon.staging.copier import BackingChanged, copy_into_cache
+from tierfs.daemon.tree.tree import fingerprint
 
 
 @pytest.fixture
@@ -114,9 +114,9 @@ def test_an_unreadable_or_missing_file_is_an_oserror_and_leaves_nothing(dirs):
 
 STRACE_PROBE = r"""
 import os, sys
-from tierfs.cache import cache_block
-from tierfs.copier import copy_into_cache
-from tierfs.tree import fingerprint
+from tierfs.daemon.cache.store import cache_block
+from tierfs.daemon.staging.copier import copy_into_cache
+from tierfs.daemon.tree.tree import fingerprint
 backing, data = sys.argv[1], sys.argv[2]
 root = os.open(backing, os.O_RDONLY | os.O_DIRECTORY)
 dfd = os.open(data, os.O_RDONLY | os.O_DIRECTORY)

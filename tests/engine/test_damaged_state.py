@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import trio
 
-from tierfs.journal import JOURNAL_NAME, load_position
-from tierfs.tree import Tree
+from tierfs.daemon.cache.journal import JOURNAL_NAME, load_position
+from tierfs.daemon.tree.tree import Tree
 
 TREE, INDEX = "tree.bin", "index.npz"
 

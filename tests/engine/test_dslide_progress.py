@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tierfs.testing import in_pty
+from tierfs.testing.harness import in_pty
 
 DSLIDE = [sys.executable, "-m", "dslide"]
 

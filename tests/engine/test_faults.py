@@ -13,12 +13,12 @@ import subprocess
 import pytest
 import trio
 
-import tierfs.policy
-from tierfs.backing import BackingError
-from tierfs.mount import WholeLineHandler
-from tierfs.options import OPTIONS
-from tierfs.staging import StreamTuner
-from tierfs.testing import make_dataset
+import tierfs.daemon.schedule.policy
+from tierfs.common.options import OPTIONS
+from tierfs.daemon.backing.calls import BackingError
+from tierfs.daemon.fuse.mount import WholeLineHandler
+from tierfs.daemon.staging.stager import StreamTuner
+from tierfs.testing.harness import make_dataset
 
 
 async def _staged(e, t):
@@ -158,7 +158,7 @@ def test_a_round_renews_what_the_readers_may_reach_not_the_whole_view(open_engin
     nobody was about to open (docs/benchmarks.md, "A million files").  Now it renews those the readers may reach
     before the next round at their rate (at least REVALIDATE_AHEAD_MIN, 100 here); the rest, if opened, get the
     open's own check."""
-    monkeypatch.setattr(tierfs.policy, "REVALIDATE_AHEAD_MIN", 100)
+    monkeypatch.setattr(tierfs.daemon.schedule.policy, "REVALIDATE_AHEAD_MIN", 100)
     backing = tmp_path / "many"
     make_dataset(backing, dirs=4, files_per_dir=300, max_size=64)
     e = open_engine(backing_dir=backing, view="full", revalidate="0.2")

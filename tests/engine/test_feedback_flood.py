@@ -11,12 +11,12 @@ from __future__ import annotations
 import trio
 
 from sampler.arf import HISTORY_KEPT
-from tierfs import schedule
-from tierfs.consumers import ANONYMOUS
-from tierfs.control import ARFS_KEPT, ConsumerArfs
-from tierfs.journal import load_position
-from tierfs.options import Settings
-from tierfs.protocol import CONTROL_WRITE_MAX
+from tierfs.common.options import Settings
+from tierfs.common.protocol import CONTROL_WRITE_MAX
+from tierfs.daemon.cache.journal import load_position
+from tierfs.daemon.coordinator.control_file import ARFS_KEPT, ConsumerArfs
+from tierfs.daemon.schedule import schedule
+from tierfs.daemon.schedule.consumers import ANONYMOUS
 
 LINES_PER_WRITE = 800
 WRITES_PER_NAME = 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
-from tierfs.following import MIN_OPENS, STUCK_FACTOR
-from tierfs.summary import format_status
+from tierfs.cli.status_text import format_status
+from tierfs.daemon.schedule.loader_watch import MIN_OPENS, STUCK_FACTOR
 
 
 def _loader(e) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from tierfs.following import off_view_fix
+from tierfs.daemon.schedule.loader_watch import off_view_fix
 
 
 def _warning(e) -> str | None:

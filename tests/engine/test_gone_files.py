@@ -9,7 +9,7 @@ import os
 import pytest
 import trio
 
-from tierfs.backing import BackingError
+from tierfs.daemon.backing.calls import BackingError
 
 
 def test_a_view_file_gone_mid_pass_leaves_the_view_and_the_pass_ends_without_it(open_engine, t):

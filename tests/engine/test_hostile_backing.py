@@ -9,7 +9,7 @@ import os
 import pytest
 import trio
 
-from tierfs.backing import PER_FILE, BackingError
+from tierfs.daemon.backing.calls import PER_FILE, BackingError
 
 
 def _path(e, fidx: int) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import trio
 
-from tierfs.testing import make_dataset
+from tierfs.testing.harness import make_dataset
 
 #: what the engine's arrays may take per file.  Now ~70: the tree 46 (parents, kids, name offsets, inode and
 #: block counts 4 bytes each; size, mtime, ctime 8 each; kind and stat row 1 each), the plan of the epoch 4,
@@ -119,8 +119,8 @@ def test_a_revalidation_round_makes_no_node_per_file(open_engine, tmp_path, t):
 
 def test_the_heap_trimmer_gives_freed_memory_back():
     """A peak of small blocks freed around a few that stay (a scan, a ``find``) leaves the heap full of free pages
-    it cannot shrink from the top; a trim makes them not resident (tierfs.memory)."""
-    from tierfs.memory import HeapTrimmer, resident_bytes
+    it cannot shrink from the top; a trim makes them not resident (tierfs.daemon.runtime.memory)."""
+    from tierfs.daemon.runtime.memory import HeapTrimmer, resident_bytes
 
     blocks = [bytes([i & 255]) * 2000 for i in range(40_000)]  # ~80 MB through malloc (over pymalloc's 512 B)
     kept = blocks[::16]  # one in 16 stays: free runs of 30 KB between them
@@ -141,7 +141,7 @@ def test_a_cached_copy_keeps_no_int_object_per_number():
     entry keeps, its name aside (shared here), measured by tracemalloc: ~226 bytes (464 kept as ints)."""
     import tracemalloc
 
-    from tierfs.cache import CacheEntry
+    from tierfs.daemon.cache.store import CacheEntry
 
     n, name = 10_000, "0123456789abcdef-0123456789abcdef-1f"
     tracemalloc.start()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tierfs.stats import METRICS
-from tierfs.users import OWNER_UID
+from tierfs.daemon.access import OWNER_UID
+from tierfs.daemon.coordinator.status import METRICS
 
 prometheus = pytest.importorskip("prometheus_client.parser")
 

@@ -8,8 +8,8 @@ import os
 
 import trio
 
-from tierfs import cache as cache_module
-from tierfs.journal import JOURNAL_NAME
+from tierfs.daemon.cache import store as cache_module
+from tierfs.daemon.cache.journal import JOURNAL_NAME
 
 
 def _restart_at_the_start(open_engine, t) -> tuple[set[str], str]:

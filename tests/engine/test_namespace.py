@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pyfuse3
 import pytest
 
-from tierfs import fs
-from tierfs.fs import TierOperations
-from tierfs.testing import make_dataset
-from tierfs.tree import CONTROL_INODES
+from tierfs.daemon.fuse import operations as fs
+from tierfs.daemon.fuse.operations import TierOperations
+from tierfs.daemon.tree.tree import CONTROL_INODES
+from tierfs.testing.harness import make_dataset
 
 CTX = pyfuse3.RequestContext()  # a request by root (uid 0): who may see and steer everything
 
@@ -333,8 +333,8 @@ def test_the_kernel_keeps_a_listing_only_while_every_handle_that_fills_it_lists_
     drops it when no handle of the old one is open, and is not cached while one is (one cache, two orders)."""
     import numpy as np
 
-    from tierfs.namespace import KernelListings, Listing
-    from tierfs.testing import synthetic_tree
+    from tierfs.daemon.serving.namespace import KernelListings, Listing
+    from tierfs.testing.harness import synthetic_tree
 
     tree = synthetic_tree(tmp_path, dirs=3, per_dir=2, size=1)
     d1, d2 = (int(i) + 1 for i in tree.children(0)[:2])  # two directories' inodes

@@ -1,7 +1,8 @@
-"""The slow-tier warning with hysteresis (pace.py, issue 48 item 9): a tier that flaps between behind and in time
+"""The slow-tier warning with hysteresis (pace_watch.py, issue 48 item 9): a tier that flaps between behind and in time
 is one episode -- one warning, one "keeps up again" once that holds -- in the log, ``status`` and ``metrics``.
 
-The engine's own :class:`~tierfs.pace.PaceWatch` is driven with the reports ``Engine.end_pass`` makes (the rates of
+The engine's own :class:`~tierfs.daemon.schedule.pace_watch.PaceWatch` is driven with the reports ``Engine.end_pass``
+makes (the rates of
 a tier a little too slow), and what a person sees is read where they read it: the log, ``status``, ``metrics``.
 """
 
@@ -11,7 +12,7 @@ import logging
 
 import pytest
 
-from tierfs.pace import KEEPS_UP_AFTER, Rates
+from tierfs.daemon.schedule.pace_watch import KEEPS_UP_AFTER, Rates
 
 _RATES = Rates(staging_bytes_per_s=3e6, consumption_bytes_per_s=4e6, rf=2, rf_setting="auto", rf_max=4,
                bandwidth=0, capacity=1 << 30, dataset_bytes=1 << 31)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import trio
 
-from tierfs.options import Settings
+from tierfs.common.options import Settings
 
 
 async def _staged(e, t):

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from tierfs import peers
-from tierfs.copier import copy_into_cache
-from tierfs.engine import Engine
-from tierfs.options import MountConfig, Settings
-from tierfs.peers import PeerLink, listen
-from tierfs.testing import make_dataset
-from tierfs.tree import fingerprint
+from tierfs.common.options import MountConfig, Settings
+from tierfs.daemon.coordinator.engine import Engine
+from tierfs.daemon.staging import peers
+from tierfs.daemon.staging.copier import copy_into_cache
+from tierfs.daemon.staging.peers import PeerLink, listen
+from tierfs.daemon.tree.tree import fingerprint
+from tierfs.testing.harness import make_dataset
 
 
 def _disk_total(backing) -> int:

@@ -15,13 +15,13 @@ import tracemalloc
 import pytest
 import trio
 
-import tierfs.schedule
+import tierfs.daemon.schedule.schedule
 from sampler.plan import serving_order
-from tierfs.consumers import ANONYMOUS
-from tierfs.journal import load_position
-from tierfs.opening import TREE_NAME
-from tierfs.testing import synthetic_tree
-from tierfs.view import View
+from tierfs.daemon.cache.journal import load_position
+from tierfs.daemon.schedule.consumers import ANONYMOUS
+from tierfs.daemon.schedule.view import View
+from tierfs.daemon.tree.keeper import TREE_NAME
+from tierfs.testing.harness import synthetic_tree
 
 
 @pytest.fixture
@@ -29,13 +29,13 @@ def plan_threads(monkeypatch):
     """The thread of every ``plan_epoch`` call the schedule makes (the real planner runs; only its caller's
     thread is noted)."""
     threads: list[int] = []
-    real = tierfs.schedule.plan_epoch
+    real = tierfs.daemon.schedule.schedule.plan_epoch
 
     def noted(*args, **kwargs):
         threads.append(threading.get_ident())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tierfs.schedule, "plan_epoch", noted)
+    monkeypatch.setattr(tierfs.daemon.schedule.schedule, "plan_epoch", noted)
     return threads
 
 
@@ -49,7 +49,7 @@ def view_threads(monkeypatch):
             threads.append(threading.get_ident())
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(tierfs.schedule, "View", Noted)
+    monkeypatch.setattr(tierfs.daemon.schedule.schedule, "View", Noted)
     return threads
 
 
@@ -327,7 +327,7 @@ def test_a_replan_while_the_view_of_a_due_switch_is_made_plans_again_and_switche
     e.control_write(b"next-pass\n")
     assert e.current_mini_epoch == (0, 1) and sch.pos.switch_due
     started, release = threading.Event(), threading.Event()
-    real = tierfs.schedule.ViewJob.make
+    real = tierfs.daemon.schedule.schedule.ViewJob.make
 
     def held(job):
         if job.key[1:] == (1, 0, 0):
@@ -335,7 +335,7 @@ def test_a_replan_while_the_view_of_a_due_switch_is_made_plans_again_and_switche
             assert release.wait(60), "the test never released the view"
         return real(job)
 
-    monkeypatch.setattr(tierfs.schedule.ViewJob, "make", held)
+    monkeypatch.setattr(tierfs.daemon.schedule.schedule.ViewJob, "make", held)
 
     async def main():
         async with trio.open_nursery() as n:

@@ -9,9 +9,9 @@ import os
 import pytest
 import trio
 
-from tierfs.plans import PlanStatistics
-from tierfs.protocol import format_indices, parse_indices
-from tierfs.tree import fingerprint
+from tierfs.common.protocol import format_indices, parse_indices
+from tierfs.daemon.serving.batch_plans import PlanStatistics
+from tierfs.daemon.tree.tree import fingerprint
 
 
 async def _staged(e, t):
@@ -206,9 +206,9 @@ def test_lru_eviction_skips_planned_copies(open_engine, t, dataset):
 def test_plan_rendering_is_json_for_any_name(tmp_path):
     import numpy as np
 
-    from tierfs.cache import CacheEntry
-    from tierfs.plans import Plan, PlanRenderer
-    from tierfs.protocol import COPY_MTIME_NS
+    from tierfs.common.protocol import COPY_MTIME_NS
+    from tierfs.daemon.cache.store import CacheEntry
+    from tierfs.daemon.serving.batch_plans import Plan, PlanRenderer
 
     names = [b"plain/a.jpg", b'quote"and\\back/b', b"new\nline/c", b"latin1-\xff/d", "ünï/e".encode()]
     entry = CacheEntry(0, "0123456789abcdef-0123456789abcdef-1f", 1, 4096, (5, 6, 7, 8), None, (11, 12))
@@ -233,7 +233,7 @@ def test_plan_rendering_is_json_for_any_name(tmp_path):
 
 
 def test_many_readers_plans_pin_each_copy_once_until_the_pass_ends(open_engine, t):
-    from tierfs.plans import KEEP_PLANS
+    from tierfs.daemon.serving.batch_plans import KEEP_PLANS
 
     e = open_engine()
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import trio
 
-from tierfs.engine import Engine
-from tierfs.pusher import KernelCache
+from tierfs.daemon.coordinator.engine import Engine
+from tierfs.daemon.kernel.pusher import KernelCache
 
 
 class FakeKernel:

@@ -10,8 +10,8 @@ import time
 import pytest
 import trio
 
-import tierfs.datapath as datapath_mod
-from tierfs.backing import BackingError
+import tierfs.daemon.serving.datapath as datapath_mod
+from tierfs.daemon.backing.calls import BackingError
 
 
 async def _staged(e, t):

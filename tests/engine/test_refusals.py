@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tierfs.options import parse_size
+from tierfs.common.options import parse_size
 
 
 def test_nm_above_the_file_count_is_refused_with_the_most_that_works(open_engine):

@@ -12,7 +12,7 @@ import json
 import pytest
 import trio
 
-from tierfs.summary import format_status
+from tierfs.cli.status_text import format_status
 
 _SLOW = 16_000  # bytes/s: a mini-epoch of the test data set (about 16 KiB) stages in about a second
 

@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs import opening
-from tierfs.tree import fingerprint
+from tierfs.daemon.tree import keeper as opening
+from tierfs.daemon.tree.tree import fingerprint
 
 
 def test_clean_restart_resumes_position_and_keeps_copies(open_engine, tmp_path, t):

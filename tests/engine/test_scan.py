@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import scan_memory
-from tierfs.tree import Tree
+from tierfs.daemon.tree.tree import Tree
+from tierfs.testing.harness import scan_memory
 
 FAR = 10413792000 * 10**9  # 2300-01-01T00:00:00Z in ns: above 2**63
 
@@ -83,7 +83,7 @@ def test_the_scans_peak_memory_is_at_most_250_bytes_a_file(fast_tmp):
 _UNPRIVILEGED_SCAN = """
 import json, logging, os, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from tierfs.tree import Tree
+from tierfs.daemon.tree.tree import Tree
 fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
 try:
     tree = Tree.scan(fd, sys.argv[1], unlistable=sys.argv[2])

@@ -11,11 +11,11 @@ import trio
 import trio.testing
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.cache import path_hash
-from tierfs.engine import Engine
-from tierfs.options import MountConfig, Settings
-from tierfs.schedule import Pending
-from tierfs.testing import make_dataset
+from tierfs.common.options import MountConfig, Settings
+from tierfs.daemon.cache.store import path_hash
+from tierfs.daemon.coordinator.engine import Engine
+from tierfs.daemon.schedule.schedule import Pending
+from tierfs.testing.harness import make_dataset
 
 
 async def _with_stager(e: Engine, body):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-from tierfs.cli import format_status
+from tierfs.cli.commands import format_status
 
-WIDTH = 100  # what a terminal shows without wrapping (tierfs.summary.WIDTH)
+WIDTH = 100  # what a terminal shows without wrapping (tierfs.cli.status_text.WIDTH)
 
 
 def _status(engine) -> dict:

@@ -1,6 +1,6 @@
 """Issue 22: a staging copy stuck on the backing is abandoned, never waited for -- the engine's side.
 
-The backing dir is a passthrough FUSE mount (tierfs.passthrough) whose opens of the files listed in its hang file
+The backing dir is a passthrough FUSE mount (tierfs.testing.mirrorfs) whose opens of the files listed in its hang file
 do not answer while they are listed: a real hang in the kernel, as a FUSE or network server that hangs on one
 file makes.  Every wait has a deadline; the passthrough is killed (and its connection aborted) on the way out.
 """
@@ -13,8 +13,8 @@ import os
 import pytest
 import trio
 
-from tierfs.backing import BackingError
-from tierfs.testing import make_dataset, passthrough
+from tierfs.daemon.backing.calls import BackingError
+from tierfs.testing.harness import make_dataset, passthrough
 
 
 @pytest.fixture

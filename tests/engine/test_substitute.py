@@ -7,8 +7,8 @@ import random
 
 import pyfuse3
 
-from tierfs.fs import TierOperations
-from tierfs.substitute import SubstitutionStatistics
+from tierfs.daemon.fuse.operations import TierOperations
+from tierfs.daemon.serving.substitutions import SubstitutionStatistics
 
 CTX = pyfuse3.RequestContext()  # (root: steers the schedule)
 
@@ -85,7 +85,7 @@ def test_without_substitute_names_are_their_own_files(open_engine, dataset, t):
 
 def test_entries_served_two_passes_ago_are_stale_when_a_pass_begins_and_all_at_a_new_mini_epoch(
         open_engine, dataset, t):
-    """The kernel's entries the substitutions hand over to be dropped (substitute.py, "Stale entries"): when a
+    """The kernel's entries the substitutions hand over to be dropped (substitutions.py, "Stale entries"): when a
     pass begins, the names served as another file two passes ago and not looked up in the last pass; when a
     mini-epoch begins, every name resolved in the old one (served as its own file too)."""
     _, files = dataset

@@ -9,8 +9,8 @@ import random
 import pyfuse3
 import pytest
 
-from tierfs.fs import TierOperations
-from tierfs.testing import make_dataset
+from tierfs.daemon.fuse.operations import TierOperations
+from tierfs.testing.harness import make_dataset
 
 CTX = pyfuse3.RequestContext()  # (root: steers the schedule)
 

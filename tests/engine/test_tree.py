@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from tierfs import beneath as tree_mod
-from tierfs.beneath import open_beneath
-from tierfs.tree import KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL, Tree
+from tierfs.daemon.backing import beneath as tree_mod
+from tierfs.daemon.backing.beneath import open_beneath
+from tierfs.daemon.tree.tree import KIND_DIR, KIND_FILE, KIND_LINK, KIND_SPECIAL, Tree
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ def test_nodes_made_on_use_stay_bounded(tmp_path):
     Node objects alive: nothing made on use stays resident per file."""
     import gc
 
-    from tierfs.tree import NODE_CACHE, Node
+    from tierfs.daemon.tree.tree import NODE_CACHE, Node
 
     root = tmp_path / "many"
     for d in range(20):
@@ -241,7 +241,7 @@ def test_nodes_made_on_use_stay_bounded(tmp_path):
 
 def _scan_reporting(path):
     """(the tree, every ScanCount the scan reported) of a scan of ``path``."""
-    import tierfs.tree as treemod
+    import tierfs.daemon.tree.tree as treemod
 
     counts: list[treemod.ScanCount] = []
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -255,7 +255,7 @@ def _scan_reporting(path):
 def test_a_scan_reports_entries_files_and_bytes_between_batches_of_one_flat_directory(tmp_path, monkeypatch):
     """Progress comes between batches of a directory too (a huge flat one still reports), with the files and
     bytes found so far; the last report is the whole tree; no total for a directory inside a filesystem."""
-    import tierfs.tree as treemod
+    import tierfs.daemon.tree.tree as treemod
 
     flat = tmp_path / "flat"
     flat.mkdir()

@@ -1,4 +1,4 @@
-"""Several users (users.py): who moves the schedule, how many descriptors another user's handles may hold, and
+"""Several users (access.py): who moves the schedule, how many descriptors another user's handles may hold, and
 who may open which ``/.tierfs`` file."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from tierfs.users import CONTROL_MODES, OWNER_UID, Steering, may_open_control_file
+from tierfs.daemon.access import CONTROL_MODES, OWNER_UID, Steering, may_open_control_file
 
 NOBODY = 65534
 

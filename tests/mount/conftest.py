@@ -1,4 +1,4 @@
-"""Real FUSE mounts.  Every mount goes through :func:`tierfs.testing.mounted`, which always unmounts."""
+"""Real FUSE mounts.  Every mount goes through :func:`tierfs.testing.harness.mounted`, which always unmounts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tierfs.mountpoint_lock import holders
-from tierfs.testing import force_unmount, make_dataset, mounted
+from tierfs.common.mountpoint_lock import holders
+from tierfs.testing.harness import force_unmount, make_dataset, mounted
 
 
 def pytest_collection_modifyitems(items):
@@ -99,7 +99,7 @@ def other_user():
 @pytest.fixture
 def daemons(mount_dirs):
     """``daemons()``: the pids of the daemons of this test's mountpoint, from their lock on it
-    (:mod:`tierfs.mountpoint_lock`), looked up through a descriptor of the mountpoint's own directory, so never
+    (:mod:`tierfs.common.mountpoint_lock`), looked up through a descriptor of the mountpoint's own directory, so never
     through a mount on it (nor through other processes' command lines); any left at the end are killed."""
     mnt, _ = mount_dirs
     fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

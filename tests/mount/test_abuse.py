@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.testing import abort_connection, make_dataset, mounted
+from tierfs.testing.harness import abort_connection, make_dataset, mounted
 
 
 def _read(path) -> bytes:

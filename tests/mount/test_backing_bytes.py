@@ -1,7 +1,7 @@
 """``backing_bytes_read`` is what the backing served (issue 26): every byte tierfs reads from the backing dir --
 staging, readers, a copy abandoned on a hung server -- against the bytes a passthrough FUSE backing counts.
 
-The passthrough (tierfs.passthrough ``--count``) is the slow tier's "wire": it sees every read that reaches the
+The passthrough (tierfs.testing.mirrorfs ``--count``) is the slow tier's "wire": it sees every read that reaches the
 backing filesystem, whoever made it.  Reads with deadlines, the tierfs mount and the passthrough taken down
 (connections aborted) on the way out.
 """
@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from tierfs.testing import make_dataset, mounted, passthrough, wait_until, within
+from tierfs.testing.harness import make_dataset, mounted, passthrough, wait_until, within
 
 _BIG = "class_000/big.bin"
 

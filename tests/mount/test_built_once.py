@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tierfs.cli.status_text import format_status
 from tierfs.client import Client
-from tierfs.summary import format_status
-from tierfs.testing import abort_connection
+from tierfs.testing.harness import abort_connection
 
 _DEADLINE = 120  # seconds for one epoch's reads (a hung mount fails the test; mounted() aborts it after)
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_a_dataset_built_once_with_the_sampler_reads_each_pass_once_across_two_r
     through one mount.  Rank 1 starts late (builds its dataset, listing the root, once rank 0 has read its
     share of the first pass), as a slow rank of a job does."""
     pytest.importorskip("torch")
-    from tierfs.testing import make_dataset, mounted
+    from tierfs.testing.harness import make_dataset, mounted
 
     backing = tmp_path / "backing64"
     files = make_dataset(backing, dirs=4, files_per_dir=16, max_size=16 << 10, seed=5)
@@ -200,7 +200,7 @@ def test_a_pass_left_unread_is_ended_by_rank_0_and_a_plain_directory_gives_every
 
 def _classes64(backing: Path) -> dict[str, int]:
     """The built-once tests' data set: 4 class folders of 16 files, every file's bytes distinct."""
-    from tierfs.testing import make_dataset
+    from tierfs.testing.harness import make_dataset
 
     files = make_dataset(backing, dirs=4, files_per_dir=16, max_size=16 << 10, seed=7)
     assert len({(backing / r).read_bytes() for r in files}) == len(files)
@@ -212,7 +212,7 @@ def test_substitute_gives_a_loader_built_once_mini_epochs_with_no_change(mount_d
     folder (fstat agrees), each view file is served once per pass (a folder's view files all served before one
     is served again), the passes and mini-epochs advance with the reads, the slow tier is read about data/rf
     per data-worth of reads."""
-    from tierfs.testing import mounted
+    from tierfs.testing.harness import mounted
 
     mnt, cache = mount_dirs
     backing = Path(mnt).parent / "backing_s"
@@ -281,7 +281,7 @@ def test_under_substitute_an_open_is_one_lookup_from_the_first_epoch(mount_dirs,
     are dropped when the listing closes, those of names served in earlier passes before their next open (status
     ``entries_dropped``): an open is one LOOKUP from the first epoch on, every read still a whole file of the
     name's class folder.  Counted by the daemon itself (``benchmarks/fuse_requests.py`` wraps its handlers)."""
-    from tierfs.testing import mounted
+    from tierfs.testing.harness import mounted
 
     requests = benchmark_module("fuse_requests")
     mnt, cache = mount_dirs
@@ -310,7 +310,7 @@ def test_under_substitute_an_open_is_one_lookup_from_the_first_epoch(mount_dirs,
 def test_without_substitute_a_dataset_built_once_is_told_within_one_pass(mount_dirs):
     """The same dataset built once and read the same way on a mount without ``substitute``: its reads fall out of
     view, and the mount says so (status, log) once a pass-worth of them was read."""
-    from tierfs.testing import mounted
+    from tierfs.testing.harness import mounted
 
     mnt, cache = mount_dirs
     backing = Path(mnt).parent / "backing_s"

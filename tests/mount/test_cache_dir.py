@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import is_mounted, mounted, snapshot
+from tierfs.testing.harness import is_mounted, mounted, snapshot
 
 TIERFS = [sys.executable, "-m", "tierfs"]
 

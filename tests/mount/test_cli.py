@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tierfs.mountpoint_lock import holders
-from tierfs.testing import is_mounted
+from tierfs.common.mountpoint_lock import holders
+from tierfs.testing.harness import is_mounted
 
 TIERFS = [sys.executable, "-m", "tierfs"]
 
@@ -75,7 +75,7 @@ def test_daemon_returns_once_ready_and_umount_ends_it(dataset, mount_dirs, daemo
     wait_for(lambda: not daemons(), what="the daemon to exit")
     assert not is_mounted(mnt)
     # the daemon's log never sits on the cache filesystem (a full cache disk must not cut it off: issue 11)
-    from tierfs.mount import default_log_path
+    from tierfs.daemon.fuse.mount import default_log_path
 
     log = default_log_path(str(mnt))
     try:
@@ -174,7 +174,7 @@ def test_mount_t_fuse_tierfs_goes_through_mount_fuse3(dataset, mount_dirs, daemo
 
 
 def test_systemd_readiness_is_sent_once_the_mount_answers(dataset, mount_dirs, tmp_path):
-    from tierfs.testing import mounted
+    from tierfs.testing.harness import mounted
 
     backing, _ = dataset
     mnt, cache = mount_dirs
@@ -230,8 +230,8 @@ def test_status_set_and_their_errors(tierfs_mount, mount_dirs):
 #: how often each value of the line is parsed (the one value parser, wrapped).
 SET_PROBE = r"""
 import collections, json, os, sys
-import tierfs.options
-from tierfs import cli
+import tierfs.common.options
+from tierfs.cli.commands import commands as cli
 opens = collections.Counter()
 def hook(event, args):
     if event == "open" and args[0] is not None and not isinstance(args[0], int) \
@@ -239,11 +239,11 @@ def hook(event, args):
         opens["write" if args[2] & os.O_ACCMODE != os.O_RDONLY else "read"] += 1
 sys.addaudithook(hook)
 parsed = collections.Counter()
-parse_value = tierfs.options.parse_value
+parse_value = tierfs.common.options.parse_value
 def counting(key, text):
     parsed[f"{key}={text}"] += 1
     return parse_value(key, text)
-tierfs.options.parse_value = counting
+tierfs.common.options.parse_value = counting
 rc = cli.main(["set", sys.argv[1], "rf=7", "arf_wait=2", "next-pass"])
 print(json.dumps({"rc": rc, "opens": opens, "parsed": {k: parsed[k] for k in ("rf=7", "arf_wait=2")}}))
 """
@@ -319,8 +319,8 @@ def test_capacity_beyond_the_cache_filesystem_is_refused_with_both_numbers(datas
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
 def test_capacity_counts_what_the_cache_already_holds(tmp_path):
     """On a 16 MiB tmpfs whose cache dir holds 8 MiB, 20 MiB fits (free + held), 17 MiB over that does not."""
-    from tierfs.mount import MountError, check_paths
-    from tierfs.options import MountConfig
+    from tierfs.common.options import MountConfig
+    from tierfs.daemon.fuse.mount import MountError, check_paths
 
     fs = tmp_path / "fs"
     fs.mkdir()
@@ -366,7 +366,7 @@ def test_control_takes_blanks_around_equals(tierfs_mount, mount_dirs):
 
 
 def test_lru_does_not_need_twice_the_largest_file(dataset, mount_dirs):
-    from tierfs.testing import mounted
+    from tierfs.testing.harness import mounted
 
     backing, files = dataset
     mnt, cache = mount_dirs
@@ -456,7 +456,7 @@ def test_cli_on_a_plain_dir_never_waits_on_a_process_wedged_on_a_fuse_mount(tmp_
     """`tierfs status/set/metrics/umount` where nothing is mounted answer at once, whatever other processes do:
     they once read every process's /proc/PID/cmdline (to say "tierfs is starting there"), and waited as long as
     any process stayed wedged on a FUSE mount (issue 46)."""
-    from tierfs.testing import passthrough
+    from tierfs.testing.harness import passthrough
 
     source, hung, plain = tmp_path / "source", tmp_path / "hung", tmp_path / "plain"
     for d in (source, hung, plain):
@@ -487,8 +487,8 @@ def test_cli_on_a_plain_dir_never_waits_on_a_process_wedged_on_a_fuse_mount(tmp_
 
 def test_status_names_a_tierfs_that_is_starting_from_its_lock_on_the_mountpoint(mount_dirs, tmp_path):
     """A tierfs that has not mounted yet (here: its backing's statfs never answers) holds a lock on its mountpoint
-    from the start; `tierfs status` there names its pid, found in /proc/locks (tierfs.mountpoint_lock)."""
-    from tierfs.testing import passthrough, wait_until
+    from the start; `tierfs status` there names its pid, found in /proc/locks (tierfs.common.mountpoint_lock)."""
+    from tierfs.testing.harness import passthrough, wait_until
 
     mnt, cache = mount_dirs
     source, backing = tmp_path / "source", tmp_path / "backing"
@@ -521,10 +521,10 @@ def test_umount_returns_once_the_daemon_has_finished_so_the_cache_can_go(tmp_pat
     once the daemon has exited, its index and journal written whole, so nothing races it.  (Before, umount
     returned as the kernel let the mount go, while the daemon still wrote its index of every copy: here, with
     thousands of copies, it was still running after most umounts.)"""
-    from tierfs.cacheindex import load_index
-    from tierfs.journal import load_position
-    from tierfs.mount import default_log_path
-    from tierfs.testing import make_dataset
+    from tierfs.daemon.cache.index import load_index
+    from tierfs.daemon.cache.journal import load_position
+    from tierfs.daemon.fuse.mount import default_log_path
+    from tierfs.testing.harness import make_dataset
 
     backing = tmp_path / "many"
     make_dataset(backing, dirs=20, files_per_dir=250, max_size=2048, seed=4)
@@ -580,7 +580,7 @@ def test_umount_says_so_when_the_daemon_does_not_finish(tierfs_mount, mount_dirs
 def test_the_defaults_mount_a_data_set_of_fewer_files_than_the_default_nm(tmp_path, mount_dirs):
     """5 files and no nm: the default nm (8) is lowered to 5 and said; an nm given above the files is refused
     with the most that works."""
-    from tierfs.testing import make_dataset, mounted
+    from tierfs.testing.harness import make_dataset, mounted
 
     mnt, cache = mount_dirs
     backing = tmp_path / "five"

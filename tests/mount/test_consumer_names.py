@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from tierfs.consumers import ANONYMOUS, CONSUMER_ENV, MAX_CONSUMERS_PER_USER, process_start
-from tierfs.testing import abort_connection, make_dataset, mounted, passthrough
-from tierfs.users import Reader
+from tierfs.daemon.access import Reader
+from tierfs.daemon.schedule.consumers import ANONYMOUS, CONSUMER_ENV, MAX_CONSUMERS_PER_USER, process_start
+from tierfs.testing.harness import abort_connection, make_dataset, mounted, passthrough
 
 PYTHON = "/usr/bin/python3"  # (the venv's interpreter may sit where other users cannot run it)
 NOBODY = 65534  # a member of nogroup, the steering group of these mounts where they have one

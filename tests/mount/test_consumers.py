@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from tierfs.testing import wait_until
+from tierfs.testing.harness import wait_until
 
 #: One job: ``MOUNT PASSES DELAY OUT``: PASSES passes, DELAY seconds per file read, a JSON line per pass in OUT.
 #: After its first file it writes OUT.ready and waits for OUT.go: the test starts the jobs together, each one

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from tierfs.consumers import CONSUMER_ENV
-from tierfs.testing import Mounted, abort_connection, wait_until, within
+from tierfs.daemon.schedule.consumers import CONSUMER_ENV
+from tierfs.testing.harness import Mounted, abort_connection, wait_until, within
 
 #: One job: ``MOUNT PASSES OUT EXIT``: PASSES passes (list the root, each class folder, read every file listed).
 #: After its first file it writes OUT.ready and waits for OUT.go.  EXIT ``now``: it exits after OUT.go (a job

@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 
-from tierfs.protocol import CONTROL_WRITE_MAX
+from tierfs.common.protocol import CONTROL_WRITE_MAX
 
 _WRITE = """
 import os, sys

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import is_mounted, wait_until, within
+from tierfs.testing.harness import is_mounted, wait_until, within
 
 CAP = 300  # bytes: a mount and an unmount at log_level=debug write several times that
 #: ``2026-12-06T23:10:00.123+00:00 tierfs[4242] WARNING: message``: ISO 8601 with milliseconds and the zone

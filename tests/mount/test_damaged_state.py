@@ -10,9 +10,9 @@ import json
 import os
 from pathlib import Path
 
-from tierfs.journal import load_position
-from tierfs.testing import within
-from tierfs.tree import Tree
+from tierfs.daemon.cache.journal import load_position
+from tierfs.daemon.tree.tree import Tree
+from tierfs.testing.harness import within
 
 
 def _warnings(log: str, name: str) -> list[str]:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tierfs.direct import CACHE_PATH_XATTR, cached_path, open_cached
-from tierfs.testing import mounted, wait_until
+from tierfs.testing.harness import mounted, wait_until
 
 
 def _read(path: str) -> bytes:

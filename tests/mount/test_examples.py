@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import make_tar_shards, mounted
+from tierfs.testing.harness import make_tar_shards, mounted
 
 pytest.importorskip("torch")
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tierfs.testing import abort_connection, make_dataset, mounted, wait_until
+from tierfs.testing.harness import abort_connection, make_dataset, mounted, wait_until
 
 
 def _sha(data: bytes) -> str:

@@ -10,7 +10,7 @@ import shutil
 import time
 
 from tierfs.client import Client
-from tierfs.testing import make_dataset, mounted, read_bytes, wait_until, within
+from tierfs.testing.harness import make_dataset, mounted, read_bytes, wait_until, within
 
 
 def test_files_and_a_directory_removed_mid_epoch_leave_the_mini_epochs(tmp_path):

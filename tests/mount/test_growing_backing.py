@@ -9,7 +9,7 @@ import os
 import time
 
 from tierfs.client import Client
-from tierfs.testing import make_dataset, mounted, read_bytes, wait_until, within
+from tierfs.testing.harness import make_dataset, mounted, read_bytes, wait_until, within
 
 NEW = {"class_000/zz_new.bin": b"n" * 5000, "class_new/a.bin": b"a" * 3000, "class_new/b.bin": b"b" * 7}
 

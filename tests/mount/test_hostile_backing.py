@@ -16,8 +16,8 @@ import time
 import pytest
 
 from sampler.atomic import TEMP_PREFIX
-from tierfs.cache import allocated, cache_block, path_hash
-from tierfs.testing import abort_connection, make_dataset, mounted, passthrough, wait_until, within
+from tierfs.daemon.cache.store import allocated, cache_block, path_hash
+from tierfs.testing.harness import abort_connection, make_dataset, mounted, passthrough, wait_until, within
 
 
 def _read(path: str) -> bytes:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.install import Layout, render
-from tierfs.mountpoint_lock import holders
-from tierfs.testing import is_mounted
+from tierfs.cli.install import Layout, render
+from tierfs.common.mountpoint_lock import holders
+from tierfs.testing.harness import is_mounted
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # what `env -i PATH=...` leaves
@@ -199,7 +199,7 @@ def test_installed_commands_import_nothing_from_the_callers_directory_or_environ
 
 
 def _wait_gone(mnt: Path) -> None:
-    """Until no daemon holds ``mnt`` (its lock on the mountpoint: tierfs.mountpoint_lock)."""
+    """Until no daemon holds ``mnt`` (its lock on the mountpoint: tierfs.common.mountpoint_lock)."""
     deadline = time.monotonic() + 30
     while holders(str(mnt)):
         assert time.monotonic() < deadline, "the daemon did not exit after umount"

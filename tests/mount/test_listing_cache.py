@@ -11,7 +11,7 @@ import sys
 import pyfuse3
 import pytest
 
-from tierfs.testing import within
+from tierfs.testing.harness import within
 
 DEADLINE = 20.0  # seconds a listing may take before the test calls the mount hung (and aborts it)
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tierfs.client import Client
-from tierfs.testing import ImageFolderLike, make_dataset, mounted, read_bytes, wait_until
+from tierfs.testing.harness import ImageFolderLike, make_dataset, mounted, read_bytes, wait_until
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402

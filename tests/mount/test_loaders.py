@@ -9,7 +9,7 @@ import pytest
 
 from tierfs.client import Client
 from tierfs.loaders import FileList, read_pass
-from tierfs.testing import wait_until
+from tierfs.testing.harness import wait_until
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -195,7 +195,7 @@ def test_persistent_workers_that_would_read_an_old_pass_fail_with_a_clear_error(
 
 
 def test_an_empty_file_is_an_empty_tensor_on_a_mount_and_without_one(tmp_path, mount_dirs):
-    from tierfs.testing import mounted
+    from tierfs.testing.harness import mounted
 
     backing = tmp_path / "data"
     for cls in ("a", "b"):

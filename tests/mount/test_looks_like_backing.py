@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tierfs.testing import mounted
+from tierfs.testing.harness import mounted
 
 DEADLINE = 20.0  # seconds any one command on the mount may take before the test calls it hung
 

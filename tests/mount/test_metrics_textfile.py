@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tierfs import __version__
-from tierfs.testing import make_dataset, mounted
+from tierfs.testing.harness import make_dataset, mounted
 
 prometheus = pytest.importorskip("prometheus_client.parser")
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tierfs.testing import mounted, within
+from tierfs.testing.harness import mounted, within
 
 
 def test_a_large_file_among_small_ones_gives_nm_balanced_mini_epochs_numbered_in_order(tmp_path, wait_position):

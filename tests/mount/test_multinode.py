@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tierfs.testing import mounted
+from tierfs.testing.harness import mounted
 
 
 def test_two_ranks_cover_every_mini_epoch_disjointly_and_completely(dataset, tmp_path, wait_position):

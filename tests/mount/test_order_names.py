@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from tierfs.testing import make_dataset, mounted
+from tierfs.testing.harness import make_dataset, mounted
 
 # As nobody (in group nogroup): order and order0, as text.
 _READ_ORDERS = """

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tierfs.testing import make_dataset, mounted, read_bytes, wait_until, within
+from tierfs.testing.harness import make_dataset, mounted, read_bytes, wait_until, within
 
 try:
     import pyfuse3

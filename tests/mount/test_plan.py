@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tierfs.client import Client
-from tierfs.testing import mounted, wait_until
+from tierfs.testing.harness import mounted, wait_until
 
 
 def _read(path: str) -> bytes:

@@ -13,8 +13,8 @@ import sys
 
 from sampler.iomodel import mini_epochs_needed
 from tierfs.client import Client
-from tierfs.options import format_size_at_least
-from tierfs.testing import make_dataset, mounted
+from tierfs.common.options import format_size_at_least
+from tierfs.testing.harness import make_dataset, mounted
 
 TIERFS = [sys.executable, "-m", "tierfs"]
 
@@ -71,7 +71,7 @@ def test_the_printed_mount_command_runs_as_printed(dataset, mount_dirs, daemons,
     """Relative paths in, the command out: run from another dir exactly as printed, by a user who has not put
     this environment on PATH (a fresh clone: the command names ``.venv/bin/tierfs``), it mounts with the listing
     the README's recipe needs, serves, and unmounts."""
-    from tierfs.mount import default_log_path
+    from tierfs.daemon.fuse.mount import default_log_path
 
     backing, files = dataset
     mnt, _ = mount_dirs

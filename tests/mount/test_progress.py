@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tierfs.testing import abort_connection, force_unmount, in_pty, is_mounted, make_dataset, wait_until
+from tierfs.testing.harness import abort_connection, force_unmount, in_pty, is_mounted, make_dataset, wait_until
 
 SCAN = re.compile(rb"tierfs: scanning: (?: *\d+% \d+/)?(\d+)[ ,]")
 TIERFS = [sys.executable, "-m", "tierfs"]

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tierfs.testing import make_dataset, mounted, passthrough, read_bytes, wait_until, within
+from tierfs.testing.harness import make_dataset, mounted, passthrough, read_bytes, wait_until, within
 
 
 def _status(m) -> dict:

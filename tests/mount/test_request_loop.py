@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tierfs.testing import within
+from tierfs.testing.harness import within
 
 DEADLINE = 60.0  # seconds the whole burst may take before the test calls the mount hung (and aborts it)
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tierfs.testing import make_dataset, mounted, wait_until, within
+from tierfs.testing.harness import make_dataset, mounted, wait_until, within
 
 PRIVATE = b"PRIVATE-BYTES-" * 512
 

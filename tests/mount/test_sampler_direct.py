@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import ImageFolderLike, read_bytes, wait_until
+from tierfs.testing.harness import ImageFolderLike, read_bytes, wait_until
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from tierfs.testing import make_dataset, mounted, read_bytes, within
+from tierfs.testing.harness import make_dataset, mounted, read_bytes, within
 
 FAR = 10413792000 * 10**9  # 2300-01-01T00:00:00Z in ns
 

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.memory import cgroup_memory
-from tierfs.testing import make_dataset, mounted, passthrough
+from tierfs.daemon.runtime.memory import cgroup_memory
+from tierfs.testing.harness import make_dataset, mounted, passthrough
 
 LIMIT = 1 << 30
 
 
 def _own_memory_cgroup() -> Path | None:
     """This process's memory cgroup directory where a child may be made in it (root, v2 or v1), else None."""
-    from tierfs.memory import _cgroup_dirs
+    from tierfs.daemon.runtime.memory import _cgroup_dirs
 
     found = _cgroup_dirs()
     if found is None or os.getuid() != 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tierfs.client import Client
-from tierfs.testing import make_parquet_files, make_tar_shards, mounted
+from tierfs.testing.harness import make_parquet_files, make_tar_shards, mounted
 
 pytest.importorskip("torch")
 

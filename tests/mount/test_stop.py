@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from tierfs.mount import STOP_DEADLINE_S
-from tierfs.testing import abort_connection, is_mounted, make_dataset, mounted
+from tierfs.daemon.fuse.mount import STOP_DEADLINE_S
+from tierfs.testing.harness import abort_connection, is_mounted, make_dataset, mounted
 
 # Reads the mount in a loop until it stops: exit 0 after a clean end (the errors a stopped mount gives, or the
 # mountpoint's own empty dir once unmounted), 3 on a wrong byte, 4 on any other error.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import force_unmount, mounted, wait_until, within
+from tierfs.testing.harness import force_unmount, mounted, wait_until, within
 
 
 def _listed_files(mnt: str) -> list[str]:

@@ -6,7 +6,7 @@
   the fingerprint cannot tell them apart): the old code committed the first rewrite's copy and served it to every
   later open, even under ``revalidate=open``.
 
-Every read through the mount runs with a deadline (:func:`~tierfs.testing.within`).
+Every read through the mount runs with a deadline (:func:`~tierfs.testing.harness.within`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tierfs.testing import mounted, wait_until, within
+from tierfs.testing.harness import mounted, wait_until, within
 
 YEAR_2300_NS = 10_413_792_000 * 10**9  # 2300-01-01T00:00:00Z: above 2**63 ns
 

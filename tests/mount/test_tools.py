@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tierfs.testing import mounted
+from tierfs.testing.harness import mounted
 
 
 def _odd_tree(root) -> None:

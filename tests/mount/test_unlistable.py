@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.testing import is_mounted, make_dataset, mounted, within
+from tierfs.testing.harness import is_mounted, make_dataset, mounted, within
 
 #: the daemon as root without the capabilities that let root read any directory (what root_squash makes of it)
 NO_DAC = ("setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search")

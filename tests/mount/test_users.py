@@ -9,7 +9,7 @@ import select
 import subprocess
 import sys
 
-from tierfs.testing import make_dataset, mounted, wait_until
+from tierfs.testing.harness import make_dataset, mounted, wait_until
 
 _CONTROL_FILES = ("order", "order0", "plan", "status", "metrics", "control")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.install import Layout
-from tierfs.testing import abort_connection, force_unmount, is_mounted, within
+from tierfs.cli.install import Layout
+from tierfs.testing.harness import abort_connection, force_unmount, is_mounted, within
 
 pytestmark = pytest.mark.slow  # (a wheel build: ~5-10 s, once for the module)
 
@@ -111,7 +111,7 @@ def assert_from_git(version: str) -> None:
 
 def test_the_wheel_is_a_whole_tierfs_with_the_git_version(wheel_venv):
     # imported from the venv, every sub-package included (tierfs.client), from a directory outside the checkout
-    res = wheel_venv.run("python", "-c", "import tierfs, tierfs.client, tierfs.cli, dslide.cli, sampler; "
+    res = wheel_venv.run("python", "-c", "import tierfs, tierfs.client, tierfs.cli.commands, dslide.cli, sampler; "
                          "print(tierfs.__file__)")
     assert res.returncode == 0, res.stderr
     assert Path(res.stdout.strip()).is_relative_to(wheel_venv.site), res.stdout

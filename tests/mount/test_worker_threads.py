@@ -1,5 +1,5 @@
-"""The daemon's worker threads run behind its trio thread (``tierfs.threads``): every thread that did blocking work
-for the mount -- staging copies, page-cache pushes, backing stats -- is under ``SCHED_BATCH``, which never
+"""The daemon's worker threads run behind its trio thread (``tierfs.daemon.runtime.threads``): every thread that did
+blocking work for the mount -- staging copies, page-cache pushes, backing stats -- is under ``SCHED_BATCH``, which never
 preempts at a wake-up, or, where the daemon runs on one CPU of a larger cpuset, under ``SCHED_IDLE``, which
 takes that CPU only while the trio thread waits; the trio thread, which answers every request, stays a normal
 thread."""
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from tierfs.testing import wait_until, within
-from tierfs.threads import cpuset_cpus
+from tierfs.daemon.runtime.threads import cpuset_cpus
+from tierfs.testing.harness import wait_until, within
 
 DEADLINE = 60.0
 

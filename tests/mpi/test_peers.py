@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dslide.mpirun import MpiJob
-from tierfs.testing import end_mount_job, is_mounted, make_dataset, within
+from tierfs.testing.harness import end_mount_job, is_mounted, make_dataset, within
 
 N, NM, FILES, SIZE = 4, 4, 64, 16 << 10  # 16 KiB files: whole blocks, so the caps below are exact
 

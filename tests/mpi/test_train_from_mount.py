@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from dslide.mpirun import job_env, run_mpi
-from tierfs.testing import mounted
+from tierfs.testing.harness import mounted
 
 pytestmark = pytest.mark.mount
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import errno
 
-from tierfs.backing_ids import BackingIds
-from tierfs.cache import CacheEntry
+from tierfs.daemon.cache.store import CacheEntry
+from tierfs.daemon.kernel.passthrough import BackingIds
 
 
 class Kernel:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from dslide import __version__ as dslide_version
 from dslide.cli import build_parser
 from tierfs import __version__ as tierfs_version
-from tierfs.cli import parsers
-from tierfs.options import OPTIONS, Settings, format_size_at_least, parse_assignments, parse_size
+from tierfs.cli.commands import parsers
+from tierfs.common.options import OPTIONS, Settings, format_size_at_least, parse_assignments, parse_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

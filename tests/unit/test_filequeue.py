@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfs.filequeue import FileQueue
+from tierfs.daemon.staging.filequeue import FileQueue
 
 ops = st.lists(st.tuples(st.sampled_from(["popleft", "appendleft", "extendleft", "append", "first"]),
                          st.integers(0, 999)), max_size=40)

@@ -1,11 +1,14 @@
-"""The packages' layering: no import circle inside ``tierfs`` (TYPE_CHECKING imports included), ``sampler``
-imports nothing of ours nor trio/pyfuse3/mpi4py, ``dslide`` never imports the FUSE binding, and the client side
-of ``tierfs`` (what a training job imports) stands on the protocol and the options alone."""
+"""The packages' layering.  The import rules -- tierfs's folders top to bottom, no import circle, the client side
+daemon-free, ``sampler`` pure, ``dslide`` on the control client alone -- are import-linter contracts in
+pyproject.toml, which ``scripts/test.sh`` checks (``lint-imports``).  Here: that they hold and fail on a planted
+violation, what a training job's import loads at run time, and the rules of the daemon's code an import graph
+cannot see (no callables handed to parts, the policy asked, fingerprints compared in one place)."""
 
 from __future__ import annotations
 
 import ast
-import functools
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,109 +16,48 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+DAEMON = ROOT / "tierfs" / "daemon"
 
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-@functools.cache
-def _imports(package: str) -> dict[str, set[str]]:
-    """module -> the modules it imports (absolute or relative), for every module of ``package`` and its
-    sub-packages."""
-    graph: dict[str, set[str]] = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        mod = _module_name(path)
-        here = mod if path.name == "__init__.py" else mod.rpartition(".")[0]  # what a relative import starts from
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    start = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
-                    base = f"{start}.{base}" if base else start
-                found.add(base)
-                found |= {f"{base}.{a.name}" for a in node.names}
-        graph[mod] = found
-    return graph
-
-
-def _ours(deps: set[str]) -> set[str]:
-    """The modules of ``tierfs`` among ``deps`` (``from tierfs.x import Name`` counts as ``tierfs.x``)."""
-    modules = set(_imports("tierfs"))
-    return {d for d in deps if d in modules} | {d.rpartition(".")[0] for d in deps
-                                                if d not in modules and d.rpartition(".")[0] in modules}
-
-
-#: The client side: the package, and the short names users import (faces re-exporting its modules).
+#: The short names users import: each re-exports its client module
 CLIENT_FACES = {"tierfs.direct": "tierfs.client.direct", "tierfs.loaders": "tierfs.client.loaders",
                 "tierfs.torch": "tierfs.client.torch"}
-#: What both sides may import: the protocol and the option table it parses with.
-SHARED = {"tierfs.protocol", "tierfs.options"}
-#: Modules that use both sides: the command line (it mounts, and it is a client of a mount) and the test helper.
-BOTH = {"tierfs", "tierfs.__main__", "tierfs.cli", "tierfs.testing"}
 
 
-def _client_side(mod: str) -> bool:
-    return mod == "tierfs.client" or mod.startswith("tierfs.client.") or mod in CLIENT_FACES
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over the packages found in ``root`` (its pyproject.toml's contracts)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    edges = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        stack.append(m)
-        for d in sorted(edges[m]):
-            if state.get(d) == 1:
-                return [*stack[stack.index(d):], d]
-            if d not in state and (found := visit(d)):
-                return found
-        stack.pop()
-        state[m] = 2
-        return None
-
-    for m in sorted(edges):
-        if m not in state and (found := visit(m)):
-            return found
-    return None
+def test_the_import_contracts_hold():
+    run = _lint_imports(ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 broken" in run.stdout and "7 kept" in run.stdout, run.stdout
 
 
-@pytest.mark.parametrize("package", ["tierfs", "sampler", "dslide"])
-def test_no_import_circle(package):
-    assert _cycle(_imports(package)) is None
-
-
-def test_sampler_is_pure():
-    for mod, deps in _imports("sampler").items():
-        bad = {d for d in deps if d.split(".")[0] in ("tierfs", "dslide", "trio", "pyfuse3", "mpi4py")}
-        assert not bad, (mod, bad)
-
-
-def test_the_client_imports_only_the_protocol_and_the_options():
-    graph = _imports("tierfs")
-    client = sorted(m for m in graph if _client_side(m))
-    assert {"tierfs.client", "tierfs.client.direct", "tierfs.client.loaders", "tierfs.client.torch"} <= set(client)
-    for mod in client:
-        bad = {d for d in _ours(graph[mod]) if not _client_side(d) and d not in SHARED and d != "tierfs"}
-        assert not bad, (mod, bad)
-        assert not {d for d in graph[mod] if d.split(".")[0] in ("trio", "pyfuse3", "xxhash")}, mod
-    for face, module in CLIENT_FACES.items():
-        assert _ours(graph[face]) == {module}, face  # a face re-exports, nothing more
-    # the protocol is daemon-free too: it stands on the option table alone
-    assert _ours(graph["tierfs.protocol"]) == {"tierfs.options"}
-
-
-def test_the_daemon_never_imports_the_client():
-    graph = _imports("tierfs")
-    for mod, deps in graph.items():
-        if not _client_side(mod) and mod not in BOTH:
-            assert not {d for d in _ours(deps) if _client_side(d)}, mod
+@pytest.mark.parametrize(("module", "planted"), [
+    # an upward import inside the daemon: a cache-dir module importing the coordinator (under TYPE_CHECKING too)
+    ("tierfs/daemon/cache/index.py", "if TYPE_CHECKING:\n    from tierfs.daemon.coordinator.engine import Engine\n"),
+    # the client side importing a daemon part
+    ("tierfs/client/direct.py", "from tierfs.daemon.runtime import threads\n"),
+    # a circle inside one folder
+    ("tierfs/daemon/tree/tree.py", "from tierfs.daemon.tree import keeper\n"),
+    # sampler importing trio
+    ("sampler/plan.py", "import trio\n"),
+])
+def test_a_planted_violation_breaks_a_contract(tmp_path, module, planted):
+    for name in ("tierfs", "sampler", "dslide"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    path = tmp_path / module
+    text = path.read_text()
+    if "TYPE_CHECKING" in planted and "import TYPE_CHECKING" not in text:
+        planted = "from typing import TYPE_CHECKING\n" + planted
+    path.write_text(text + "\n" + planted)
+    run = _lint_imports(tmp_path)
+    assert run.returncode != 0 and " broken." in run.stdout and " 0 broken" not in run.stdout, run.stdout + run.stderr
+    assert Path(module).stem in run.stdout.split("Broken contracts")[1], run.stdout  # (named where it broke)
 
 
 def test_each_face_is_its_client_module():
@@ -136,31 +78,27 @@ def _loaded_by(imports: str) -> list[str]:
 
 
 def test_importing_the_client_pulls_neither_trio_pyfuse3_xxhash_nor_a_daemon_module():
-    # (tierfs.torch is checked by the AST test above: its torch import is too slow for a unit test)
+    # (run time: what the contracts say of imports, seen in sys.modules; tierfs.torch's import of torch is too
+    # slow for a unit test)
     loaded = _loaded_by("tierfs.client, tierfs.client.direct, tierfs.client.loaders, tierfs.direct, tierfs.loaders")
     assert not [m for m in loaded if m.split(".")[0] in ("trio", "pyfuse3", "xxhash", "prometheus_client")]
-    ours = [m for m in loaded if m.split(".")[0] == "tierfs"]
-    assert {m for m in ours if not _client_side(m)} <= SHARED | {"tierfs"}, ours
+    ours = {m for m in loaded if m.split(".")[0] == "tierfs"}
+    assert ours - {"tierfs", "tierfs.direct", "tierfs.loaders"} <= {
+        "tierfs.common", "tierfs.common.protocol", "tierfs.common.options", "tierfs.client", "tierfs.client.direct",
+        "tierfs.client.loaders"}, ours
     # the control client and direct reads load not even numpy (``tierfs status``, dslide's feedback writer)
     assert not [m for m in _loaded_by("tierfs.client, tierfs.direct") if m.split(".")[0] in ("sampler", "numpy")]
 
 
-def test_dslide_imports_of_tierfs_only_its_control_client():
-    # (and the progress line every training job shows, and the one version of the distribution -- the package's
-    # __init__ imports nothing; atomic writes come from sampler.atomic; the mount is reached through
-    # tierfs.client, no FUSE binding)
-    for mod, deps in _imports("dslide").items():
-        tierfs = {d for d in deps if d.split(".")[0] in ("tierfs", "pyfuse3")}
-        assert tierfs <= {"tierfs", "tierfs.__version__", "tierfs.client", "tierfs.client.Client",
-                          "tierfs.client.NotAMount", "tierfs.client.progress", "tierfs.client.progress.PassProgress"}, (
-            mod, tierfs)
+def _daemon_modules() -> list[Path]:
+    return sorted(DAEMON.rglob("*.py"))
 
 
 def test_the_cache_policy_is_asked_never_compared():
-    # (issue 12) one object per policy (tierfs/policy.py) is chosen at mount; nothing else branches on the
-    # setting's name or on an ``lru`` flag -- options.py validates it, stats.py shows it
-    for path in sorted((ROOT / "tierfs").glob("*.py")):
-        if path.name in ("options.py", "policy.py", "stats.py"):
+    # (issue 12) one object per policy (tierfs/daemon/schedule/policy.py) is chosen at mount; nothing else branches on
+    # the setting's name or on an ``lru`` flag -- options.py validates it, status.py shows it
+    for path in _daemon_modules():
+        if path.name in ("policy.py", "status.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute):
@@ -168,10 +106,6 @@ def test_the_cache_policy_is_asked_never_compared():
             if isinstance(node, ast.Compare):
                 names = [n.attr for n in (node.left, *node.comparators) if isinstance(n, ast.Attribute)]
                 assert "policy" not in names, f"{path.name}:{node.lineno}: the policy setting compared"
-
-
-#: what runs inside a user's training job, and the tools around the daemon: a callable there is the user's own
-_NOT_DAEMON = {"cli", "client", "direct", "loaders", "testing", "torch"}
 
 
 def _is_callable(ann: ast.expr) -> bool:
@@ -189,9 +123,7 @@ def test_no_part_takes_a_callable():
     # engine implements: a reader following a call never hits a lambda.  So no daemon class's constructor takes
     # a callable, none is made with a lambda or a bound method of its maker, and the engine holds no lambda.
     found = []
-    for path in sorted((ROOT / "tierfs").glob("*.py")):
-        if path.stem in _NOT_DAEMON:
-            continue
+    for path in _daemon_modules():
         tree = ast.parse(path.read_text())
         classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
@@ -242,8 +174,8 @@ def test_fingerprints_are_compared_in_one_place():
     # the file did not change while it read it (in its worker thread, against what it was asked to copy) is the
     # one other comparison
     found = []
-    for path in sorted((ROOT / "tierfs").glob("*.py")):
-        if path.stem in _NOT_DAEMON | {"tree", "copier"}:
+    for path in _daemon_modules():
+        if path.stem in ("tree", "copier"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare) and any(map(_about_fingerprints, (node.left, *node.comparators))):
@@ -257,13 +189,11 @@ def test_the_engine_implements_every_parts_events_as_declared():
     import importlib
     import inspect
 
-    from tierfs.engine import Engine
+    from tierfs.daemon.coordinator.engine import Engine
 
     checked = 0
-    for path in sorted((ROOT / "tierfs").glob("*.py")):
-        if path.stem in _NOT_DAEMON or path.stem == "__main__":
-            continue
-        mod = importlib.import_module(f"tierfs.{path.stem}")
+    for path in _daemon_modules():
+        mod = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
         for name, proto in vars(mod).items():
             if not (name.endswith("Events") and getattr(proto, "_is_protocol", False)
                     and proto.__module__ == mod.__name__):

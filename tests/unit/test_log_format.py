@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (in a child: configure_logging replaces the root logger's handlers, pytest's own included)
 CODE = """
 import logging
-from tierfs.mount import configure_logging
+from tierfs.daemon.fuse.mount import configure_logging
 configure_logging("info")
 logging.getLogger("tierfs").warning("the slow tier is behind the readers")
 logging.getLogger("tierfs").info("mounted /mnt/x")

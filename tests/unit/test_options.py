@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tierfs.options import (
+from tierfs.common.options import (
     OPTIONS,
     MountConfig,
     Settings,

@@ -1,8 +1,9 @@
-"""The remedies a slow tier is shown with (tierfs.pace): the IO model's rf first, then what else would do."""
+"""The remedies a slow tier is shown with (tierfs.daemon.schedule.pace_watch): the IO model's rf first, then what else
+would do."""
 
 from __future__ import annotations
 
-from tierfs.pace import Rates, remedies
+from tierfs.daemon.schedule.pace_watch import Rates, remedies
 
 
 def _rates(**kw) -> Rates:

@@ -1,4 +1,5 @@
-"""Who may list which directory, as the kernel's permission check decides it (tierfs.users.listable_dirs)."""
+"""Who may list which directory, as the kernel's permission check decides it
+(tierfs.daemon.access.listable_dirs)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 
 import numpy as np
 
-from tierfs.users import Reader, listable_dirs
+from tierfs.daemon.access import Reader, listable_dirs
 
 # meta rows: (mode, nlink, uid, gid, rdev)
 _ROWS = np.array([

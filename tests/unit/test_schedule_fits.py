@@ -1,5 +1,5 @@
-"""tierfs.schedule.check_fits: a sum and a max decide exactly what planning decides (issue 22: a control write
-is validated without planning on the trio thread)."""
+"""tierfs.daemon.schedule.schedule.check_fits: a sum and a max decide exactly what planning decides (issue 22: a control
+write is validated without planning on the trio thread)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sampler.plan import COMPOSITIONS, plan_epoch
-from tierfs.options import Settings
-from tierfs.schedule import check_fits, make_plan
+from tierfs.common.options import Settings
+from tierfs.daemon.schedule.schedule import check_fits, make_plan
 
 
 def _plans(sizes: np.ndarray, groups: np.ndarray, s: Settings, capacity: int) -> bool:

@@ -4,9 +4,9 @@ it stalls."""
 
 from __future__ import annotations
 
-from tierfs.cli import parsers
-from tierfs.options import OPTION_SECTIONS, OPTIONS
-from tierfs.summary import format_status
+from tierfs.cli.commands import parsers
+from tierfs.cli.status_text import format_status
+from tierfs.common.options import OPTION_SECTIONS, OPTIONS
 
 
 def _status(**changes) -> dict:

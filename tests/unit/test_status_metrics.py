@@ -9,7 +9,7 @@ import types
 import typing
 from collections.abc import Iterator
 
-from tierfs.stats import METRICS, NOT_METRICS, Status
+from tierfs.daemon.coordinator.status import METRICS, NOT_METRICS, Status
 
 
 def _item(tp: object) -> type | None:

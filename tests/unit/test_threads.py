@@ -1,5 +1,5 @@
-"""``tierfs.threads.in_thread``: trio's worker threads, each under ``SCHED_BATCH`` from its first job on (under
-``SCHED_IDLE`` where the process runs on one CPU of a larger cpuset)."""
+"""``tierfs.daemon.runtime.threads.in_thread``: trio's worker threads, each under ``SCHED_BATCH`` from its first job on
+(under ``SCHED_IDLE`` where the process runs on one CPU of a larger cpuset)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tierfs.threads import cpuset_cpus, in_thread
+from tierfs.daemon.runtime.threads import cpuset_cpus, in_thread
 
 
 def _policy_and_thread() -> tuple[int, int]:
@@ -45,7 +45,7 @@ def test_idle_threads_are_kept_as_long_as_asked_then_let_go():
     again, one idle for longer has ended (a new thread takes the next job)."""
     from trio._core import _thread_cache
 
-    from tierfs.threads import keep_idle_threads
+    from tierfs.daemon.runtime.threads import keep_idle_threads
 
     before = _thread_cache.IDLE_TIMEOUT
 
@@ -88,7 +88,7 @@ def test_the_cpuset_is_read_from_cgroup_v1_or_from_the_nearest_v2_cgroup_that_ha
 
 _POLICY_IN_A_PINNED_PROCESS = """
 import os, sys, trio
-from tierfs.threads import in_thread
+from tierfs.daemon.runtime.threads import in_thread
 os.sched_setaffinity(0, {int(sys.argv[1])})
 print(trio.run(in_thread, os.sched_getscheduler, 0), os.sched_getscheduler(0))
 """

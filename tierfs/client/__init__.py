@@ -8,12 +8,12 @@
 * :mod:`tierfs.client.torch`: the PyTorch datasets and samplers (imports torch).
 
 Users import the last three by their short names, ``tierfs.direct``, ``tierfs.loaders`` and ``tierfs.torch``:
-each is a face that re-exports its module here.  The client side imports only :mod:`tierfs.protocol` (what the
-mount and its clients agree on) and :mod:`tierfs.options`, never a daemon module: a training job loads neither
+each is a face that re-exports its module here.  The client side imports only :mod:`tierfs.common.protocol` (what the
+mount and its clients agree on) and :mod:`tierfs.common.options`, never a daemon module: a training job loads neither
 trio, pyfuse3 nor xxhash (tests/unit/test_layering.py).  Also used by ``tierfs status`` / ``tierfs set``, by the
-test helper (``tierfs.testing.Mounted``) and by dslide's feedback writer.
+test helper (``tierfs.testing.harness.Mounted``) and by dslide's feedback writer.
 
-Writes are checked with the mount's own parser first (:func:`tierfs.protocol.parse_control`, against the
+Writes are checked with the mount's own parser first (:func:`tierfs.common.protocol.parse_control`, against the
 settings the mount reports), so a bad line fails here with the mount's message and never reaches it; each write
 is one ``write(2)``, so a line is never split.
 
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tierfs.options import Settings, apply_assignments, parse_assignments
-from tierfs.protocol import (
+from tierfs.common.options import Settings, apply_assignments, parse_assignments
+from tierfs.common.protocol import (
     CONTROL_DIR,
     CONTROL_FILES,
     CONTROL_WRITE_MAX,

@@ -29,7 +29,7 @@ import errno
 import os
 from typing import IO, Any
 
-from tierfs.protocol import CACHE_PATH_XATTR
+from tierfs.common.protocol import CACHE_PATH_XATTR
 
 __all__ = ["CACHE_PATH_XATTR", "cached_path", "open_cached"]
 

@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from sampler.atomic import atomic_write
 from tierfs.client import Client, NotAMount, find_mount
-from tierfs.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, RankShare, copy_matches
+from tierfs.common.protocol import CONTROL_DIR, COPY_OPEN_FLAGS, RankShare, copy_matches
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tierfs.options import format_size
+from tierfs.common.options import format_size
 
 __all__ = ["MODES", "PassFigures", "PassProgress", "launcher_rank", "position"]
 

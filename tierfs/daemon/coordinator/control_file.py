@@ -1,0 +1,241 @@
+"""The control file, daemon side: how a write to ``/.tierfs/control`` is applied.
+
+What a write may say is the protocol's (:func:`tierfs.common.protocol.parse_control`, the grammar the client checks
+with too); this module applies a parsed write to the engine through :class:`ControlTarget`.
+
+**A write is applied whole or refused whole, however the kernel splits it.**  The kernel hands a long
+``write()`` to the daemon in pieces (FUSE's ``max_write``, 128 KiB to 1 MiB, or fewer bytes when the buffer
+spans more pages than one request holds) and sends each piece only once the one before was answered; a piece
+does not say whether more follow, and a piece answered "done" cannot be taken back (the writer would see a
+short count with a prefix applied).  So :class:`ControlWriter` refuses any piece longer than
+:data:`CONTROL_WRITE_MAX` with ``EFBIG`` and ``last_error``: a ``write()`` up to that size always arrives in one
+piece and is applied whole (or refused whole: ``EINVAL``), and a longer one is refused at its first piece, so
+the writer gets the error and nothing is applied.  A piece that starts past what its open file has written so
+far (the later piece of a refused write, which only asynchronous I/O could still send) is refused the same
+way.  Write longer input in several whole-line writes (``tierfs.client`` cuts its ``consumed`` reports so).
+
+:func:`parse_control` turns the whole write into one ``ControlRequest`` or raises ``ValueError`` with a
+message for ``last_error``; :func:`apply_control` validates everything that can fail first and then applies the
+request all at once, so a write with one bad item changes nothing.
+
+**Which pass a ``feedback`` line is about.**  A trainer reports after it has trained on a pass, but tierfs ends
+a pass when the last file of the view is *opened* -- so when that pass was the rf-th, tierfs has already
+switched to the next mini-epoch by the time the feedback arrives.  A feedback line is therefore about the last
+*completed* pass and its mini-epoch (:attr:`Engine.last_pass`; the current mini-epoch if no pass has ended
+yet): the :class:`Arf` controller scores it within that mini-epoch (its best score and wait counter start
+afresh only at the first feedback about a new mini-epoch), and its history records that epoch and mini-epoch.
+An ``advance`` decision applies only while that mini-epoch is still current; about one already left it is
+recorded and has no effect (the switch it asks for has happened).
+
+**Bounded, however much feedback comes.**  A controller keeps the last :data:`sampler.arf.HISTORY_KEPT`
+observations (the journal keeps as many), and :class:`ConsumerArfs` keeps the controllers of at most
+:data:`ARFS_KEPT` named consumers: a member of the steering group writing feedback lines under ever new consumer
+names as fast as she can grows neither (issue 46: 54 -> 707 MB in 20 s before).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from sampler.arf import HISTORY_KEPT, Controller, make_controller
+from tierfs.common.options import Settings
+from tierfs.common.protocol import CONTROL_WRITE_MAX, RankShare, parse_control
+from tierfs.daemon.schedule.consumers import ANONYMOUS
+
+__all__ = ["ARFS_KEPT", "Arf", "BatchReports", "ConsumerArfs", "ControlTarget", "ControlWriter", "apply_control",
+           "apply_feedback"]
+
+_REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
+_ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
+_LIMIT_KEYS = frozenset({"rf", "rf_max", "advance"})  # what bounds the passes of the current mini-epoch
+#: Named consumers whose ARF controllers are kept: as many as the consumer table keeps consumers
+#: (``consumers.MAX_CONSUMERS``); beyond it the one fed longest ago is forgotten.
+ARFS_KEPT = 64
+
+
+class BatchReports(Protocol):
+    """Where ``consumed`` reports go (:class:`tierfs.daemon.serving.batch_plans.BatchPlans`)."""
+
+    def check_consumed(self, plan_id: int, indices: list[int]) -> None: ...
+
+    def consumed(self, plan_id: int, indices: list[int]) -> None: ...
+
+
+class WalksPlans(Protocol):
+    """The cache policy's one answer a control write needs: whether the mount has plans to redo."""
+
+    @property
+    def walks_plans(self) -> bool: ...
+
+
+class ControlTarget(Protocol):
+    """What a control write may touch: the narrow interface the engine offers this module (no import of it)."""
+
+    settings: Settings
+    arf: Arf
+    control_error: str | None
+    batch: BatchReports
+    policy: WalksPlans
+
+    @property
+    def last_pass(self) -> tuple[int, int] | None: ...
+
+    @property
+    def current_mini_epoch(self) -> tuple[int, int]: ...
+
+    def check_plan(self, settings: Settings) -> None: ...
+
+    def apply_settings(self, new: Settings, *, replan: bool) -> None: ...
+
+    def next_pass(self, who: str) -> None: ...
+
+    def rank_share_done(self, share: RankShare, who: str) -> None: ...
+
+    def request_advance(self) -> None: ...
+
+    def arf_of(self, who: str) -> Arf: ...
+
+    def arf_advance(self, who: str) -> None: ...
+
+    def rf_changed(self) -> None: ...
+
+    def save_journal(self) -> None: ...
+
+    def notify(self) -> None: ...
+
+
+class Arf:
+    """The ARF controller fed by ``feedback`` lines, and the mini-epoch its per-mini-epoch state is about."""
+
+    def __init__(self, controller: Controller | None = None, history: list[dict[str, Any]] | None = None) -> None:
+        self.controller = controller or make_controller("off")
+        self.controller.history.extend(list(history or ())[-HISTORY_KEPT:])  # (a journal edited by hand: bounded too)
+        self.about: tuple[int, int] | None = None  # (epoch, mini_epoch) of the observations so far
+
+    @staticmethod
+    def controller_for(settings: Settings) -> Controller:
+        """A fresh controller for ``settings`` (``ValueError`` on a bad combination)."""
+        s = settings
+        return make_controller(s.arf, wait=s.arf_wait, window=s.arf_window, k=s.arf_k, weights=s.arf_weights)
+
+    @property
+    def score(self) -> float | None:
+        return self.controller.score
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.controller.history
+
+    def replace(self, controller: Controller) -> None:
+        """New ARF settings: a fresh controller that keeps the history."""
+        controller.history = self.controller.history
+        self.controller = controller
+        self.about = None
+
+    def observe(self, metrics: Mapping[str, float], about: tuple[int, int]) -> str:
+        """Score one feedback about a pass of mini-epoch ``about`` = (epoch, mini_epoch); returns the decision."""
+        if about != self.about:
+            self.controller.new_mini_epoch(about[1])
+            self.about = about
+        decision = self.controller.observe(metrics)
+        self.controller.history[-1]["epoch"] = about[0]
+        return decision
+
+
+class ConsumerArfs:
+    """The ARF controllers of the named consumers (the anonymous consumer's is the mount's own ``Engine.arf``),
+    each made for the ARF settings in force when it was made: after a change, a consumer's next feedback starts
+    a fresh one.  At most :data:`ARFS_KEPT`, the ones fed most recently: a forgotten consumer that reports again
+    starts afresh, as after a settings change (its best score and wait counter only; its advance vote is the
+    consumer table's)."""
+
+    def __init__(self) -> None:
+        self._arfs: dict[str, tuple[tuple[object, ...], Arf]] = {}  # in the order they were last fed
+
+    def __len__(self) -> int:
+        return len(self._arfs)
+
+    def of(self, who: str, settings: Settings) -> Arf:
+        """Consumer ``who``'s controller, made now if it has none for ``settings``."""
+        s = settings
+        made_for = (s.arf, s.arf_wait, s.arf_window, s.arf_k, s.arf_weights)
+        known = self._arfs.pop(who, None)
+        if known is None or known[0] != made_for:
+            known = (made_for, Arf(Arf.controller_for(s)))
+        self._arfs[who] = known  # (last: the most recently fed)
+        if len(self._arfs) > ARFS_KEPT:
+            del self._arfs[next(iter(self._arfs))]
+        return known[1]
+
+
+def apply_feedback(engine: ControlTarget, metrics: Mapping[str, float], who: str = ANONYMOUS) -> None:
+    """Feed one ``feedback`` line of consumer ``who`` to its ARF controller, attributed to the last completed
+    pass (see the module docstring); the mini-epoch is left early once every live consumer's ARF says so."""
+    about = engine.last_pass or engine.current_mini_epoch
+    decision = engine.arf_of(who).observe(metrics, about)
+    if decision == "advance" and engine.settings.arf != "off" and about == engine.current_mini_epoch:
+        engine.arf_advance(who)
+
+
+def apply_control(engine: ControlTarget, data: bytes, who: str = ANONYMOUS) -> None:
+    """Apply one write to the control file by consumer ``who`` (whose pass ``next-pass`` ends and whose ARF
+    ``feedback`` feeds), all of it or (``ValueError``, ``last_error`` set) nothing."""
+    try:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("control writes must be UTF-8 text") from None
+        req = parse_control(text, engine.settings)
+        new = req.settings
+        replan = bool(req.changed & _REPLAN_KEYS) and engine.policy.walks_plans
+        if replan:
+            engine.check_plan(new)
+        controller = Arf.controller_for(new) if req.changed & _ARF_KEYS else None
+        for plan_id, indices in req.consumed:
+            engine.batch.check_consumed(plan_id, list(indices))
+    except ValueError as exc:
+        engine.control_error = str(exc)[:500]  # a 1 MiB line gets a message, not a 1 MiB status
+        raise
+    engine.control_error = None
+    engine.apply_settings(new, replan=replan)
+    if controller is not None:
+        engine.arf.replace(controller)
+    for plan_id, indices in req.consumed:  # (reads reported in the same write as a next-pass came before it)
+        engine.batch.consumed(plan_id, list(indices))
+    for cmd in req.commands:
+        if cmd == "next-pass":
+            engine.next_pass(who)
+        elif cmd == "advance":
+            engine.request_advance()
+    for share in req.shares:
+        engine.rank_share_done(share, who)
+    for metrics in req.feedback:
+        apply_feedback(engine, metrics, who)
+    if req.changed & _LIMIT_KEYS:
+        engine.rf_changed()
+    engine.save_journal()
+    engine.notify()
+
+
+class ControlWriter:
+    """The writes of one open control file: each applied whole or refused whole (see the module docstring)."""
+
+    def __init__(self, engine: ControlTarget, who: str = ANONYMOUS) -> None:
+        self.engine = engine
+        self.who = who  # the consumer that opened it
+        self.end = 0  # where the bytes accepted through this open file end
+
+    def write(self, offset: int, data: bytes) -> int:
+        """Apply one piece the kernel sent; returns its length.  ``OSError`` EFBIG for a piece that may be part
+        of a longer write, ``ValueError`` (EINVAL) for bad input; either way nothing is applied."""
+        if len(data) > CONTROL_WRITE_MAX or offset > self.end:
+            why = (f"control write refused: more than {CONTROL_WRITE_MAX} bytes in one write() (a piece of "
+                   f"{len(data)} bytes at offset {offset} arrived); nothing applied: write at most "
+                   f"{CONTROL_WRITE_MAX} bytes of whole lines at a time")
+            self.engine.control_error = why
+            raise OSError(errno.EFBIG, why)
+        apply_control(self.engine, data, self.who)
+        self.end = max(self.end, offset + len(data))
+        return len(data)
