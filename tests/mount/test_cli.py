@@ -231,7 +231,7 @@ def test_status_set_and_their_errors(tierfs_mount, mount_dirs):
 SET_PROBE = r"""
 import collections, json, os, sys
 import tierfs.common.options
-from tierfs.cli.commands import commands as cli
+from tierfs.cli import commands as cli
 opens = collections.Counter()
 def hook(event, args):
     if event == "open" and args[0] is not None and not isinstance(args[0], int) \
