@@ -86,22 +86,21 @@ def main() -> None:
             async with trio.open_nursery() as n:
                 n.start_soon(heartbeat)
                 if hasattr(e, "planner"):
-                    e.schedule.plans_ahead = True  # as Engine.run does
+                    e.schedule.plan_ahead(True)  # as Engine.run does
                     n.start_soon(e.planner.run)
-                e._nursery = n  # (as Engine.run sets it: save_journal hands the position to the writer)
-                n.start_soon(e.journal.run, e.cache_limiter)
+                n.start_soon(e.journal.run, e.cache_limiter)  # (as Engine.run: positions go to the writer)
                 await trio.sleep(args.gap)
                 for _ in range(args.passes):
-                    before = e.current_mini_epoch
+                    before = e.passes.current_mini_epoch
                     planning.clear()
                     t0 = time.perf_counter()
                     e.control_write(b"next-pass\n")
                     took = time.perf_counter() - t0
                     inline = sum(s for th, s in planning if th == trio_thread)
-                    rows.append((f"{before}", f"{e.current_mini_epoch}", took, inline))
+                    rows.append((f"{before}", f"{e.passes.current_mini_epoch}", took, inline))
                     await trio.sleep(args.gap)
                 n.cancel_scope.cancel()
-            e._nursery = None
+            e.journal.flush()
 
         trio.run(run)
         e.close()

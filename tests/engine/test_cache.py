@@ -114,7 +114,8 @@ def test_evicted_copies_are_deleted_by_the_background_task_and_counted_until_gon
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cache.run_deletes, events)
+            cache.events = events  # (the engine gives its own at construction)
+            nursery.start_soon(cache.run_deletes)
             await trio.testing.wait_all_tasks_blocked()
             # an eviction queues the copy: still on disk and still counted (the cap holds on disk), not freed yet
             assert cache.evict(0) is False

@@ -25,7 +25,7 @@ async def _read(e, fidx: int, who: str) -> None:
 
 async def _read_pass(e, who: str) -> None:
     """One pass of ``who``: its listing of the root (which may wait), then every view file in its order."""
-    await e.begin_pass(OWNER_UID, who, relisted=True)
+    await e.passes.begin_pass(OWNER_UID, who, relisted=True)
     for f in e.consumers.view_of(who).order.tolist():
         await _read(e, f, who)
 
@@ -38,7 +38,7 @@ def test_the_mount_moves_when_every_live_consumer_made_rf_passes(open_engine, t)
     e = open_engine(rf=2, advance="strict", consumer_timeout=30)
 
     async def main():
-        await e.begin_pass(OWNER_UID, "b", relisted=True)
+        await e.passes.begin_pass(OWNER_UID, "b", relisted=True)
         b_order = e.consumers.view_of("b").order.tolist()
         await _read(e, b_order[0], "b")  # b takes part
         await _read_pass(e, "a")
@@ -102,13 +102,13 @@ def test_a_consumer_ahead_waits_at_most_consumer_timeout_then_the_laggard_is_dro
 
         async with trio.open_nursery() as n:
             n.start_soon(nudge)
-            await e.begin_pass(OWNER_UID, "fast", relisted=True)  # waits for slow, then drops it
+            await e.passes.begin_pass(OWNER_UID, "fast", relisted=True)  # waits for slow, then drops it
         assert waited
         slow = e.consumers.get("slow")
         assert slow.state == "dropped" and e.consumers.drops == 1
         assert e.schedule.pos.mini_epoch == 1 and e.consumers.get("fast").passes == 0
         # it rejoins at the mount's position: its next listing, then its first open of a view file
-        await e.begin_pass(OWNER_UID, "slow", relisted=True)
+        await e.passes.begin_pass(OWNER_UID, "slow", relisted=True)
         await _read(e, int(e.schedule.view.order[0]), "slow")
         assert slow.state == "live" and slow.passes == 0
 
@@ -263,7 +263,7 @@ async def _begin_pass(e, clock, who: str) -> float:
 
     async with trio.open_nursery() as n:
         n.start_soon(nudge)
-        await e.begin_pass(OWNER_UID, who, relisted=True)
+        await e.passes.begin_pass(OWNER_UID, who, relisted=True)
     return trio.current_time() - start
 
 
@@ -372,7 +372,7 @@ def test_a_job_that_exits_during_the_wait_is_dropped_within_alive_every(open_eng
             with caplog.at_level(logging.WARNING, logger="tierfs"):
                 async with trio.open_nursery() as n:
                     n.start_soon(nudge)
-                    await e.begin_pass(OWNER_UID, "a", relisted=True)
+                    await e.passes.begin_pass(OWNER_UID, "a", relisted=True)
             assert trio.current_time() - start < 1, "a waited consumer_timeout for a job that had exited"
             assert e.consumers.get("b").state == "dropped" and e.schedule.pos.mini_epoch == 1
             assert any(r.getMessage().startswith("consumer b dropped") and "none of its processes is alive"

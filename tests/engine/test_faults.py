@@ -347,16 +347,16 @@ def test_a_file_deleted_before_it_is_staged_never_stops_the_mini_epochs(open_eng
         async with trio.open_nursery() as n:
             await n.start(e.run)
             await t.settle(e)
-            assert e.next_ready()
-            seen = {e.current_mini_epoch}
+            assert e.passes.next_ready()
+            seen = {e.passes.current_mini_epoch}
             for _ in range(6):
                 e.control_write(b"advance\n")
                 with trio.fail_after(20):
-                    while e.current_mini_epoch in seen:
+                    while e.passes.current_mini_epoch in seen:
                         await t.settle(e)
                         e.control_write(b"advance\n")
                         await trio.sleep(0.01)
-                seen.add(e.current_mini_epoch)
+                seen.add(e.passes.current_mini_epoch)
             n.cancel_scope.cancel()
 
     t.run(main)

@@ -14,8 +14,8 @@ from sampler.arf import HISTORY_KEPT
 from tierfs.common.options import Settings
 from tierfs.common.protocol import CONTROL_WRITE_MAX
 from tierfs.daemon.cache.journal import load_position
-from tierfs.daemon.coordinator.control_file import ARFS_KEPT, ConsumerArfs
 from tierfs.daemon.schedule import schedule
+from tierfs.daemon.schedule.arfs import ARFS_KEPT, ConsumerArfs
 from tierfs.daemon.schedule.consumers import ANONYMOUS
 
 LINES_PER_WRITE = 800
@@ -35,22 +35,23 @@ def test_a_feedback_flood_from_many_consumers_keeps_history_and_controllers_boun
             writer = e.control_writer(who)
             assert writer.write(0, data) == len(data)
             anonymous_lines += LINES_PER_WRITE if who == ANONYMOUS else 0
-        assert len(e.arf.history) <= HISTORY_KEPT
-        assert len(e.consumer_arfs) <= ARFS_KEPT
+        assert len(e.passes.arf.history) <= HISTORY_KEPT
+        assert len(e.passes.consumer_arfs) <= ARFS_KEPT
     assert anonymous_lines > HISTORY_KEPT
     # the mount's own: the newest observations, numbered on from the ones dropped
-    assert len(e.arf.history) == HISTORY_KEPT
-    assert e.arf.history[-1]["pass"] == anonymous_lines
-    assert [h["pass"] for h in e.arf.history] == list(range(anonymous_lines - HISTORY_KEPT + 1, anonymous_lines + 1))
+    assert len(e.passes.arf.history) == HISTORY_KEPT
+    assert e.passes.arf.history[-1]["pass"] == anonymous_lines
+    history = e.passes.arf.history
+    assert [h["pass"] for h in history] == list(range(anonymous_lines - HISTORY_KEPT + 1, anonymous_lines + 1))
     # the named ones: the last name fed kept its newest observations; the first ones were forgotten
     last = f"sweep{NAMES - 1}"
-    assert len(e.arf_of(last).history) == HISTORY_KEPT
-    assert len(e.consumer_arfs) == ARFS_KEPT
-    assert e.arf_of("sweep1").history == []  # (a fresh controller: sweep1 had been fed 1,600 lines)
+    assert len(e.passes.arf_of(last).history) == HISTORY_KEPT
+    assert len(e.passes.consumer_arfs) == ARFS_KEPT
+    assert e.passes.arf_of("sweep1").history == []  # (a fresh controller: sweep1 had been fed 1,600 lines)
     # the journal keeps what memory keeps
-    e.save_journal()
+    e.passes.save_journal()
     pos = load_position(e.config.cache)
-    assert pos is not None and pos.arf_history == e.arf.history
+    assert pos is not None and pos.arf_history == e.passes.arf.history
 
 
 def test_consumer_arfs_keeps_the_ones_fed_last_and_starts_afresh_after_new_settings():

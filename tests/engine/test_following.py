@@ -51,7 +51,7 @@ def test_a_loader_that_follows_the_view_is_never_warned_and_a_good_pass_clears_a
         for f in (outside * 4)[:max(MIN_OPENS, len(e.schedule.view)) + 1]:
             await t.read_file(e, f)
         assert not _loader(e)["follows_view"]
-        e.end_pass()  # (next-pass) then a pass read in view
+        e.passes.end_pass()  # (next-pass) then a pass read in view
         for _ in range(2):
             await t.read_view(e)
         assert _loader(e)["follows_view"] and _loader(e)["warnings"] == 1

@@ -41,11 +41,11 @@ def test_a_fifo_in_a_later_mini_epoch_is_found_gone_once_named_and_the_schedule_
     async def main():
         async with trio.open_nursery() as n:
             await n.start(e.run)
-            seen = [e.current_mini_epoch]
+            seen = [e.passes.current_mini_epoch]
             named = 0
             for _ in range(2 * e.settings.nm):  # through the FIFO's mini-epoch and on into the next epoch
                 with trio.fail_after(30):
-                    while e.current_mini_epoch == seen[-1]:
+                    while e.passes.current_mini_epoch == seen[-1]:
                         await t.settle(e)
                         if e.tree.gone[fifo]:  # its mini-epoch came: a re-stat or its copy found it gone
                             assert not e.schedule.wanted[fifo]  # (out of the mini-epochs: never tried again)
@@ -53,7 +53,7 @@ def test_a_fifo_in_a_later_mini_epoch_is_found_gone_once_named_and_the_schedule_
                             named += 1
                         e.control_write(b"advance\n")
                         await trio.sleep(0.01)
-                seen.append(e.current_mini_epoch)
+                seen.append(e.passes.current_mini_epoch)
             assert named >= 2 and e.stager.statistics().skipped <= 1  # (issue 48: met once at most, never again)
             assert e.trees.statistics().gone == 1
             # ~40 opens of it: each fails at once (ENOENT, not a regular file any more), none takes a thread

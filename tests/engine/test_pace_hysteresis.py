@@ -1,7 +1,7 @@
 """The slow-tier warning with hysteresis (pace_watch.py, issue 48 item 9): a tier that flaps between behind and in time
 is one episode -- one warning, one "keeps up again" once that holds -- in the log, ``status`` and ``metrics``.
 
-The engine's own :class:`~tierfs.daemon.schedule.pace_watch.PaceWatch` is driven with the reports ``Engine.end_pass``
+The engine's own :class:`~tierfs.daemon.schedule.pace_watch.PaceWatch` is driven with the reports ``PassRule.end_pass``
 makes (the rates of
 a tier a little too slow), and what a person sees is read where they read it: the log, ``status``, ``metrics``.
 """
@@ -35,7 +35,7 @@ def _behind_shown(e) -> bool:
 def test_a_flapping_slow_tier_logs_one_line_per_change_that_holds(open_engine, caplog, flap):
     # What the issue measured: behind, then in time, twice a mini-epoch -- 479 KB of log in 10 minutes.
     e = open_engine()
-    pace = e.pace
+    pace = e.passes.pace
     with caplog.at_level(logging.INFO, logger="tierfs"):
         for i in range(40):
             if flap == "behind-every-other-mini-epoch" and i % 2:

@@ -164,7 +164,7 @@ def test_rf_auto_from_measured_rates(open_engine, t):
     e = open_engine(rf="auto")
     e.stager._bytes, e.stager._busy = 1000, 1.0  # 1000 B/s staging
     e.schedule.consumption_bps = 3500.0  # a reader 3.5x faster
-    assert e.rf_now() == 4
+    assert e.passes.rf_now() == 4
     assert e.status().rf == 4 and e.status().rf_setting == "auto"
 
 
@@ -298,10 +298,10 @@ def test_feedback_is_about_the_last_completed_pass_across_a_restart(open_engine,
         await t.read_view(e)
 
     t.run(main)
-    assert e.schedule.pos.mini_epoch == 1 and e.last_pass == (0, 0)
+    assert e.schedule.pos.mini_epoch == 1 and e.passes.last_pass == (0, 0)
     e.close()
     e2 = open_engine(rf=1)
-    assert e2.last_pass == (0, 0)
+    assert e2.passes.last_pass == (0, 0)
     e2.control_write(b"feedback loss=1\n")
     assert e2.status().arf.history[-1]["mini_epoch"] == 0
 

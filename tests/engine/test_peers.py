@@ -82,12 +82,12 @@ async def _settled(engines, t) -> None:
 async def _walk(engines, t, until: tuple[int, int]) -> None:
     """Advance every engine mini-epoch by mini-epoch (each switch once the next one is staged) to ``until``,
     reading every view on the way and checking its bytes."""
-    while engines[0].current_mini_epoch < until:
+    while engines[0].passes.current_mini_epoch < until:
         await _settled(engines, t)
         for e in engines:
             await t.read_view(e)
-            e.request_advance()  # (rf is high: passes never switch, advance does, the next one being staged)
-    assert all(e.current_mini_epoch == until for e in engines)
+            e.passes.request_advance()  # (rf is high: passes never switch, advance does, the next one being staged)
+    assert all(e.passes.current_mini_epoch == until for e in engines)
     await _settled(engines, t)
 
 
@@ -431,9 +431,9 @@ def test_a_dead_or_stalled_peer_is_a_miss_and_the_file_comes_from_the_backing(pa
         async with trio.open_nursery() as n:
             await n.start(b.run)
             await t.settle(b)
-            b.request_advance()
+            b.passes.request_advance()
             await t.settle(b)
-            b.request_advance()
+            b.passes.request_advance()
             with trio.fail_after(60):  # (a deadline of 0.5 s per peer call; the peer is then skipped DOWN_S)
                 await _walk([b], t, (1, 1))
             n.cancel_scope.cancel()
@@ -474,7 +474,7 @@ def test_a_cap_too_small_for_the_owned_share_gives_up_owned_copies_for_the_mini_
         async with _running(a, b) as n:
             await _walk([a, b], t, (1, 2))
             for e in (a, b):
-                assert e.next_ready()
+                assert e.passes.next_ready()
                 assert e.cache.disk_bytes() <= e.config.capacity
                 p = e.peers.statistics(e.cache)
                 assert 0 < p.owned_cached_files < p.owned_files

@@ -85,10 +85,10 @@ def test_ending_an_epochs_last_pass_at_2m_files_never_plans_on_the_trio_thread(o
             e.schedule.plans_ahead = True
             n.start_soon(e.planner.run)
             e.control_write(b"next-pass\n")  # rf=1: mini-epoch 1, the epoch's last
-            assert e.current_mini_epoch == (0, 1)
+            assert e.passes.current_mini_epoch == (0, 1)
             e.control_write(b"next-pass\n")  # its last pass: the switch into epoch 1 is due
             assert trio_thread not in plan_threads, "a request planned on the trio thread"
-            await _until("the switch into epoch 1", lambda: e.current_mini_epoch == (1, 0))
+            await _until("the switch into epoch 1", lambda: e.passes.current_mini_epoch == (1, 0))
             assert e.schedule.pos.rf_effective == [1, 1, 0] and not e.schedule.pos.switch_due
             assert len(e.schedule.view) == len(e.schedule.plans[1][0]) > 900_000
             await _until("epoch 2 planned ahead", lambda: 2 in e.schedule.plans)
@@ -127,7 +127,7 @@ def test_ending_passes_mini_epochs_and_an_epoch_at_2m_files_makes_no_view_in_the
                 view_threads.clear()
                 plan_threads.clear()
                 e.control_write(b"next-pass\n")
-                assert (*e.current_mini_epoch, sch.pos.pass_index) == expected
+                assert (*e.passes.current_mini_epoch, sch.pos.pass_index) == expected
                 assert trio_thread not in view_threads + plan_threads, "the request made a view or a plan"
                 assert _is_the_pass_view(sch)
                 assert e.consumers.view_of(ANONYMOUS) is sch.view  # (an unnamed reader's listing: no view made)
@@ -173,15 +173,15 @@ def test_a_whole_tree_view_is_made_ahead_only_in_the_last_eighth_of_a_pass(open_
     first_of_tail = len(order) - len(order) // 8
     assert len(order) >= 16
     for fidx in order[:first_of_tail - 1]:
-        e.file_opened(fidx, 0, os.getuid())
+        e.passes.file_opened(fidx, 0, os.getuid())
         assert sch.view_job() is None  # (no second order of the tree before the pass's tail)
-    e.file_opened(order[first_of_tail - 1], 0, os.getuid())  # into the last eighth
+    e.passes.file_opened(order[first_of_tail - 1], 0, os.getuid())  # into the last eighth
     job = sch.view_job()
     assert job is not None and job.key[1:] == (0, 0, 1) and job.mask is sch.view.mask
     made = job.make()
     assert sch.adopt_view(job, made) and sch.view_job() is None
     for fidx in order[first_of_tail:]:
-        e.file_opened(fidx, 0, os.getuid())
+        e.passes.file_opened(fidx, 0, os.getuid())
     assert sch.pos.pass_index == 1 and sch.view is made  # the pass ended: it took the view made ahead
     assert (sch.statistics().views_ahead, sch.statistics().views_inline) == (1, 0)
     assert len(made) == len(order) and sorted(made.order.tolist()) == sorted(order)
@@ -202,7 +202,7 @@ def test_a_switch_at_2m_files_makes_no_python_object_per_file(open_engine, tmp_p
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert e.current_mini_epoch == expected
+        assert e.passes.current_mini_epoch == expected
         assert len(e.schedule.pending_next) + len(e.schedule.pending_current) > 900_000  # (nothing is cached)
         assert peak / e.tree.n_files < 24, f"{peak / e.tree.n_files:.1f} bytes per file at the switch to {expected}"
 
@@ -212,16 +212,16 @@ def test_a_switch_due_while_the_next_epoch_is_planned_is_made_when_the_plan_land
     e.schedule.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
     e.control_write(b"next-pass\n")  # into mini-epoch 1, the epoch's last: what comes after is not planned
     inline = e.schedule.statistics().views_inline
-    assert e.current_mini_epoch == (0, 1) and e.schedule.next_coords is None and not len(e.schedule.next_files)
-    assert not e.next_ready()
+    assert e.passes.current_mini_epoch == (0, 1) and e.schedule.next_coords is None and not len(e.schedule.next_files)
+    assert not e.passes.next_ready()
     e.control_write(b"next-pass\n")  # the last pass ends: the switch is due, the view stays
-    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due and e.schedule.pos.pass_index == 1
+    assert e.passes.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due and e.schedule.pos.pass_index == 1
     assert len(e.schedule.view) == len(e.schedule.plans[0][1])
 
     async def main():
         async with trio.open_nursery() as n:
             n.start_soon(e.planner.run)
-            await _until("the switch", lambda: e.current_mini_epoch == (1, 0))
+            await _until("the switch", lambda: e.passes.current_mini_epoch == (1, 0))
             n.cancel_scope.cancel()
 
     t.run(main)
@@ -237,7 +237,7 @@ def test_a_due_switch_never_takes_the_view_from_a_reader_who_began_the_pass_show
     e.schedule.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
     e.control_write(b"next-pass\n")
     e.control_write(b"next-pass\n")
-    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
+    assert e.passes.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
 
     async def main():
         order = e.schedule.view.order.tolist()
@@ -246,10 +246,10 @@ def test_a_due_switch_never_takes_the_view_from_a_reader_who_began_the_pass_show
             n.start_soon(e.planner.run)
             await _until("the plan of epoch 1", lambda: e.schedule.next_coords is not None)
             n.cancel_scope.cancel()
-        assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due  # the reader's view stays
+        assert e.passes.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due  # the reader's view stays
         for f in order[1:]:
             assert await t.read_file(e, f) == t.backing_bytes(e, f)
-        assert e.current_mini_epoch == (1, 0) and not e.schedule.pos.switch_due  # switched at the pass's end
+        assert e.passes.current_mini_epoch == (1, 0) and not e.schedule.pos.switch_due  # switched at the pass's end
         assert e.schedule.pos.rf_effective == [1, 2, 0]
 
     t.run(main)
@@ -260,11 +260,11 @@ def test_a_due_switch_is_journalled_and_made_when_the_mount_resumes(open_engine,
     e.schedule.plans_ahead = True  # as while the planner runs, epoch 1's plan not landed
     e.control_write(b"next-pass\n")
     e.control_write(b"next-pass\n")
-    assert e.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
+    assert e.passes.current_mini_epoch == (0, 1) and e.schedule.pos.switch_due
     e.close()
     assert load_position(e.config.cache).switch_due
     e2 = open_engine(capacity=1 << 20, nm=2, rf=1, advance="strict")
-    assert e2.current_mini_epoch == (1, 0) and not e2.schedule.pos.switch_due
+    assert e2.passes.current_mini_epoch == (1, 0) and not e2.schedule.pos.switch_due
     assert e2.schedule.pos.rf_effective == [1, 1, 0] and e2.schedule.pos.pass_index == 0
 
 
@@ -325,7 +325,7 @@ def test_a_replan_while_the_view_of_a_due_switch_is_made_plans_again_and_switche
     sch.plans_ahead = True  # as while the planner runs and has not handed over epoch 1's plan yet
     e.control_write(b"next-pass\n")
     e.control_write(b"next-pass\n")
-    assert e.current_mini_epoch == (0, 1) and sch.pos.switch_due
+    assert e.passes.current_mini_epoch == (0, 1) and sch.pos.switch_due
     started, release = threading.Event(), threading.Event()
     real = tierfs.daemon.schedule.schedule.ViewJob.make
 
@@ -343,7 +343,7 @@ def test_a_replan_while_the_view_of_a_due_switch_is_made_plans_again_and_switche
             await _until("the view of the switch under way", started.is_set)
             e.control_write(b"nm=4\n")  # epoch 1's plan is dropped: it is planned again with nm=4
             release.set()
-            await _until("the switch", lambda: e.current_mini_epoch == (1, 0))
+            await _until("the switch", lambda: e.passes.current_mini_epoch == (1, 0))
             n.cancel_scope.cancel()
 
     t.run(main)

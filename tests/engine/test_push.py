@@ -74,7 +74,7 @@ def test_staged_current_and_next_are_pushed_with_their_exact_bytes(open_engine, 
         assert e.pusher.pushed_bytes == sum(int(e.tree.sizes[f]) for f in want)
         # a switch pushes nothing twice, and the new next mini-epoch once staged
         before = e.pusher.pushed_bytes
-        e.request_advance()
+        e.passes.request_advance()
         await _settled(e, t)
         nxt = set(e.schedule.next_files.tolist())
         assert e.pusher.pushed_bytes - before == sum(int(e.tree.sizes[f]) for f in nxt)

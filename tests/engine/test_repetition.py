@@ -65,7 +65,7 @@ def test_an_integer_rf_above_rf_max_is_what_the_user_gets(open_engine, t):
         for _ in range(5):
             await t.read_view(e)
         assert e.schedule.pos.rf_effective == [5, 0]
-        assert e.rf_ceiling() == 5
+        assert e.passes.rf_ceiling() == 5
 
     t.run(main)
 
@@ -121,7 +121,7 @@ def test_every_epoch_serves_every_file_whatever_advance_does(open_engine, t, set
             st = e.status()
             n.cancel_scope.cancel()
         assert opened[0] == opened[1] == set(range(e.tree.n_files))
-        assert max(st.rf_effective[:-1]) <= e.rf_ceiling()
+        assert max(st.rf_effective[:-1]) <= e.passes.rf_ceiling()
 
     t.run(main)
 
@@ -134,7 +134,7 @@ def test_passes_ended_by_next_pass_alone_are_no_slow_tier_behind_readers(open_en
     async def main():
         with caplog.at_level("INFO", logger="tierfs"):
             for _ in range(5):
-                e.next_pass()
+                e.passes.next_pass()
             st = e.status()
             assert st.passes_total == 5 and st.slow_tier.state == "ok" and st.slow_tier.episodes == 0
             assert "slow tier behind" not in format_status(json.loads(st.to_json()))

@@ -43,7 +43,7 @@ def test_stages_current_then_next_in_storage_order(open_engine, t):
     cur, nxt = e.schedule.current.tolist(), e.schedule.next_files.tolist()
     assert sorted(order) == sorted(cur + nxt)
     assert order == sorted(cur) + sorted(nxt)  # the current one first (nothing cached at mount), storage order
-    assert e.next_ready()
+    assert e.passes.next_ready()
     assert e.status().prefetch.files_done == len(nxt)
 
 
@@ -224,7 +224,7 @@ def test_staging_yields_to_readers_and_still_finishes(open_engine, t, tmp_path):
 
     t.run(main)
     assert e.status().staging.yielded_seconds > 0
-    assert e.next_ready()
+    assert e.passes.next_ready()
     for f in e.schedule.next_files.tolist():
         entry = e.cache.get(f)
         assert entry is not None

@@ -59,7 +59,7 @@ def test_a_stuck_copy_is_abandoned_its_batch_and_mini_epoch_staged_its_reader_re
     cur, nxt = order[3], order[11]
     assert e.schedule.current_mask[cur] and nxt in set(e.schedule.next_files.tolist())
     hang.write_text(f"{_rel(e, cur)}\n{_rel(e, nxt)}\n")
-    before = e.current_mini_epoch
+    before = e.passes.current_mini_epoch
 
     async def main():
         async with trio.open_nursery() as n:
@@ -80,9 +80,9 @@ def test_a_stuck_copy_is_abandoned_its_batch_and_mini_epoch_staged_its_reader_re
                     assert e.cache.get(f) is not None, _rel(e, f)  # the rest of both batches landed
                     with trio.fail_after(10):
                         assert await t.read_file(e, f) == t.backing_bytes(e, f)
-            assert e.next_ready()
+            assert e.passes.next_ready()
             e.control_write(b"advance\n")  # (advance=ready: the next mini-epoch is staged, less the stuck file)
-            assert e.current_mini_epoch != before
+            assert e.passes.current_mini_epoch != before
             hang.write_text("")  # the server answers again: the abandoned copies complete, and never land
             await _until(lambda: not e.stager.statistics().stuck and e.stager.settled() and not e.cache.reserved)
             assert _orphans(e) == set()
@@ -106,10 +106,10 @@ def test_a_backing_that_answers_nothing_is_a_stall_and_staging_waits(hanging, op
             await n.start(e.run)
             await _until(lambda: e.backing.statistics().state == "stalled")
             await trio.sleep(3)  # three times the bound
-            assert nxt in e.stager.inflight and nxt not in e.stager.unstaged and not e.next_ready()
+            assert nxt in e.stager.inflight and nxt not in e.stager.unstaged and not e.passes.next_ready()
             hang.write_text(f"{_rel(e, nxt)}\n")  # the root answers again, that one file still hangs
             await _until(lambda: nxt in e.stager.unstaged and e.stager.settled())
-            assert e.next_ready()  # (the files after it in its batch were staged again)
+            assert e.passes.next_ready()  # (the files after it in its batch were staged again)
             n.cancel_scope.cancel()
 
     t.run(main)

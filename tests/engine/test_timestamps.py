@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from tierfs.daemon.backing.revalidator import Verdict
-from tierfs.daemon.tree.keeper import supervised
+from tierfs.daemon.runtime.jobs import supervised
 from tierfs.daemon.tree.tree import NS_MAX, clamp_ns, fingerprint, stat_fingerprints
 
 YEAR_2300_NS = 10_413_792_000 * 10**9  # 2300-01-01T00:00:00Z: above 2**63 ns

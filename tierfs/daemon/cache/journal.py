@@ -172,19 +172,24 @@ def encode_position(pos: Position) -> bytes:
 class JournalWriter:
     """Writes the journal off the trio thread: a pass end only hands over the newest position; a background
     task writes it (fsync and all) in a cache thread.  A write that fails (a full cache disk) is kept as
-    ``error`` and tried again; the mount goes on serving.  ``flush()`` writes what is pending, at close."""
+    ``error`` and tried again; the mount goes on serving.  Before that task first runs (opening, engine tests)
+    and after ``flush()`` (the mount stopped: what is pending is written) a position is written at once."""
 
     def __init__(self, cache: CacheDir) -> None:
         self.cache = cache  # (its descriptor is read at each write: a closed cache dir is an error, not a path)
         self.error: str | None = None
         self._pending: bytes | None = None
         self._wake = Wakeup()
+        self._running = False  # run() writes in the background (until flush())
 
     def save(self, pos: Position) -> None:
         self._pending = encode_position(pos)
         self._wake.notify()
+        if not self._running:
+            self.flush()
 
     async def run(self, limiter: trio.CapacityLimiter) -> None:
+        self._running = True  # (and across a restart after a failure: positions still wait for this task)
         while True:
             await self._wake.wait()
             data = self._pending  # stays pending until written: a cancel before the write loses nothing
@@ -206,7 +211,9 @@ class JournalWriter:
         atomic_write(JOURNAL_NAME, data, dir_fd=self.cache.dir_fd)
 
     def flush(self) -> None:
-        """Write the pending position now (on close, or where no background task runs); errors are kept."""
+        """Write the pending position now, and each one saved from now on (the mount stopped: the background task
+        is gone); errors are kept."""
+        self._running = False
         data, self._pending = self._pending, None
         if data is not None:
             try:

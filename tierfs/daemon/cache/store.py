@@ -345,7 +345,8 @@ class CacheEvents(Protocol):
     """What the cache tells the engine."""
 
     def space_freed(self) -> None:
-        """Copies queued for deletion are gone from the disk: their bytes may be reserved again."""
+        """Copies are gone from the disk (deleted at once, or the queued ones by :meth:`CacheStore.run_deletes`):
+        their bytes may be reserved again."""
 
 
 log = logging.getLogger("tierfs")
@@ -372,8 +373,11 @@ def _unlink_all(data_fd: int, names: list[str]) -> None:
 class CacheStore:
     """Cached copies and the disk accounting that keeps them under ``capacity`` (see the module docstring)."""
 
-    def __init__(self, path: str, capacity: int) -> None:
+    def __init__(self, path: str, capacity: int, events: CacheEvents | None = None,
+                 registry: CopyRegistry | None = None) -> None:
         self.path = os.path.abspath(path)
+        self.events = events  # told when space is freed (none: engine-less tests)
+        self.registry = registry  # who registers copies with the kernel (passthrough)
         self.data_path = os.path.join(self.path, "data")
         self.capacity = capacity
         self.entries = _Index()  # in LRU order (oldest first)
@@ -396,7 +400,6 @@ class CacheStore:
         self._serial = 0
         self._retired: list[int] = []
         self._lock_fd = -1
-        self.registry: CopyRegistry | None = None  # (passthrough: set by the engine once the mount is up)
 
     # ----------------------------------------------------------------------------------------- lifecycle
 
@@ -597,6 +600,10 @@ class CacheStore:
         blocks = size // 512 + 1 if backing_blocks is None else backing_blocks
         return int(disk_estimates(np.array([size]), np.array([blocks]), self.block)[0])
 
+    def space_coming(self) -> bool:
+        """Space is on its way: evicted copies still open (they go on release) or queued for deletion."""
+        return bool(self.doomed_bytes or self.deleting_bytes)
+
     def can_reserve(self, n: int) -> bool:
         return self.used + n <= self.capacity
 
@@ -731,6 +738,8 @@ class CacheStore:
             return False
         self._unlink(name)
         self.committed -= disk
+        if self.events is not None:
+            self.events.space_freed()
         return True
 
     def defer_deletes(self) -> None:
@@ -757,28 +766,28 @@ class CacheStore:
             self._gone(self._deletes)
             self._deletes = []
 
-    async def run_deletes(self, events: CacheEvents) -> None:
+    async def run_deletes(self) -> None:
         """Until cancelled: unlink the queued copies in a worker thread and free their bytes once gone."""
         self._deleting = True
         try:
             if self._left_by_mount:  # (the mount's own, left here so that it answered at once)
                 n, t0 = self._left_by_mount, time.monotonic()
-                await self._unlink_queued(events)
+                await self._unlink_queued()
                 self._left_by_mount = 0
                 log.info("deleted the %d cached copies left from the mount in %.0f s", n, time.monotonic() - t0)
             while True:
                 await self._delete_wake.wait()
-                await self._unlink_queued(events)
+                await self._unlink_queued()
         finally:
             # Cancelled (the mount stops): what is left goes in the thread too, within _STOP_DELETES_S -- the rest,
             # if any, is the next mount's (a copy the index does not list is checked then, and kept or deleted).
             self._deleting = False
             with trio.move_on_after(_STOP_DELETES_S, shield=True):
-                await self._unlink_queued(None, abandon_on_cancel=True)
+                await self._unlink_queued(abandon_on_cancel=True)
             self._gone(self._deletes)
             self._deletes = []
 
-    async def _unlink_queued(self, events: CacheEvents | None, *, abandon_on_cancel: bool = False) -> None:
+    async def _unlink_queued(self, *, abandon_on_cancel: bool = False) -> None:
         """Unlink the queued copies, _DELETE_BATCH a hop to the thread, each hop's bytes freed once it returned."""
         while self._deletes:
             fd = self._deletes[0][0]  # (one data dir a hop: a recreated one has another descriptor)
@@ -786,8 +795,8 @@ class CacheStore:
             await in_thread(_unlink_all, fd, [name for _, name, _ in batch], abandon_on_cancel=abandon_on_cancel)
             del self._deletes[:len(batch)]  # (queued only once gone: a cancel before the hop leaves them)
             self._gone(batch)
-            if events is not None:
-                events.space_freed()
+            if self.events is not None and not abandon_on_cancel:
+                self.events.space_freed()
 
     def _gone(self, deleted: list[tuple[int, str, int]]) -> None:
         """Copies of the queue are off the disk (or left to the next mount): their bytes are free."""

@@ -21,38 +21,33 @@ request all at once, so a write with one bad item changes nothing.
 **Which pass a ``feedback`` line is about.**  A trainer reports after it has trained on a pass, but tierfs ends
 a pass when the last file of the view is *opened* -- so when that pass was the rf-th, tierfs has already
 switched to the next mini-epoch by the time the feedback arrives.  A feedback line is therefore about the last
-*completed* pass and its mini-epoch (:attr:`Engine.last_pass`; the current mini-epoch if no pass has ended
+*completed* pass and its mini-epoch (:attr:`PassRule.last_pass`; the current mini-epoch if no pass has ended
 yet): the :class:`Arf` controller scores it within that mini-epoch (its best score and wait counter start
 afresh only at the first feedback about a new mini-epoch), and its history records that epoch and mini-epoch.
 An ``advance`` decision applies only while that mini-epoch is still current; about one already left it is
 recorded and has no effect (the switch it asks for has happened).
 
-**Bounded, however much feedback comes.**  A controller keeps the last :data:`sampler.arf.HISTORY_KEPT`
-observations (the journal keeps as many), and :class:`ConsumerArfs` keeps the controllers of at most
-:data:`ARFS_KEPT` named consumers: a member of the steering group writing feedback lines under ever new consumer
-names as fast as she can grows neither (issue 46: 54 -> 707 MB in 20 s before).
+The commands (``next-pass``, ``advance``, the ranks' shares, ``feedback``'s votes) go to the pass rule
+(:class:`~tierfs.daemon.schedule.passes.PassRule`), the settings to the engine.
 """
 
 from __future__ import annotations
 
 import errno
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
-from sampler.arf import HISTORY_KEPT, Controller, make_controller
 from tierfs.common.options import Settings
-from tierfs.common.protocol import CONTROL_WRITE_MAX, RankShare, parse_control
+from tierfs.common.protocol import CONTROL_WRITE_MAX, parse_control
+from tierfs.daemon.schedule.arfs import Arf
 from tierfs.daemon.schedule.consumers import ANONYMOUS
+from tierfs.daemon.schedule.passes import PassRule
 
-__all__ = ["ARFS_KEPT", "Arf", "BatchReports", "ConsumerArfs", "ControlTarget", "ControlWriter", "apply_control",
-           "apply_feedback"]
+__all__ = ["BatchReports", "ControlTarget", "ControlWriter", "apply_control", "apply_feedback"]
 
 _REPLAN_KEYS = frozenset({"nm", "mini_epoch_size", "composition"})
 _ARF_KEYS = frozenset({"arf", "arf_wait", "arf_window", "arf_k", "arf_weights"})
 _LIMIT_KEYS = frozenset({"rf", "rf_max", "advance"})  # what bounds the passes of the current mini-epoch
-#: Named consumers whose ARF controllers are kept: as many as the consumer table keeps consumers
-#: (``consumers.MAX_CONSUMERS``); beyond it the one fed longest ago is forgotten.
-ARFS_KEPT = 64
 
 
 class BatchReports(Protocol):
@@ -71,112 +66,38 @@ class WalksPlans(Protocol):
 
 
 class ControlTarget(Protocol):
-    """What a control write may touch: the narrow interface the engine offers this module (no import of it)."""
+    """What a control write may touch: the narrow interface the engine offers this module (no import of it).
+    (Read-only properties: a control write replaces the settings through ``apply_settings``, never by assignment.)"""
 
-    settings: Settings
-    arf: Arf
     control_error: str | None
-    batch: BatchReports
-    policy: WalksPlans
 
     @property
-    def last_pass(self) -> tuple[int, int] | None: ...
+    def settings(self) -> Settings: ...
 
     @property
-    def current_mini_epoch(self) -> tuple[int, int]: ...
+    def passes(self) -> PassRule: ...
+
+    @property
+    def batch(self) -> BatchReports: ...
+
+    @property
+    def policy(self) -> WalksPlans: ...
 
     def check_plan(self, settings: Settings) -> None: ...
 
     def apply_settings(self, new: Settings, *, replan: bool) -> None: ...
 
-    def next_pass(self, who: str) -> None: ...
-
-    def rank_share_done(self, share: RankShare, who: str) -> None: ...
-
-    def request_advance(self) -> None: ...
-
-    def arf_of(self, who: str) -> Arf: ...
-
-    def arf_advance(self, who: str) -> None: ...
-
-    def rf_changed(self) -> None: ...
-
-    def save_journal(self) -> None: ...
-
     def notify(self) -> None: ...
-
-
-class Arf:
-    """The ARF controller fed by ``feedback`` lines, and the mini-epoch its per-mini-epoch state is about."""
-
-    def __init__(self, controller: Controller | None = None, history: list[dict[str, Any]] | None = None) -> None:
-        self.controller = controller or make_controller("off")
-        self.controller.history.extend(list(history or ())[-HISTORY_KEPT:])  # (a journal edited by hand: bounded too)
-        self.about: tuple[int, int] | None = None  # (epoch, mini_epoch) of the observations so far
-
-    @staticmethod
-    def controller_for(settings: Settings) -> Controller:
-        """A fresh controller for ``settings`` (``ValueError`` on a bad combination)."""
-        s = settings
-        return make_controller(s.arf, wait=s.arf_wait, window=s.arf_window, k=s.arf_k, weights=s.arf_weights)
-
-    @property
-    def score(self) -> float | None:
-        return self.controller.score
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return self.controller.history
-
-    def replace(self, controller: Controller) -> None:
-        """New ARF settings: a fresh controller that keeps the history."""
-        controller.history = self.controller.history
-        self.controller = controller
-        self.about = None
-
-    def observe(self, metrics: Mapping[str, float], about: tuple[int, int]) -> str:
-        """Score one feedback about a pass of mini-epoch ``about`` = (epoch, mini_epoch); returns the decision."""
-        if about != self.about:
-            self.controller.new_mini_epoch(about[1])
-            self.about = about
-        decision = self.controller.observe(metrics)
-        self.controller.history[-1]["epoch"] = about[0]
-        return decision
-
-
-class ConsumerArfs:
-    """The ARF controllers of the named consumers (the anonymous consumer's is the mount's own ``Engine.arf``),
-    each made for the ARF settings in force when it was made: after a change, a consumer's next feedback starts
-    a fresh one.  At most :data:`ARFS_KEPT`, the ones fed most recently: a forgotten consumer that reports again
-    starts afresh, as after a settings change (its best score and wait counter only; its advance vote is the
-    consumer table's)."""
-
-    def __init__(self) -> None:
-        self._arfs: dict[str, tuple[tuple[object, ...], Arf]] = {}  # in the order they were last fed
-
-    def __len__(self) -> int:
-        return len(self._arfs)
-
-    def of(self, who: str, settings: Settings) -> Arf:
-        """Consumer ``who``'s controller, made now if it has none for ``settings``."""
-        s = settings
-        made_for = (s.arf, s.arf_wait, s.arf_window, s.arf_k, s.arf_weights)
-        known = self._arfs.pop(who, None)
-        if known is None or known[0] != made_for:
-            known = (made_for, Arf(Arf.controller_for(s)))
-        self._arfs[who] = known  # (last: the most recently fed)
-        if len(self._arfs) > ARFS_KEPT:
-            del self._arfs[next(iter(self._arfs))]
-        return known[1]
 
 
 def apply_feedback(engine: ControlTarget, metrics: Mapping[str, float], who: str = ANONYMOUS) -> None:
     """Feed one ``feedback`` line of consumer ``who`` to its ARF controller, attributed to the last completed
     pass (see the module docstring); the mini-epoch is left early once every live consumer's ARF says so."""
-    about = engine.last_pass or engine.current_mini_epoch
-    decision = engine.arf_of(who).observe(metrics, about)
-    if decision == "advance" and engine.settings.arf != "off" and about == engine.current_mini_epoch:
-        engine.arf_advance(who)
+    passes = engine.passes
+    about = passes.last_pass or passes.current_mini_epoch
+    decision = passes.arf_of(who).observe(metrics, about)
+    if decision == "advance" and engine.settings.arf != "off" and about == passes.current_mini_epoch:
+        passes.arf_advance(who)
 
 
 def apply_control(engine: ControlTarget, data: bytes, who: str = ANONYMOUS) -> None:
@@ -200,22 +121,23 @@ def apply_control(engine: ControlTarget, data: bytes, who: str = ANONYMOUS) -> N
         raise
     engine.control_error = None
     engine.apply_settings(new, replan=replan)
+    passes = engine.passes
     if controller is not None:
-        engine.arf.replace(controller)
+        passes.arf.replace(controller)
     for plan_id, indices in req.consumed:  # (reads reported in the same write as a next-pass came before it)
         engine.batch.consumed(plan_id, list(indices))
     for cmd in req.commands:
         if cmd == "next-pass":
-            engine.next_pass(who)
+            passes.next_pass(who)
         elif cmd == "advance":
-            engine.request_advance()
+            passes.request_advance()
     for share in req.shares:
-        engine.rank_share_done(share, who)
+        passes.rank_share_done(share, who)
     for metrics in req.feedback:
         apply_feedback(engine, metrics, who)
     if req.changed & _LIMIT_KEYS:
-        engine.rf_changed()
-    engine.save_journal()
+        passes.rf_changed()
+    passes.save_journal()
     engine.notify()
 
 

@@ -47,11 +47,11 @@ import trio
 from tierfs.daemon.cache.copy_check import CopyDamaged, open_copy
 from tierfs.daemon.cache.store import CacheEntry, CacheStore
 from tierfs.daemon.kernel.passthrough import BackingIds
+from tierfs.daemon.runtime.jobs import Background
 from tierfs.daemon.runtime.threads import in_thread
 from tierfs.daemon.runtime.wakeup import Wakeup
 from tierfs.daemon.schedule.schedule import Schedule
 from tierfs.daemon.staging.filequeue import FileQueue
-from tierfs.daemon.staging.stager import Stager
 from tierfs.daemon.tree.tree import Tree
 
 __all__ = ["KernelCache", "KernelCalls", "KernelVersions", "Pusher", "PusherEvents", "PusherStatistics",
@@ -244,22 +244,21 @@ class PusherEvents(Protocol):
 
 class Pusher:
     """See the module docstring.  A file is pushed while the ``schedule`` wants it (current or next mini-epoch)
-    and it never changed in this mount (:class:`KernelVersions`, owned here: ``versions``); an unpin that frees
-    space wakes the ``stager``; a damaged copy goes to ``events``.  Copies are pinned here (on the trio thread)
-    while the kernel thread opens, checks, pushes and closes them."""
+    and it never changed in this mount (:class:`KernelVersions`, owned here: ``versions``); a copy the kernel reads
+    itself (``passthrough``) is not pushed; a damaged copy goes to ``events``.  Copies are pinned here (on the trio
+    thread) while the kernel thread opens, checks, pushes and closes them."""
 
-    def __init__(self, tree: Tree, cache: CacheStore, kernel: KernelCache, *, schedule: Schedule, stager: Stager,
-                 budget: int, verify: bool, events: PusherEvents) -> None:
+    def __init__(self, tree: Tree, cache: CacheStore, kernel: KernelCache, *, schedule: Schedule,
+                 passthrough: BackingIds, budget: int, verify: bool, events: PusherEvents) -> None:
         self.tree = tree
         self.cache = cache
         self.kernel = kernel
         self.schedule = schedule
-        self.stager = stager
         self.budget = budget
         self.verify = verify
         self.events = events
         self.versions = KernelVersions(tree, self)
-        self.passthrough: BackingIds | None = None  # (set once the mount is up: Engine.attach_kernel)
+        self.passthrough = passthrough
         self.pushed_bytes = 0
         self.pushed: set[int] = set()  # files of the current/next mini-epoch whose bytes were pushed
         self.window = 0  # their bytes, held under budget
@@ -270,6 +269,10 @@ class Pusher:
         self._later: deque[tuple[float, int]] = deque()  # (when, file): pushes to try again (_LEARN_DELAY)
         self._tries: dict[int, int] = {}  # file -> pushes that found no inode although the kernel was told of it
         self._wake = Wakeup()
+
+    def attach(self, kernel: KernelCache) -> None:
+        """The mount is up: pushes and invalidations go to its kernel from now on."""
+        self.kernel = kernel
 
     @property
     def enabled(self) -> bool:
@@ -358,7 +361,7 @@ class Pusher:
             if (entry is None or fidx in self.pushed or fidx in self.inflight or fidx in taken
                     or not self._wanted(fidx)
                     or entry.doomed or self.window + size + entry.size > self.budget
-                    or (self.passthrough is not None and self.passthrough.on and self.passthrough.serves(entry))
+                    or (self.passthrough.on and self.passthrough.serves(entry))
                     or (self.verify and not entry.verified)):  # only checked bytes
                 continue
             batch.append((fidx, entry))
@@ -385,8 +388,7 @@ class Pusher:
             finally:
                 for fidx, entry in batch:
                     self.inflight.pop(fidx).set()
-                    if self.cache.unpin(entry):
-                        self.stager.notify()
+                    self.cache.unpin(entry)  # (space it frees: the cache tells the stager)
             for (fidx, entry), n in zip(batch, results, strict=True):
                 if isinstance(n, str):
                     await self.events.copy_damaged(entry, n)
@@ -431,12 +433,17 @@ class KernelVersions:
     def __init__(self, tree: Tree, pusher: Pusher) -> None:
         self.tree = tree
         self.pusher = pusher  # (its ``kernel`` is the mount's once it is up)
-        self.nursery: trio.Nursery | None = None  # set while the mount runs: background invalidations
+        self._tasks = Background()  # (run()) invalidations of old versions
         self.changed_files: set[int] = set()  # files whose backing fingerprint changed during this mount
         self._stale: set[int] = set()
         self._page_handles: dict[int, int] = {}  # fidx -> open handles that read through the page cache
         self._page_stat: dict[int, os.stat_result] = {}  # fidx -> the version those handles read (kernel_stat)
         self._invalidating: dict[int, trio.Event] = {}  # invalidations on their way to the kernel
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """For the life of the mount: the invalidations of old versions (without it, in engine tests, an old
+        version is invalidated on its handle's release)."""
+        await self._tasks.run(task_status=task_status)
 
     def kernel_stat(self, fidx: int) -> os.stat_result:
         """The attributes the kernel is given for ``fidx``: those of the version its page-cache handles read while
@@ -467,11 +474,11 @@ class KernelVersions:
         """The kernel's attributes and pages of ``fidx`` are another version's: drop them as soon as no handle
         reading through the page cache is open (now, from the kernel's thread, or on that handle's release)."""
         self._stale.add(fidx)
-        if not self._page_handles.get(fidx) and self.nursery is not None and self.pusher.kernel.live \
+        if not self._page_handles.get(fidx) and self._tasks.running and self.pusher.kernel.live \
                 and fidx not in self._invalidating:
             self._stale.discard(fidx)
             self._invalidating[fidx] = trio.Event()
-            self.nursery.start_soon(self._invalidate, fidx)
+            self._tasks.start_soon(self._invalidate, fidx)
 
     async def _invalidate(self, fidx: int) -> None:
         try:

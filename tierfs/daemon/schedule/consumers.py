@@ -30,7 +30,7 @@ lists the root again after opening at least one file, or on ``next-pass`` writte
 ``order`` file are in its own shuffle (a seed of its own, from its name), so jobs do not read in lockstep and a
 listing by one never ends another's pass.  A consumer takes part in the count -- is *live* -- from its first
 open of a view file; it joins at the mount's current pass (``Schedule.pos.pass_index``).  The mount's pass count
-is the smallest of the live consumers' (the engine's ``Engine._catch_up``): the mini-epoch moves on, as
+is the smallest of the live consumers' (the pass rule's ``PassRule._catch_up``): the mini-epoch moves on, as
 ``advance`` rules, once every live consumer has made its ``rf`` passes.
 
 **The anonymous readers hold no named job.**  The anonymous consumer is live only while no named one that is
@@ -535,6 +535,10 @@ class Consumers:
         c.advance_vote = False
         log.warning("consumer %s dropped, the mount goes on without it: %s; it rejoins with its next listing of the "
                     "root", c.name, why)
+
+    def waits(self, c: Consumer, waiting: bool) -> None:
+        """``c``, ahead of the mount, waits for its turn (the pass rule's ``begin_pass``), or no longer does."""
+        c.waiting_since = time.monotonic() if waiting else None
 
     def rejoin(self, c: Consumer) -> None:
         """A dropped consumer starts a pass again (lists the root, opens ``order``): it becomes live at its first

@@ -3,7 +3,8 @@
 Plain Python and numpy, no trio and no I/O: the engine asks it what the current view is, which files are
 wanted (the current and the next mini-epoch), which of the next one are still to be staged, and tells it what
 was opened and staged.  The decision *when* to switch needs the cache's state too, so :meth:`end_pass` only
-says whether the pass limit is reached and the engine decides (see ``Engine.end_pass``).
+says whether the pass limit is reached and the pass rule decides (passes.py); it is the one that moves the
+position (``end_pass``, ``switch``, ``mark_switch_due``, ``request_advance``).
 
 With ``walks_plans`` (policy ``met``) it walks the mini-epochs of the sampler's plans.  Without (``lru``) there
 is no plan: the view is the whole tree and nothing is wanted ahead (copies are made on open); its passes are
@@ -14,7 +15,7 @@ Plans are made ahead, off the trio thread, while the mount runs: planning 10 mil
 out a :class:`PlanJob` for the next one (``plan_job``), which the :class:`~tierfs.daemon.schedule.planner.Planner` makes
 in a worker thread and hands back (``adopt``).  Until it lands, the next mini-epoch of an epoch's last one is unknown
 (``next_coords`` is None): nothing of it is staged, ``advance=ready`` waits, and a switch that is due is recorded
-(``pos.switch_due``, journalled) and made by the engine when the plan lands or at the end of the pass shown
+(``pos.switch_due``, journalled) and made by the pass rule when the plan lands or at the end of the pass shown
 meanwhile.  Before the mount serves (``start``) and where no planner runs (engine tests), a missing plan is made
 at once.
 
@@ -31,9 +32,10 @@ ends.  (Under ``lru`` the view is still made in the request.)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,7 +46,9 @@ from tierfs.daemon.schedule.view import View
 from tierfs.daemon.tree.tree import Tree, index_dtype
 
 __all__ = ["HeldCopies", "Pending", "PlanJob", "Schedule", "ScheduleStatistics", "ViewJob", "check_fits",
-           "fewest_mini_epochs", "make_plan"]
+           "fewest_mini_epochs", "fit_default_nm", "fit_remount_nm", "make_plan"]
+
+log = logging.getLogger("tierfs")
 
 class HeldCopies(Protocol):
     """Which files have a copy in the cache (the :class:`~tierfs.daemon.cache.store.CacheStore` answers)."""
@@ -163,6 +167,40 @@ def fewest_mini_epochs(sizes: np.ndarray, settings: Settings, capacity: int) -> 
             continue
     raise ValueError(f"no nm fits capacity {format_size(capacity)}: each file would need a mini-epoch of its own; "
                      f"use a larger capacity")
+
+
+def fit_default_nm(settings: Settings, n_files: int) -> Settings:
+    """The default nm on a data set of fewer files is lowered to one file a mini-epoch, and said: defaults must
+    work on any data set.  An nm that was given (any other value) and is too large is refused with the most that
+    works (``Schedule.check``)."""
+    default = Settings().nm
+    if settings.mini_epoch_size is None and settings.nm == default and 0 < n_files < default:
+        log.warning("nm=%d (the default) is more mini-epochs than the data set has files: mounted with nm=%d, "
+                    "one file each", default, n_files)
+        return dataclasses.replace(settings, nm=n_files)
+    return settings
+
+
+def fit_remount_nm(settings: Settings, sizes: np.ndarray, capacity: int) -> Settings:
+    """A remount (the cache dir has a journal) with the nm option of the mount before, over a data set that
+    changed so that nm no longer fits the capacity (it grew) or exceeds its files (it shrank): mounted with the
+    fewest mini-epochs that fit, and said, so that an fstab or systemd mount keeps coming back.  A first mount,
+    or one given another nm than the last, is refused instead, with the fix: its settings are the user's choice
+    of a moment ago (``policy.check_fits``)."""
+    if settings.mini_epoch_size is not None:
+        return settings  # (the planner picks the count: it always fits)
+    try:
+        check_fits(sizes, settings, capacity)
+        return settings
+    except ValueError as exc:
+        why = str(exc)
+    try:
+        nm = fewest_mini_epochs(sizes, settings, capacity)
+    except ValueError:
+        return settings  # (nothing fits: the refusal says why)
+    log.warning("the data set changed since this cache dir was last mounted: %s; mounted with nm=%d instead of "
+                "%d (give nm=%d, or a larger capacity, to keep this from being said)", why, nm, settings.nm, nm)
+    return dataclasses.replace(settings, nm=nm)
 
 
 def capacity_needed(sizes: np.ndarray, nm: int, world_size: int) -> int:
@@ -412,8 +450,9 @@ class Schedule:
 
     # ========================================================================================= position
 
-    def start(self, cached: HeldCopies) -> None:
-        """Enter the journalled position (or the next valid one, if the plan changed under the journal)."""
+    def start(self, cached: HeldCopies, rf_ceiling: int) -> None:
+        """Enter the journalled position (or the next valid one, if the plan changed under the journal; a
+        position past ``rf_ceiling`` passes, the most a mini-epoch gets now, is at its last)."""
         if not self.walks_plans:
             n = self.tree.n_files
             self.current = np.arange(n, dtype=index_dtype(n))
@@ -422,8 +461,7 @@ class Schedule:
             self.new_view()
             return
         plan = self.plan(self.pos.epoch)
-        s = self.settings  # (the most passes a mini-epoch gets: Engine.rf_ceiling)
-        fit_to_plan(self.pos, len(plan), s.rf_max if s.rf == "auto" else max(s.rf_max, int(s.rf)))
+        fit_to_plan(self.pos, len(plan), rf_ceiling)
         if self.pos.mini_epoch >= len(plan) or not len(plan[self.pos.mini_epoch]):
             coords = self.coords_after(self.pos.epoch, min(self.pos.mini_epoch, len(plan)) - 1)
             assert coords is not None  # (no planner runs yet: a missing plan is made at once)
@@ -468,6 +506,25 @@ class Schedule:
         if not keep_view:
             self.new_view()
         self._drop_unwanted_views()  # (a replan, a plan landed: the next mini-epoch may be another now)
+
+    def mark_switch_due(self) -> None:
+        """The pass rule would switch, but the next epoch is being planned: the switch is due (journalled), made
+        when the plan lands or at the end of the pass shown meanwhile."""
+        self.pos.switch_due = True
+
+    def request_advance(self) -> None:
+        """``advance``: the pass rule leaves the mini-epoch as soon as the next one is ready (until a switch)."""
+        self.advance_requested = True
+
+    def plan_ahead(self, on: bool) -> None:
+        """While the mount runs (``on``) a missing plan is the planner's, made in a worker thread, never a
+        request's; without one (engine tests, close) it is made at once."""
+        self.plans_ahead = on
+
+    def journal_position(self, arf_history: list[dict[str, Any]]) -> Position:
+        """The position as journalled: a copy, with the ARF controller's history and the last completed pass."""
+        return dataclasses.replace(self.pos, arf_history=list(arf_history), rf_effective=list(self.pos.rf_effective),
+                                   last_pass=list(self.last_pass) if self.last_pass is not None else None)
 
     def switch(self, cached: HeldCopies) -> None:
         """The next mini-epoch takes over (it must be known: ``next_coords``)."""

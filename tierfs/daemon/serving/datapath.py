@@ -2,13 +2,12 @@
 
 It owns the open handles and what is counted of them: the read counters and the descriptors the handles hold
 per user (a :class:`~tierfs.daemon.access.FdBudget`: one user's opens cannot exhaust the daemon's descriptors),
-and the batch plans (batch_plans.py).  The engine gives it the parts it works with -- tree, cache, backing, revalidator (the
-fingerprint verdict), stager, pusher and its :class:`~tierfs.daemon.kernel.pusher.KernelVersions` (which version of a
-file the kernel holds: an open asks it whether to bypass the page cache), schedule, policy, the
-:class:`~tierfs.daemon.serving.pins.PinKeeper` (lent copies stay pinned there), the settings -- and
-:class:`DataPathEvents`, what
-it tells the engine: a file was opened, and by whom (pass accounting), a file changed, a file needs staging
-again, the cache's ``data/`` is gone.
+and the batch plans (batch_plans.py).  The engine gives it the parts it works with -- tree, cache, backing,
+revalidator (the fingerprint verdict), stager, pusher and its :class:`~tierfs.daemon.kernel.pusher.KernelVersions`
+(which version of a file the kernel holds: an open asks it whether to bypass the page cache), schedule, policy,
+the :class:`~tierfs.daemon.serving.pins.PinKeeper` (lent copies stay pinned there), the settings, the pass rule
+(:class:`OpenCounter`: who opened what) -- and :class:`DataPathEvents`, what it tells the engine: a file changed,
+a file needs staging again, the cache's ``data/`` is gone.
 
 **Never waits on the slow tier for the fast one.**  An open of a cached file whose fingerprint is fresh (see
 revalidator.py) makes no backing call; the copy is opened and checked (size, inode, ctime, mtime) with one
@@ -44,6 +43,7 @@ from tierfs.daemon.cache.copy_check import CopyDamaged, hash_copy, open_copy
 from tierfs.daemon.cache.store import CacheEntry, CacheStore
 from tierfs.daemon.kernel.passthrough import BackingIds
 from tierfs.daemon.kernel.pusher import Pusher
+from tierfs.daemon.runtime.jobs import Background
 from tierfs.daemon.runtime.threads import in_thread
 from tierfs.daemon.schedule.consumers import ANONYMOUS
 from tierfs.daemon.schedule.policy import ADVISE_WHOLE, CachePolicy
@@ -53,7 +53,8 @@ from tierfs.daemon.serving.pins import LEND_SECONDS, PinKeeper
 from tierfs.daemon.staging.stager import Stager
 from tierfs.daemon.tree.tree import Node, Tree
 
-__all__ = ["LEND_SECONDS", "AccessChanged", "DataPath", "DataPathEvents", "DataPathStatistics", "FileHandle", "Reads"]
+__all__ = ["LEND_SECONDS", "AccessChanged", "DataPath", "DataPathEvents", "DataPathStatistics", "FileHandle",
+           "OpenCounter", "Reads"]
 
 log = logging.getLogger("tierfs")
 
@@ -122,11 +123,15 @@ def _pread_rest(fd: int, buf: bytearray, done: int, offset: int) -> int:
     return done
 
 
-class DataPathEvents(Protocol):
-    """What the data path tells the engine (the engine implements it)."""
+class OpenCounter(Protocol):
+    """Who counts the opens for the passes (the pass rule: :class:`~tierfs.daemon.schedule.passes.PassRule`)."""
 
     def file_opened(self, fidx: int, size: int, uid: int, who: str = ANONYMOUS) -> None:
-        """User ``uid``, consumer ``who``, opened ``fidx`` (``size`` bytes): pass accounting."""
+        """User ``uid``, consumer ``who``, opened ``fidx`` (``size`` bytes)."""
+
+
+class DataPathEvents(Protocol):
+    """What the data path tells the engine (the engine implements it)."""
 
     def changed(self, fidx: int, st: os.stat_result) -> None:
         """The backing file now has stat ``st``: the tree takes it, the old copy and pages go, it is staged again."""
@@ -146,7 +151,7 @@ class DataPath:
 
     def __init__(self, *, tree: Tree, cache: CacheStore, cache_limiter: trio.CapacityLimiter, backing: Backing,
                  reval: Revalidator, stager: Stager, pusher: Pusher, schedule: Schedule, policy: CachePolicy,
-                 pins: PinKeeper, settings: LiveSettings, events: DataPathEvents,
+                 pins: PinKeeper, settings: LiveSettings, passes: OpenCounter, events: DataPathEvents,
                  passthrough: BackingIds | None = None) -> None:
         self.tree = tree
         self.passthrough = passthrough or BackingIds(asked=False)  # (which opens the kernel serves itself)
@@ -161,8 +166,9 @@ class DataPath:
         self.policy = policy
         self.pins = pins
         self.settings = settings
+        self.passes = passes
         self.events = events
-        self.nursery: trio.Nursery | None = None  # set while the mount runs: copies made beside their reader
+        self._tasks = Background()  # (run()) copies made beside their readers, closes after a reply
         self._lent_recently: dict[int, tuple[float, CacheEntry]] = {}  # fidx -> (until, copy) just lent
         self._repair_logged: set[str] = set()
         self.hits = self.misses = self.out_of_view = self.lent = 0
@@ -181,7 +187,12 @@ class DataPath:
         view = self.schedule.view
         if view is None or not view.mask[fidx]:
             self.out_of_view += 1
-        self.events.file_opened(fidx, size, uid, who)
+        self.passes.file_opened(fidx, size, uid, who)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """For the life of the mount: the copies made beside their readers and the backing closes left until after
+        a reply (without it, in engine tests, a close is inline and no copy is made beside its reader)."""
+        await self._tasks.run(task_status=task_status)
 
     def statistics(self) -> DataPathStatistics:
         plans = self.batch.statistics()
@@ -218,15 +229,13 @@ class DataPath:
             await self.repair(entry, str(exc))
             return None
         except BaseException:
-            if self.cache.unpin(entry):
-                self.stager.notify()
+            self.cache.unpin(entry)
             raise
 
     def release_copy(self, entry: CacheEntry, fd: int) -> None:
         if fd != _NOT_OPEN:
             os.close(fd)  # a local file opened read-only: closing never waits on the disk
-        if self.cache.unpin(entry):
-            self.stager.notify()
+        self.cache.unpin(entry)
 
     async def _confirm(self, fidx: int) -> os.stat_result | None:
         """Ask the backing for ``fidx``'s stat before an open uses a fingerprint older than ``revalidate``.
@@ -280,9 +289,9 @@ class DataPath:
             entry = self.cache.get(fidx)  # (gone if the backing file changed)
         was_cached = entry is not None
         # (the tree's node, the file's path, only where the backing file may be read: not on a hit)
-        if entry is None and self.policy.copies_beside(self.tree.file_stat(fidx).st_size) and self.nursery is not None:
+        if entry is None and self.policy.copies_beside(self.tree.file_stat(fidx).st_size) and self._tasks.running:
             # Served from the backing file at once while the copy is made beside it; later opens find the copy.
-            self.nursery.start_soon(self._fetch_beside, fidx)
+            self._tasks.start_soon(self._fetch_beside, fidx)
         elif entry is None and self.policy.fetches_on_open(fidx):
             entry = await self._fetch(fidx)
         fd = None
@@ -312,9 +321,8 @@ class DataPath:
         if pt_on and (shared := self.passthrough.shared(fidx)) is not None:
             if entry is not None:
                 self.release_copy(entry, fd)
-            elif self.nursery is not None:  # (a backing close may wait on its server: not before this reply)
-                self.nursery.start_soon(self.backing.close, fd)
-            else:
+            # (a backing close may wait on its server: after this reply, where the mount runs)
+            elif not self._tasks.start_soon(self.backing.close, fd):
                 await self.backing.close(fd)
             return self._pass_through(fidx, shared, uid, who)
         if passthrough and entry is not None and not self.passthrough.plain_open(fidx) and (
@@ -421,8 +429,7 @@ class DataPath:
         except OSError:
             ok = False
         finally:
-            if self.cache.unpin(entry):
-                self.stager.notify()
+            self.cache.unpin(entry)
         if ok:
             entry.verified = True
             return entry

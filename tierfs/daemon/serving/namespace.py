@@ -45,7 +45,8 @@ _CTL_DIR = CONTROL_INODES[b".tierfs"]
 
 
 class NamespaceEvents(Protocol):
-    """What listings and ``order`` files mean for the passes (the engine implements it)."""
+    """What listings and ``order`` files mean for the passes (the pass rule hears them:
+    :class:`~tierfs.daemon.schedule.passes.PassRule`)."""
 
     async def begin_pass(self, uid: int, who: str, *, relisted: bool) -> None:
         """Consumer ``who`` (user ``uid``) starts reading a view: it listed the root (``relisted``) or opened
@@ -171,8 +172,12 @@ class Namespace:
         self._access = Wakeup()  # (the tree found a mode or owner changed: run() tells the kernel)
         self._absences: list[tuple[int, bytes]] = []  # (entries a rescan took: run() drops negative ones)
         self._grown = Wakeup()
-        tree.access_watcher = self
+        tree.watch_access(self)
         self.listings = KernelListings(tree)  # which listings the kernel may cache
+
+    def attach_kernel(self, caches_listings: bool) -> None:
+        """The mount is up: the kernel may keep listings if pyfuse3 can ask it to (``cache_readdir``)."""
+        self.listings.available = caches_listings
 
     def substitution_statistics(self) -> SubstitutionStatistics:
         subs = self.substitutions

@@ -10,7 +10,7 @@ its release.  Two kinds of reader open copies by path, and for them this one own
 * a **peer's pin**: a copy sent to a peer (peers.py) stays pinned while it is sent.
 
 An eviction or a change of the backing file meanwhile only *dooms* a pinned copy; its name (never reused) is
-unlinked on the last unpin.  An unpin that frees space wakes the stager.  :meth:`PinKeeper.run`, started in the
+unlinked on the last unpin (the space it frees, the cache tells the stager).  :meth:`PinKeeper.run`, started in the
 mount's nursery, gives leases back when their time is up, also when no further ``lend`` comes to do it.
 """
 
@@ -25,7 +25,6 @@ import trio
 
 from tierfs.daemon.cache.store import CacheEntry, CacheStore
 from tierfs.daemon.runtime.wakeup import Wakeup
-from tierfs.daemon.staging.stager import Stager
 
 __all__ = ["LEND_SECONDS", "PinKeeper", "PinStatistics"]
 
@@ -39,11 +38,10 @@ class PinStatistics:
 
 
 class PinKeeper:
-    """See the module docstring.  Space an unpin frees goes to the ``stager`` (``notify``)."""
+    """See the module docstring."""
 
-    def __init__(self, cache: CacheStore, stager: Stager) -> None:
+    def __init__(self, cache: CacheStore) -> None:
         self.cache = cache
-        self.stager = stager
         self._leases: deque[tuple[float, CacheEntry]] = deque()  # (deadline, copy), in time order
         self._pass: dict[int, CacheEntry] = {}  # id(entry) -> entry: pinned for the pass that runs
         self._wake = Wakeup()
@@ -60,11 +58,8 @@ class PinKeeper:
     def return_leases(self, now: float | None = None) -> None:
         """Unpin the lent copies whose time is up."""
         now = time.monotonic() if now is None else now
-        freed = False
         while self._leases and self._leases[0][0] <= now:
-            freed |= self.cache.unpin(self._leases.popleft()[1])
-        if freed:
-            self.stager.notify()
+            self.cache.unpin(self._leases.popleft()[1])
 
     async def run(self) -> None:
         """Unpin lent copies when their time is up, until cancelled."""
@@ -83,8 +78,7 @@ class PinKeeper:
 
     def peer_done(self, entry: CacheEntry) -> None:
         """(PinsForPeers) Sent: unpin it (a copy evicted meanwhile goes now, and the stager may use the room)."""
-        if self.cache.unpin(entry):
-            self.stager.notify()
+        self.cache.unpin(entry)
 
     # -------------------------------------------------------------------------------------- pass pins
 
@@ -99,8 +93,8 @@ class PinKeeper:
     def pass_over(self) -> None:
         """The pass that ran is over: unpin the copies pinned for it."""
         pins, self._pass = self._pass, {}
-        if any([self.cache.unpin(e) for e in pins.values()]):
-            self.stager.notify()
+        for entry in pins.values():
+            self.cache.unpin(entry)
 
     def statistics(self) -> PinStatistics:
         return PinStatistics(len(self._leases), len(self._pass))

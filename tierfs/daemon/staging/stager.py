@@ -623,6 +623,11 @@ class Stager:
     def bytes_per_s(self) -> float:
         return self.rate()[0]
 
+    def stuck_on_space(self) -> bool:
+        """Nothing more fits until a switch frees space, and no copy is in flight (whose landing could change
+        that)."""
+        return self.blocked and not self.inflight
+
     def statistics(self) -> StagerStatistics:
         bytes_per_s, files_per_s = self.rate()
         return StagerStatistics(

@@ -1,4 +1,4 @@
-"""What a mount does before it serves, and the background jobs' harness.
+"""The backing tree's keeper: what a mount does before it serves, and the rescans while it does.
 
 * :func:`check_dirs` refuses a backing dir, cache dir and mountpoint that cannot work together;
 * :class:`TreeKeeper` owns the backing tree's provenance: loaded from the saved tree (``tree.bin`` in the cache
@@ -6,8 +6,6 @@
   given room to grow (``Tree.with_room``), rescanned in the background -- after a load, and as each epoch
   starts (``rescan=epoch``) -- whose news it hands to the engine (:class:`RescanEvents`): files changed, gone,
   back, and new ones taken into the room; it reports what ``status`` shows as ``tree``;
-* :func:`supervised` and :func:`once` run the mount's background jobs so that a failure is logged, never a
-  dead mount.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -29,8 +27,7 @@ from tierfs.common.options import MountConfig, check_layout
 from tierfs.daemon.runtime.threads import in_thread
 from tierfs.daemon.tree.tree import Additions, Growth, ScanCount, Tree
 
-__all__ = ["OLD_TREE_NAMES", "TREE_NAME", "RescanEvents", "TreeKeeper", "TreeStatistics", "check_dirs", "once",
-           "supervised"]
+__all__ = ["OLD_TREE_NAMES", "TREE_NAME", "RescanEvents", "TreeKeeper", "TreeStatistics", "check_dirs"]
 
 log = logging.getLogger("tierfs")
 
@@ -255,67 +252,3 @@ def _save(tree: Tree, cache_fd: int) -> None:
         tree.save(TREE_NAME, dir_fd=cache_fd)
     finally:
         os.close(cache_fd)
-
-
-async def supervised(name: str, task: Callable[[], Awaitable[None]], failures: dict[str, str] | None = None) -> None:
-    """Run a background task for the life of the mount; a bug in it is logged and the task started again
-    (after a second), never a dead mount: readers are served whether or not staging or pushing works.
-
-    A task that keeps failing is said once, not every second: its first failure with the traceback, then a line
-    a minute with the count.  While it fails, ``failures[name]`` says so (the engine shows it as
-    ``status.last_error``); once a run of it has lasted a minute, that goes, and the log says it runs again."""
-    quiet_s = 60.0  # a failing task is logged again at most this often; a run this long ends its failures
-    failed = 0  # failures in a row
-    said = -quiet_s  # (monotonic) when the last of them was logged
-
-    async def forgive() -> None:
-        nonlocal failed
-        await trio.sleep(quiet_s)
-        log.info("the %s runs again (after %d failures)", name, failed)
-        failed = 0
-        if failures is not None:
-            failures.pop(name, None)
-
-    while True:
-        error: Exception | None = None
-        async with trio.open_nursery() as nursery:
-            if failed:
-                nursery.start_soon(forgive)
-            try:
-                await task()
-            except Exception as exc:
-                error = exc
-            nursery.cancel_scope.cancel()
-        if error is None:  # (it returned: it works)
-            failed = 0
-            if failures is not None:
-                failures.pop(name, None)
-        else:
-            cause: BaseException = error
-            # (the one exception inside the task's own nurseries' groups: what went wrong, not "1 sub-exception";
-            # Python 3.10 has no BaseExceptionGroup to test for)
-            while len(inner := getattr(cause, "exceptions", ())) == 1 and isinstance(inner[0], BaseException):
-                cause = inner[0]
-            failed += 1
-            why = f"{type(cause).__name__}: {cause}"
-            if failures is not None:
-                failures[name] = (f"the {name} failed{f' {failed} times in a row' if failed > 1 else ''} "
-                                  f"(restarted every second): {why}")
-            if failed == 1:
-                log.error("the %s failed; restarting it", name, exc_info=error)
-                said = time.monotonic()
-            elif time.monotonic() - said >= quiet_s:
-                log.error("the %s keeps failing (%d times in a row, restarted every second): %s", name, failed,
-                          why)
-                said = time.monotonic()
-        await trio.sleep(1.0)
-
-
-async def once(name: str, task: Callable[[], Awaitable[None]]) -> None:
-    """A background job that runs once: a failure is logged, never a dead mount."""
-    try:
-        await task()
-    except OSError as exc:  # a full or failing disk: said once, the mount goes on
-        log.warning("the %s failed: %s", name, exc.strerror or exc)
-    except ValueError:
-        log.exception("the %s failed", name)

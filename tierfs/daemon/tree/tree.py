@@ -439,6 +439,11 @@ class Tree:
         #: what the paths of directory i's entries start with (b"" for the root)
         self._dir_prefix = functools.lru_cache(maxsize=NODE_CACHE)(lambda i: self._dir_path(i) + b"/" if i else b"")
 
+    def watch_access(self, watcher: AccessWatcher) -> None:
+        """``watcher`` is told when a re-stat finds a file's mode or owner changed (the namespace: the kernel's
+        attributes and permission checks follow)."""
+        self.access_watcher = watcher
+
     def _hard_links(self) -> None:
         """Files sharing a backing inode (more than one name in the tree): ``_linked`` (their file indices,
         sorted) and per each the first of its names in storage order (``_canon``).  Few: kept sparse."""
