@@ -51,7 +51,7 @@ class Position:
     last_pass: list[int] | None = None  # [epoch, mini_epoch] of the last completed pass (what feedback is about)
     switch_due: bool = False  # a switch waits for the next epoch's plan (made at the next mount's start)
     #: the nm the mount was asked for (its option, before any adapting): the next mount tells a data set that
-    #: changed under the same option from an option that changed (Engine._fit_remount_nm)
+    #: changed under the same option from an option that changed (schedule.fit_remount_nm)
     nm_asked: int | None = None
 
 

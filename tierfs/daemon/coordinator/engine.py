@@ -1,29 +1,16 @@
-"""The tiering engine: the coordinator of a mount's parts -- it opens and wires them, runs their background jobs,
-and tells each part what a landed, changed or gone file means for it.
-
-Its parts each own their state and report it (``statistics()``): the
-:class:`~tierfs.daemon.schedule.schedule.Schedule` (plans, position, view, what is wanted), the
-:class:`~tierfs.daemon.schedule.passes.PassRule` (when a pass ends and the next mini-epoch takes over, rf, the
-consumers' turns, ARF votes), the cache policy (policy.py: ``met`` or ``lru``), the
-:class:`~tierfs.daemon.cache.store.CacheStore`, the :class:`~tierfs.daemon.staging.stager.Stager`, the
-:class:`~tierfs.daemon.kernel.pusher.Pusher` and its :class:`~tierfs.daemon.kernel.pusher.KernelCache`, the
-:class:`~tierfs.daemon.backing.revalidator.Revalidator`, the :class:`~tierfs.daemon.backing.calls.Backing`, the
-:class:`~tierfs.daemon.tree.keeper.TreeKeeper` and the journal writer.  ``operations.py`` asks the
-:class:`~tierfs.daemon.serving.datapath.DataPath` (``data``) for file data, the
+"""The tiering engine: the coordinator of a mount's parts.  It opens them and wires them together, runs their
+background jobs, and tells each part what a landed, changed or gone file means for it; when a pass ends and the
+next mini-epoch takes over is the pass rule's (:class:`~tierfs.daemon.schedule.passes.PassRule`).  operations.py
+asks the :class:`~tierfs.daemon.serving.datapath.DataPath` (``data``) for file data, the
 :class:`~tierfs.daemon.serving.namespace.Namespace` (``names``) for names, and the engine for settings, control
 writes (:class:`~tierfs.daemon.coordinator.control_file.ControlTarget`) and the status snapshot.
 
 **Wiring.**  :meth:`Engine.open` gives each part the parts it works with, as objects, and a typed events
-interface -- the Protocol in the part's own module: this engine implements
-:class:`~tierfs.daemon.staging.stager.StagerEvents`, :class:`~tierfs.daemon.serving.datapath.DataPathEvents`,
-:class:`~tierfs.daemon.backing.revalidator.RevalidatorEvents`, :class:`~tierfs.daemon.kernel.pusher.PusherEvents`,
-:class:`~tierfs.daemon.schedule.planner.PlannerEvents`, :class:`~tierfs.daemon.tree.keeper.RescanEvents`,
-:class:`~tierfs.daemon.cache.store.CacheEvents` and :class:`~tierfs.daemon.schedule.passes.PassEvents`; the pass
-rule hears the namespace's listings (:class:`~tierfs.daemon.serving.namespace.NamespaceEvents`) and the data path's
-opens (:class:`~tierfs.daemon.serving.datapath.OpenCounter`) itself.  No part is handed a callable, so every call
-from one part to another is a method of a typed collaborator, and no part imports this module (mypy checks each
-events interface).  The settings in force live in one :class:`~tierfs.common.options.LiveSettings` (``live``)
-that the parts read and a control write replaces.
+interface, the Protocol in the part's own module (``StagerEvents``, ``DataPathEvents``, ``RevalidatorEvents``,
+``PusherEvents``, ``PlannerEvents``, ``RescanEvents``, ``CacheEvents``, ``PassEvents``: this engine; the
+namespace's ``NamespaceEvents`` and the data path's ``OpenCounter``: the pass rule).  No part is handed a
+callable or imports this module, and mypy checks every events interface.  The settings in force live in one
+:class:`~tierfs.common.options.LiveSettings` (``live``) that the parts read and a control write replaces.
 
 Everything here runs on the one trio thread; worker threads only touch the disks and hand results back, so
 state needs no locks and a status snapshot taken between two awaits is consistent.  Nothing on the trio thread
@@ -66,7 +53,7 @@ from tierfs.daemon.serving.pins import PinKeeper
 from tierfs.daemon.staging.peers import PeerGroup, PeerLink, PeerServer, plan_owners
 from tierfs.daemon.staging.stager import Stager
 from tierfs.daemon.tree.keeper import TreeKeeper, check_dirs
-from tierfs.daemon.tree.tree import Growth, ScanCount
+from tierfs.daemon.tree.tree import Growth, ScanCount, Tree
 
 __all__ = ["Engine"]
 
@@ -136,7 +123,26 @@ class Engine:
             self.root_fd = -1
             self.cache.close()
             raise
-        # The parts get the parts they work with, and this engine as their typed events (StagerEvents, ...).
+        self._wire(backing, tree, pos)
+        if self.trees.scanned:
+            self.reval.confirm_all()  # the scan just read every fingerprint
+        # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
+        self.schedule.start(self.cache, rf_ceiling(s))
+        # the copies a resumed cache holds of files no longer wanted: counted and said, thousands deleted after the
+        # mount answers (cache.MOUNT_DELETES_AT_ONCE)
+        self.cache.defer_deletes()
+        self.entered()
+        me, nm = self.schedule.pos, self.schedule.nm_in_force()
+        self.cache.mount_deletes(f"of files outside the mini-epochs now wanted (mini-epoch {me.mini_epoch + 1}/{nm} "
+                                 f"of epoch {me.epoch + 1}, where the mount resumes, and the next)")
+        self._opened = True
+        self.passes.save_journal()
+        log.info("%d files, %s in the backing dir; %d copies kept in the cache",
+                 tree.n_files, format_size(int(tree.sizes.sum())), len(self.cache.entries))
+
+    def _wire(self, backing: str, tree: Tree, pos: Position) -> None:
+        """The parts get the parts they work with, and this engine as their typed events (StagerEvents, ...)."""
+        s, policy = self.settings, self.policy
         self.backing = Backing(self.root_fd, backing, tree, self.live)
         self.stager = Stager(tree, self.cache, self.backing, schedule=self.schedule, policy=self.policy,
                              settings=self.live, events=self, peers=self.peers)
@@ -155,7 +161,7 @@ class Engine:
         self.passes = PassRule(schedule=self.schedule, consumers=self.consumers, cache=self.cache, stager=self.stager,
                                planner=self.planner, loader_watch=self.loader_watch, journal=self.journal,
                                policy=policy, tree=tree, settings=self.live, steering=self.steering,
-                               capacity=cfg.capacity, arf=Arf(Arf.controller_for(s), pos.arf_history),
+                               capacity=self.config.capacity, arf=Arf(Arf.controller_for(s), pos.arf_history),
                                substitute=substitute, events=self)
         self.data = DataPath(tree=tree, cache=self.cache, cache_limiter=self.cache_limiter, backing=self.backing,
                              reval=self.reval, stager=self.stager, pusher=self.pusher, schedule=self.schedule,
@@ -164,21 +170,6 @@ class Engine:
         self.batch = self.data.batch  # the batch plans (control_file.py reports ``consumed`` to them)
         self.names = Namespace(tree, self.schedule, self.pusher, self.consumers, events=self.passes,
                                substitute=substitute)
-        if self.trees.scanned:
-            self.reval.confirm_all()  # the scan just read every fingerprint
-        # (a saved tree's fingerprints are unconfirmed: opens ask until the revalidator or the rescan confirms)
-        self.schedule.start(self.cache, rf_ceiling(s))
-        # the copies a resumed cache holds of files no longer wanted: counted and said, thousands deleted after the
-        # mount answers (cache.MOUNT_DELETES_AT_ONCE)
-        self.cache.defer_deletes()
-        self.entered()
-        me, nm = self.schedule.pos, self.schedule.nm_in_force()
-        self.cache.mount_deletes(f"of files outside the mini-epochs now wanted (mini-epoch {me.mini_epoch + 1}/{nm} "
-                                 f"of epoch {me.epoch + 1}, where the mount resumes, and the next)")
-        self._opened = True
-        self.passes.save_journal()
-        log.info("%d files, %s in the backing dir; %d copies kept in the cache",
-                 tree.n_files, format_size(int(tree.sizes.sum())), len(self.cache.entries))
 
     def attach_kernel(self, kernel: KernelCache, *, caches_listings: bool = False,
                       backings: KernelBackings | None = None) -> None:
@@ -221,17 +212,6 @@ class Engine:
         finally:
             self.schedule.plan_ahead(False)
             self.journal.flush()  # what the writer had not written yet (and from now on, each save at once)
-
-    async def stop_kernel_calls(self, timeout: float) -> bool:
-        """The mount is stopping: no more pushes or invalidations, and up to ``timeout`` seconds for the one in
-        flight to return while the main loop still serves (see pusher.py).  False if one is still in the
-        kernel: only aborting the connection frees it then."""
-        return await self.pusher.kernel.close(timeout)
-
-    @property
-    def kernel_call_stuck(self) -> bool:
-        """A push or an invalidation is still inside the kernel (after :meth:`stop_kernel_calls` gave up)."""
-        return self.pusher.kernel.in_kernel
 
     def close(self) -> None:
         """Persist the journal and release the cache; idempotent."""

@@ -51,6 +51,8 @@ from tierfs.daemon.runtime.memory import trim_heap, tune_malloc
 from tierfs.daemon.runtime.threads import IDLE_THREAD_S, in_thread, keep_idle_threads
 
 if TYPE_CHECKING:
+    from tierfs.daemon.fuse.operations import TierOperations
+    from tierfs.daemon.kernel.pusher import KernelCache
     from tierfs.daemon.tree.tree import ScanCount
 
 log = logging.getLogger("tierfs")
@@ -519,7 +521,7 @@ async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]
     sd_notify("READY=1\nSTATUS=serving")
 
 
-async def _stop_on_signal(cancel_scope: trio.CancelScope, engine, pyfuse3) -> None:
+async def _stop_on_signal(cancel_scope: trio.CancelScope, ops: TierOperations, pyfuse3) -> None:
     """On SIGTERM or SIGINT: close the kernel calls while still serving, then end the main loop and the engine's
     tasks (see the module docstring).  On SIGHUP: reopen the log, and go on serving."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -533,7 +535,8 @@ async def _stop_on_signal(cancel_scope: trio.CancelScope, engine, pyfuse3) -> No
             log.info("%s: unmounting", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
             _start_watchdog(STOP_DEADLINE_S)
-            if not await engine.stop_kernel_calls(STOP_DRAIN_S):
+            # (no more pushes or invalidations; the one in flight may return while the main loop still serves)
+            if not await ops.kernel.close(STOP_DRAIN_S):
                 log.warning("a page-cache push is still in the kernel after %g s: aborting the connection",
                             STOP_DRAIN_S)
             pyfuse3.terminate()
@@ -555,10 +558,10 @@ def _start_watchdog(seconds: float) -> None:
     timer.start()
 
 
-def _free_stuck_kernel_call(engine, mountpoint: str, conn: str | None) -> None:
+def _free_stuck_kernel_call(kernel: KernelCache, mountpoint: str, conn: str | None) -> None:
     """A kernel call still in flight holds ``/dev/fuse`` open and waits on a READ nobody will answer now:
     abort the connection, then give the call a moment to return."""
-    if not engine.kernel_call_stuck:
+    if not kernel.in_kernel:
         return
     if not abort_connection(mountpoint, conn):
         log.error("cannot abort FUSE connection %s (fusectl not mounted at /sys/fs/fuse/connections and not "
@@ -566,14 +569,14 @@ def _free_stuck_kernel_call(engine, mountpoint: str, conn: str | None) -> None:
                   conn)
         return
     deadline = time.monotonic() + 2.0
-    while engine.kernel_call_stuck and time.monotonic() < deadline:
+    while kernel.in_kernel and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
-async def _serve(config: MountConfig, engine, pyfuse3, on_ready: Callable[[], None]) -> None:
+async def _serve(config: MountConfig, ops: TierOperations, pyfuse3, on_ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, nursery.cancel_scope, engine, pyfuse3)
-        await nursery.start(engine.run)
+        nursery.start_soon(_stop_on_signal, nursery.cancel_scope, ops, pyfuse3)
+        await nursery.start(ops.engine.run)
         nursery.start_soon(_announce_when_answering, config.mountpoint, on_ready)
         # An external unmount makes main() return: then the staging tasks have nothing left to do.
         await pyfuse3.main()
@@ -638,9 +641,9 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     conn = fuse_connection(config.mountpoint)  # ours: the topmost FUSE mount there, just made
     keep_idle_threads(IDLE_THREAD_S)
     try:
-        trio.run(_serve, config, engine, pyfuse3, on_ready)
+        trio.run(_serve, config, ops, pyfuse3, on_ready)
     finally:
-        _free_stuck_kernel_call(engine, config.mountpoint, conn)
+        _free_stuck_kernel_call(ops.kernel, config.mountpoint, conn)
         try:
             pyfuse3.close(unmount=True)
         except OSError as exc:

@@ -147,6 +147,8 @@ class TierOperations(pyfuse3.Operations):
     def __init__(self, engine: Engine) -> None:
         super().__init__()
         self.engine = engine
+        #: every call into the kernel's caches, from a thread of its own (no-ops until init: no kernel yet)
+        self.kernel = KernelCache()
         self._handles: dict[int, FileHandle | _Virtual] = {}
         self._dirs: dict[int, tuple[int, Listing, bool]] = {}  # (inode, listing, kernel may cache it)
         self._fh = itertools.count(1)
@@ -156,7 +158,8 @@ class TierOperations(pyfuse3.Operations):
     def init(self) -> None:
         # Only now is there a kernel to notify (engine tests without a mount keep a KernelCache of no-ops).
         # Both calls can wait on the kernel's page locks: KernelCache makes them from a thread of its own.
-        self.engine.attach_kernel(KernelCache(pyfuse3), caches_listings=CACHES_LISTINGS,
+        self.kernel = KernelCache(pyfuse3)
+        self.engine.attach_kernel(self.kernel, caches_listings=CACHES_LISTINGS,
                                   backings=pyfuse3 if PASSTHROUGH else None)
         # The kernel sets the read-ahead from our INIT reply, which goes out after this returns: tune it then.
         with contextlib.suppress(RuntimeError):  # no trio run (a test calling init() directly)

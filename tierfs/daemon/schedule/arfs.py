@@ -62,7 +62,7 @@ class Arf:
 
 
 class ConsumerArfs:
-    """The ARF controllers of the named consumers (the anonymous consumer's is the mount's own ``Engine.arf``),
+    """The ARF controllers of the named consumers (the anonymous consumer's is the mount's own ``PassRule.arf``),
     each made for the ARF settings in force when it was made: after a change, a consumer's next feedback starts
     a fresh one.  At most :data:`ARFS_KEPT`, the ones fed most recently: a forgotten consumer that reports again
     starts afresh, as after a settings change (its best score and wait counter only; its advance vote is the

@@ -227,7 +227,7 @@ def make_plan(sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacit
     except ValueError:
         # (nm is given: without it the planner picks a count that fits.)  On average a mini-epoch fits half the
         # cache (within a file), but no cut keeps every one under it.  Take the balanced cut: the stager never
-        # passes the cap, and a mini-epoch a little over half is finished after the switch (Engine.next_ready).
+        # passes the cap, and a mini-epoch a little over half is finished after the switch (PassRule.next_ready).
         return _narrow_plan(plan_epoch(sizes, nm=nm, **args), len(sizes)), None
 
 

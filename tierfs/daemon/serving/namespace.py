@@ -8,7 +8,7 @@ view what the root lists in this pass.  Every name of the tree can be looked up 
 the view is listed (every file with ``listing=all``).  Two
 things here are news for other parts: a lookup or a listing tells the pusher the kernel now has an inode (pushes
 wait for one), and a listing of the root (or an ``order`` file) starts a consumer's pass -- listing it again
-after reads may end the pass -- which is the engine's to decide, by who listed (:class:`NamespaceEvents`).
+after reads may end the pass -- which is the pass rule's to decide, by who listed (:class:`NamespaceEvents`).
 
 **Modes and owners the kernel checked.**  On an ``allow_other`` mount the kernel checks other users against the
 attributes the mount reported, kept for the attribute timeout.  When a node's mode, owner or group changes in
@@ -309,7 +309,7 @@ class Namespace:
 
     async def open_dir(self, inode: int, uid: int, pid: int) -> Listing:
         """The listing for one ``opendir`` by process ``pid`` of user ``uid``: a listing of the root starts a
-        pass of its consumer, which may first wait for the other consumers (the engine's ``begin_pass``).
+        pass of its consumer, which may first wait for the other consumers (the pass rule's ``begin_pass``).
         ``ESTALE`` where the kernel let it in on an older mode or owner (:meth:`ensure_kernel_checked`)."""
         await self.ensure_kernel_checked(inode)
         who = await self.consumers.name_of(pid, uid)
@@ -319,7 +319,7 @@ class Namespace:
 
     def list_dir(self, inode: int, uid: int = OWNER_UID, who: str = ANONYMOUS) -> Listing:
         """A frozen listing (name, inode) for one ``opendir`` by user ``uid``, consumer ``who``, in that
-        consumer's order; listing the root again after reads may end its pass (the engine's
+        consumer's order; listing the root again after reads may end its pass (the pass rule's
         ``root_relisted(uid, who)`` decides)."""
         if inode == _CTL_DIR:
             ctl = [(n, i) for n, i in CONTROL_INODES.items() if n != b".tierfs"]
