@@ -45,6 +45,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import tierfs
 from sampler.atomic import atomic_write
 from tierfs import __version__
 
@@ -56,7 +57,7 @@ MARKER = "Written by `tierfs install`"
 #: The directory that holds this tierfs's packages, which the wrappers put first on the import path: the
 #: site-packages of the environment a wheel went into (a venv under /opt, a system install), or the source
 #: checkout of an editable install or a source tree.
-_PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+_PACKAGE_PARENT = Path(tierfs.__file__).resolve().parent.parent
 _DOCS = ("quickstart.md", "pytorch.md", "loaders.md", "operations.md", "sharing.md", "troubleshooting.md", "usage.md",
          "control.md", "status.md", "tierfs.md", "architecture.md", "tuning.md", "sampler.md")
 
