@@ -1,0 +1,1 @@
+"""The schedule: the plans, the position, the views, the cache policy, the jobs reading a mount."""
