@@ -36,7 +36,8 @@ pass and >= 5,000 files/s repeated.  Issue 15: the batch plan >= 0.9 x native fi
 repeated and first (staged) passes with 4 readers, >= 0.95 x native for the big re-read.
 
 ``--py-spy FILE`` records the daemon with py-spy while it runs (a speedscope JSON or an SVG flame graph by the
-suffix).  Writes ``OUT/datapath.md`` and ``OUT/datapath.png``.
+suffix).  Writes ``OUT/datapath.md`` and ``PLOTS/datapath.png`` (``--plots``, default ``--out``); to update the
+docs, ``--out benchmarks/results --plots docs/img``.
 """
 
 from __future__ import annotations
@@ -530,23 +531,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-o", "--option", action="append", default=[], help="extra mount option KEY=VALUE")
     ap.add_argument("--py-spy", type=Path, default=None, help="profile the daemon into this file (.svg/.json)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/tierfs-bench"))
-    ap.add_argument("--out", type=Path, default=Path("bench-out/datapath"), help="docs/img: on purpose")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/datapath"),
+                    help="the table (benchmarks/results: on purpose)")
+    ap.add_argument("--plots", type=Path, default=None, help="the plot (default: --out); docs/img: on purpose")
     ap.add_argument("--replot", type=Path, default=None, metavar="TABLE.md",
-                    help="draw OUT/datapath.png again from a table this program wrote, measuring nothing")
+                    help="draw PLOTS/datapath.png again from a table this program wrote, measuring nothing")
     args = ap.parse_args(argv)
+    args.plots = args.plots or args.out
     if args.replot:
-        args.out.mkdir(parents=True, exist_ok=True)
-        plot(rows_of_table(args.replot.read_text()), args.out / "datapath.png")
+        args.plots.mkdir(parents=True, exist_ok=True)
+        plot(rows_of_table(args.replot.read_text()), args.plots / "datapath.png")
         return
     require_root()
     install_sigterm()
     rows = run(args)
     text = report(rows, args)
     print("\n" + text)
-    args.out.mkdir(parents=True, exist_ok=True)
+    for folder in (args.out, args.plots):
+        folder.mkdir(parents=True, exist_ok=True)
     (args.out / "datapath.md").write_text(text + "\n")
-    plot(rows, args.out / "datapath.png")
-    print(f"wrote {args.out / 'datapath.md'} and {args.out / 'datapath.png'}")
+    plot(rows, args.plots / "datapath.png")
+    print(f"wrote {args.out / 'datapath.md'} and {args.plots / 'datapath.png'}")
 
 
 if __name__ == "__main__":

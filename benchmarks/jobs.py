@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
                     "fraction of the data's blocks")
     ap.add_argument("--quick", action="store_true", help="200 files, one epoch: a one-minute check")
     ap.add_argument("--setup", action="store_true", help="apt-get install openssh-server sshfs first")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "jobs.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "jobs.json",
+                    help="benchmarks/results/jobs.json: on purpose")
     ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "jobs.png", help="docs/img/jobs.png: on purpose")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:

@@ -42,9 +42,9 @@ other processes there (``nice`` ``DAEMON_NICE``: as near a core of its own as a 
 runs each pair both ways.  ``--files`` sets the data set's size (a pass is ``files / nm`` samples; 20,480 files make
 20 batches of 64 a pass at ``nm`` 16); ``--data DIR`` keeps the data set for the next run.
 
-``python benchmarks/loop.py`` is the full run (writes bench-out/loop.json and loop.png; ``--out``/``--plot`` into
-docs/img on purpose); docs/benchmarks.md's headline is ``--files 20480 --nm 6,16,1 --ways sampler,substitute
---rounds 1 --chunks 1`` (passes of 20 and 53 batches; ~45 min on a loaded 2-core box);
+``python benchmarks/loop.py`` is the full run (writes bench-out/loop.json and loop.png; on purpose, ``--out`` into
+benchmarks/results and ``--plot`` into docs/img); docs/benchmarks.md's headline is ``--transform imagenet --files
+6144 --nm 6,16 --ways sampler,substitute --workers 4,8 --rounds 1 --chunks 6 --pin on`` (~50 min on a 2-core box);
 ``--quick`` is a short one (fewer files, one worker count, one round: a look, not a figure).  Needs torch and PIL.
 """
 
@@ -642,8 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", type=Path, default=None, help="where the data and the mount go")
     ap.add_argument("--data", type=Path, default=None, help="keep the data set in this folder and use it again "
                     "when its files, transform and seed match (made there if not); else made in --tmp and removed")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "loop.json", help="docs/img/loop.json: on purpose")
-    ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "loop.png", help="docs/img/loop.png: on purpose")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "loop.json",
+                    help="benchmarks/results/NAME.json: on purpose")
+    ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "loop.png", help="docs/img/NAME.png: on purpose")
     ap.add_argument("--replot", action="store_true", help="draw --plot and print the table from --out's rows")
     args = ap.parse_args(argv)
     if args.replot:

@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cap-fraction", type=float, default=1 / 3, help="cache cap as a fraction of the data")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--setup", action="store_true", help="apt-get install openssh-server sshfs rclone first")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "sidebyside.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "sidebyside.json",
+                    help="benchmarks/results/sidebyside.json: on purpose")
     ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "sidebyside.png",
                     help="docs/img/sidebyside.png: on purpose")
     args = ap.parse_args(argv)

@@ -30,7 +30,8 @@ epoch-equivalent it reports wall time, stall seconds (consumer waiting for data)
 epoch-equivalent (cold start, first mini-epoch staged) is shown apart from the steady state.
 
 Writes ``OUT/tierfs_bench.md`` (the tables), ``OUT/tierfs_bench.json`` (every pass) and
-``OUT/tierfs_bench_<workload>.png``.  Needs root.  Quick check: ``--scale 0.05 --epochs 2``.
+``PLOTS/tierfs_bench_<workload>.png`` (``--plots``, default ``--out``); to update the docs, ``--out
+benchmarks/results --plots docs/img``.  Needs root.  Quick check: ``--scale 0.05 --epochs 2``.
 """
 
 from __future__ import annotations
@@ -431,8 +432,8 @@ def load_results(path: Path) -> tuple[dict[str, str], list[Result]]:
     return raw["args"], out
 
 
-def render(path: Path, out: Path) -> None:
-    """Rewrite the tables and plots from a previous run's JSON, without running anything."""
+def render(path: Path, out: Path, plots: Path) -> None:
+    """Rewrite the tables (into ``out``) and plots (into ``plots``) from a previous run's JSON, running nothing."""
     args, results = load_results(path)
     scale, frac = float(args["scale"]), float(args["cache_fraction"])
     consume, bps = float(args["consume"]), float(args["bps"])
@@ -441,7 +442,7 @@ def render(path: Path, out: Path) -> None:
         workload = {"images": Workload.images, "shards": Workload.shards}[wname](scale)
         sel = [r for r in results if r.workload == wname]
         text += [table(sel, workload, int(workload.total_bytes * frac), consume), ""]
-        plot(sel, workload, out / f"tierfs_bench_{wname}.png")
+        plot(sel, workload, plots / f"tierfs_bench_{wname}.png")
     (out / "tierfs_bench.md").write_text("\n".join(text))
     print("\n".join(text))
 
@@ -467,12 +468,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--time-limit", type=float, default=1800, help="seconds per configuration at most")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/tierfs-bench"))
-    ap.add_argument("--out", type=Path, default=Path("bench-out/tierfs_bench"), help="docs/img: on purpose")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/tierfs_bench"),
+                    help="the tables and every pass (benchmarks/results: on purpose)")
+    ap.add_argument("--plots", type=Path, default=None, help="the plots (default: --out); docs/img: on purpose")
     ap.add_argument("--render", type=Path, default=None, help="only re-render tables/plots from this JSON")
     args = ap.parse_args(argv)
+    args.plots = args.plots or args.out
     if args.render is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        render(args.render, args.out)
+        for folder in (args.out, args.plots):
+            folder.mkdir(parents=True, exist_ok=True)
+        render(args.render, args.out, args.plots)
         return
     require_root()
     install_sigterm()
@@ -484,7 +489,8 @@ def main(argv: list[str] | None = None) -> None:
         print("torch not importable: skipping torch-* configurations", file=sys.stderr)
         names = [n for n in names if not n.startswith("torch-")]
     configs = [make_config(n, nm) for n in names]
-    args.out.mkdir(parents=True, exist_ok=True)
+    for folder in (args.out, args.plots):
+        folder.mkdir(parents=True, exist_ok=True)
     report: list[str] = [
         f"Command: `python benchmarks/tierfs_bench.py {' '.join(argv if argv is not None else sys.argv[1:])}`  ",
         f"Machine: {os.cpu_count()} cores, {_mem_gib():.0f} GiB; slow tier {args.bps / 1e6:.1f} MB/s "
@@ -533,8 +539,9 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(work, ignore_errors=True)
         text = table(results, workload, capacity, args.consume)
         print("\n" + text + "\n")
-        report += [text, "", f"![{wname}](img/tierfs_bench_{wname}.png)", ""]
-        plot(results, workload, args.out / f"tierfs_bench_{wname}.png")
+        png = args.plots / f"tierfs_bench_{wname}.png"
+        report += [text, "", f"![{wname}]({os.path.relpath(png, args.out)})", ""]
+        plot(results, workload, png)
         raw["results"] += [asdict(r) for r in results]
         (args.out / "tierfs_bench.md").write_text("\n".join(report))
         (args.out / "tierfs_bench.json").write_text(json.dumps(raw, indent=1, default=str))

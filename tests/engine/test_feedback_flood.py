@@ -31,7 +31,7 @@ def test_a_feedback_flood_from_many_consumers_keeps_history_and_controllers_boun
         for w in range(WRITES_PER_NAME):
             data = "".join(f"feedback loss={1 + (j % 97) / 100} val_err=0.{w}\n"
                            for j in range(LINES_PER_WRITE)).encode()
-            assert len(data) <= CONTROL_WRITE_MAX  # (one write() the kernel hands over whole: see control.py)
+            assert len(data) <= CONTROL_WRITE_MAX  # (one write() the kernel hands over whole: see control_file.py)
             writer = e.control_writer(who)
             assert writer.write(0, data) == len(data)
             anonymous_lines += LINES_PER_WRITE if who == ANONYMOUS else 0

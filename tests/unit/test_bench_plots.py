@@ -1,5 +1,5 @@
-"""The benchmarks' plots drawn from their saved results (docs/img): tick labels that do not overlap, axes that
-name what they count."""
+"""The benchmarks' plots drawn from their saved results (benchmarks/results): tick labels that do not overlap,
+axes that name what they count."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _overlapping(labels) -> list[tuple[str, str]]:
 
 def test_datapath_plot_labels_do_not_overlap(benchmark_module):
     datapath = benchmark_module("datapath")
-    rows = datapath.rows_of_table((ROOT / "docs/img/datapath.md").read_text())
+    rows = datapath.rows_of_table((ROOT / "benchmarks/results/datapath.md").read_text())
     assert len(rows) > 20 and {r.unit for r in rows} == {"GiB/s", "files/s"}
     fig = datapath.figure(rows)
     fig.canvas.draw()
@@ -33,7 +33,7 @@ def test_datapath_plot_labels_do_not_overlap(benchmark_module):
 @pytest.mark.parametrize(("workload", "unit"), [("images", "images/s"), ("shards", "shards/s")])
 def test_tierfs_bench_rate_axis_names_what_it_counts(workload, unit, benchmark_module):
     bench = benchmark_module("tierfs_bench")
-    args, results = bench.load_results(ROOT / "docs/img/tierfs_bench.json")
+    args, results = bench.load_results(ROOT / "benchmarks/results/tierfs_bench.json")
     wl = {"images": bench.Workload.images, "shards": bench.Workload.shards}[workload](float(args["scale"]))
     fig = bench.figure([r for r in results if r.workload == workload], wl)
     assert fig.axes[2].get_ylabel() == f"{unit} (steady)"

@@ -102,23 +102,39 @@ def _table_column(path: Path, heading: str) -> list[str]:
     return out
 
 
-def _package_modules() -> list[str]:
-    """Every module of the packages the module map covers, from the filesystem (a module moved or added shows);
-    a subpackage's ``__init__.py`` is one (``tierfs/client/__init__.py`` holds the client)."""
-    tops = {ROOT / "tierfs", ROOT / "sampler"}
-    return sorted(str(p.relative_to(ROOT)) for pkg in ("tierfs", "sampler") for p in (ROOT / pkg).rglob("*.py")
-                  if "__pycache__" not in p.parts
-                  and (not p.name.startswith("__") or (p.name == "__init__.py" and p.parent not in tops
-                                                         and p.stat().st_size > 0)))
+def _package_entries(root: Path = ROOT, packages: tuple[str, ...] = ("tierfs", "sampler")) -> list[str]:
+    """Every folder and module of the packages the module map covers, from the filesystem (a folder or module moved
+    or added shows): each folder that holds a module, as ``tierfs/daemon/cache/`` -- its row in the map stands for
+    its ``__init__.py``, empty or not (``tierfs/client/``'s holds the client) -- and every other ``.py`` file."""
+    out = set()
+    for pkg in packages:
+        for p in (root / pkg).rglob("*.py"):
+            if "__pycache__" in p.parts:
+                continue
+            out.add(f"{p.parent.relative_to(root)}/")
+            if p.name != "__init__.py":
+                out.add(str(p.relative_to(root)))
+    return sorted(out)
 
 
 def test_the_module_map_lists_exactly_the_modules_of_the_packages():
+    """docs/architecture.md's module map is the folder tree: a row per folder of tierfs and sampler (standing for
+    the folder's ``__init__.py``) and a row per module, no more, no fewer."""
     listed = _table_column(ROOT / "docs/architecture.md", "Modules")
     assert len(listed) == len(set(listed)), f"listed twice: {sorted({m for m in listed if listed.count(m) > 1})}"
-    modules = _package_modules()
-    assert "tierfs/daemon/coordinator/engine.py" in modules and "sampler/plan.py" in modules  # (found the packages)
-    assert sorted(listed) == modules, (f"docs/architecture.md's module map lacks {sorted(set(modules) - set(listed))}"
-                                       f" and names modules that do not exist: {sorted(set(listed) - set(modules))}")
+    entries = _package_entries()
+    assert {"tierfs/", "tierfs/daemon/cache/", "tierfs/daemon/coordinator/engine.py", "sampler/plan.py"} <= set(entries)
+    assert sorted(listed) == entries, (f"docs/architecture.md's module map lacks {sorted(set(entries) - set(listed))}"
+                                       f" and names folders or modules that do not exist: "
+                                       f"{sorted(set(listed) - set(entries))}")
+
+
+def test_the_package_walk_sees_folders_and_modules_not_caches(tmp_path):
+    for path in ("pkg/__init__.py", "pkg/a.py", "pkg/sub/__init__.py", "pkg/sub/b.py", "pkg/sub/__pycache__/b.py",
+                 "pkg/gone/__pycache__/old.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert _package_entries(tmp_path, ("pkg",)) == ["pkg/", "pkg/a.py", "pkg/sub/", "pkg/sub/b.py"]
 
 
 def test_the_table_readers_see_what_they_should(tmp_path):

@@ -1,0 +1,1 @@
+"""What the daemon and its clients share: the control protocol, the options, the mount table."""

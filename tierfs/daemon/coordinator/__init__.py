@@ -1,0 +1,1 @@
+"""The coordinator: the engine that wires the parts, the control file, the status snapshot."""

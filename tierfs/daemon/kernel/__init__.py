@@ -1,0 +1,1 @@
+"""The kernel's caches: page-cache pushes, entry and inode invalidations, passthrough."""

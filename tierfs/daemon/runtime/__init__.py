@@ -1,0 +1,1 @@
+"""The daemon's runtime machinery: threads, wake-ups, background jobs, the heap."""

@@ -332,7 +332,7 @@ class Schedule:
         self.advance_requested = False
         self.plan_note: str | None = None  # why a later epoch needed more mini-epochs (shown as last_error)
         self.plan_error: str | None = None  # why the planner could not plan the next epoch (until it can)
-        #: (epoch, mini_epoch) of the last completed pass: what a ``feedback`` line is about (see control.py)
+        #: (epoch, mini_epoch) of the last completed pass: what a ``feedback`` line is about (see control_file.py)
         self.last_pass: tuple[int, int] | None = tuple(pos.last_pass) if pos.last_pass else None  # type: ignore
         self._read_mark = np.zeros(n, bool)
         self._unread = 0

@@ -1,0 +1,1 @@
+"""Names and file data served: lookups and listings, opens and reads, batch plans, pins."""

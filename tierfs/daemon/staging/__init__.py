@@ -1,0 +1,1 @@
+"""Staging: the next mini-epoch copied into the cache, from the backing or a peer."""

@@ -1,0 +1,1 @@
+"""The tree: the backing's tree scanned, saved and kept."""
