@@ -51,6 +51,9 @@ from tierfs.daemon.runtime.memory import trim_heap, tune_malloc
 from tierfs.daemon.runtime.threads import IDLE_THREAD_S, in_thread, keep_idle_threads
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    from tierfs.daemon.coordinator.engine import Engine
     from tierfs.daemon.tree.tree import ScanCount
 
 log = logging.getLogger("tierfs")
@@ -297,8 +300,11 @@ class RotatingLogHandler(WholeLineHandler):
     def reopen(self) -> None:
         """Write from now on to whatever file is at ``path`` (a new one if it was moved away).  ``OSError``
         (the dir gone, read-only) leaves the old file in use."""
-        with self.lock:  # (not between a record's size check and its write)
+        self.acquire()  # (not between a record's size check and its write)
+        try:
             self._open_path()
+        finally:
+            self.release()
 
     def _rotate(self, size: int) -> None:
         try:
@@ -519,7 +525,7 @@ async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]
     sd_notify("READY=1\nSTATUS=serving")
 
 
-async def _stop_on_signal(cancel_scope: trio.CancelScope, engine, pyfuse3) -> None:
+async def _stop_on_signal(cancel_scope: trio.CancelScope, engine: Engine, pyfuse3: ModuleType) -> None:
     """On SIGTERM or SIGINT: close the kernel calls while still serving, then end the main loop and the engine's
     tasks (see the module docstring).  On SIGHUP: reopen the log, and go on serving."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -555,7 +561,7 @@ def _start_watchdog(seconds: float) -> None:
     timer.start()
 
 
-def _free_stuck_kernel_call(engine, mountpoint: str, conn: str | None) -> None:
+def _free_stuck_kernel_call(engine: Engine, mountpoint: str, conn: str | None) -> None:
     """A kernel call still in flight holds ``/dev/fuse`` open and waits on a READ nobody will answer now:
     abort the connection, then give the call a moment to return."""
     if not engine.kernel_call_stuck:
@@ -570,7 +576,7 @@ def _free_stuck_kernel_call(engine, mountpoint: str, conn: str | None) -> None:
         time.sleep(0.02)
 
 
-async def _serve(config: MountConfig, engine, pyfuse3, on_ready: Callable[[], None]) -> None:
+async def _serve(config: MountConfig, engine: Engine, pyfuse3: ModuleType, on_ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, nursery.cancel_scope, engine, pyfuse3)
         await nursery.start(engine.run)
@@ -629,7 +635,7 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     ops = TierOperations(engine)
     try:
         if config.settings.passthrough != "off" and PASSTHROUGH:  # (the kernel's answer: status.passthrough)
-            pyfuse3.init(ops, config.mountpoint, fuse_options(config), passthrough=True)  # type: ignore[call-arg]
+            pyfuse3.init(ops, config.mountpoint, fuse_options(config), passthrough=True)
         else:
             pyfuse3.init(ops, config.mountpoint, fuse_options(config))
     except RuntimeError as exc:

@@ -2,13 +2,12 @@
 
 It owns the open handles and what is counted of them: the read counters and the descriptors the handles hold
 per user (a :class:`~tierfs.daemon.access.FdBudget`: one user's opens cannot exhaust the daemon's descriptors),
-and the batch plans (batch_plans.py).  The engine gives it the parts it works with -- tree, cache, backing, revalidator (the
-fingerprint verdict), stager, pusher and its :class:`~tierfs.daemon.kernel.pusher.KernelVersions` (which version of a
-file the kernel holds: an open asks it whether to bypass the page cache), schedule, policy, the
-:class:`~tierfs.daemon.serving.pins.PinKeeper` (lent copies stay pinned there), the settings -- and
-:class:`DataPathEvents`, what
-it tells the engine: a file was opened, and by whom (pass accounting), a file changed, a file needs staging
-again, the cache's ``data/`` is gone.
+and the batch plans (batch_plans.py).  The engine gives it the parts it works with -- tree, cache, backing,
+revalidator (the fingerprint verdict), stager, pusher and its :class:`~tierfs.daemon.kernel.pusher.KernelVersions`
+(which version of a file the kernel holds: an open asks it whether to bypass the page cache), schedule, policy,
+the :class:`~tierfs.daemon.serving.pins.PinKeeper` (lent copies stay pinned there), the settings -- and
+:class:`DataPathEvents`, what it tells the engine: a file was opened, and by whom (pass accounting), a file
+changed, a file needs staging again, the cache's ``data/`` is gone.
 
 **Never waits on the slow tier for the fast one.**  An open of a cached file whose fingerprint is fresh (see
 revalidator.py) makes no backing call; the copy is opened and checked (size, inode, ctime, mtime) with one
@@ -507,14 +506,14 @@ class DataPath:
         await self.backing.throttle(size)
         t0 = time.monotonic()
         try:
-            data = await self.backing.pread(handle.fd, size, offset, timeout=self._timeout(),
-                                            file=self.tree.file_path(handle.fidx))
+            got = await self.backing.pread(handle.fd, size, offset, timeout=self._timeout(),
+                                           file=self.tree.file_path(handle.fidx))
         except OSError as exc:
             raise BackingError(errno.EIO, f"backing read failed: {exc.strerror or exc}") from None
         finally:
             self.stall_seconds += time.monotonic() - t0
-        self.served_bytes += len(data)
-        return data
+        self.served_bytes += len(got)
+        return got
 
     async def _open_pinned(self, handle: FileHandle) -> None:
         """Open the pinned copy of a handle opened without it; a damaged copy is repaired, and the handle's

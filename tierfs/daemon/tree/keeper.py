@@ -220,10 +220,10 @@ class TreeKeeper:
         if growth is not None:
             events.grew(growth)
         left = growth.left_out if growth is not None else len(news.added) if self.rescan == "never" else 0
-        st = self.stats
-        self.stats = replace(st, rescan="done", rescans=st.rescans + 1, changed=st.changed + len(news.changed),
-                             removed=st.removed + len(news.gone), added=st.added + (growth.files if growth else 0),
-                             left_out=st.left_out + left).with_unlistable(new)
+        was = self.stats
+        self.stats = replace(was, rescan="done", rescans=was.rescans + 1, changed=was.changed + len(news.changed),
+                             removed=was.removed + len(news.gone), added=was.added + (growth.files if growth else 0),
+                             left_out=was.left_out + left).with_unlistable(new)
         if growth is not None and (growth.files or growth.others):
             log.info("the backing dir gained %d files and %d other entries: they join the mini-epochs as the next "
                      "epoch planned with them starts", growth.files, growth.others)
@@ -294,8 +294,10 @@ async def supervised(name: str, task: Callable[[], Awaitable[None]], failures: d
             cause: BaseException = error
             # (the one exception inside the task's own nurseries' groups: what went wrong, not "1 sub-exception";
             # Python 3.10 has no BaseExceptionGroup to test for)
-            while len(inner := getattr(cause, "exceptions", ())) == 1 and isinstance(inner[0], BaseException):
+            inner: tuple[object, ...] = getattr(cause, "exceptions", ())
+            while len(inner) == 1 and isinstance(inner[0], BaseException):
                 cause = inner[0]
+                inner = getattr(cause, "exceptions", ())
             failed += 1
             why = f"{type(cause).__name__}: {cause}"
             if failures is not None:
