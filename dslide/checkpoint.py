@@ -60,17 +60,18 @@ def save(directory: str | os.PathLike[str], model: SlideModel, meta: dict) -> No
     directory = os.fspath(directory)
     comm = model.comm
     shards = [f"rank{r:05d}-of-{comm.size:05d}.npz" for r in range(comm.size)]
-    subdir = None
+    made = None
     if comm.rank == 0:
         os.makedirs(directory, exist_ok=True)
         path = tempfile.mkdtemp(prefix=f"{_SHARD_DIR}{model.step:010d}-", dir=directory)
         os.chmod(path, 0o755)  # mkdtemp's 0o700 would hide the checkpoint from its other readers
         fsync_dir(directory)
-        subdir = os.path.basename(path)
-    subdir = comm.bcast(subdir)
+        made = os.path.basename(path)
+    subdir = comm.bcast(made)
     assert isinstance(subdir, str)
     with atomic_open(os.path.join(directory, subdir, shards[comm.rank]), 0o644) as f:
-        np.savez(f, **model.state())
+        # (numpy's stub: a ** of arrays might hold savez's allow_pickle, a bool -- the names here are the model's)
+        np.savez(f, **model.state())  # type: ignore[arg-type]
     comm.barrier()
     if comm.rank == 0:
         manifest = {"version": _VERSION, "ranks": comm.size, "dir": subdir, "shards": shards}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from dslide.comm import Comm
@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _int_at_least(lo: int):
+def _int_at_least(lo: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -225,7 +225,9 @@ def _cmd_train(a: argparse.Namespace) -> int:
     )  # fmt: skip
     comm = make_comm()
     # rank 0 alone touches the training directory (on a tierfs mount every listing and open counts)
-    files, header = comm.bcast(_first_header(opts.train, opts.test) if comm.rank == 0 else None)
+    shared = comm.bcast(_first_header(opts.train, opts.test) if comm.rank == 0 else None)
+    assert isinstance(shared, tuple)
+    files, header = shared
     if not files:
         raise UsageError(f"--train {' '.join(a.train)}: no training files")
     _, n_features, n_labels = header

@@ -358,7 +358,7 @@ def load_xc(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) ->
     """Parse one file or many shards (all with the same F and L) into one data set, in the order given."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
-    parts = []
+    parts: list[XCData] = []
     for p in paths:
         name = os.fspath(p)
         try:

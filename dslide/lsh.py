@@ -340,7 +340,8 @@ def reshard_tables(
     offsets0 = states[0][prefix + "offsets"]
     n_tables = offsets0.shape[0]
     n_codes = (offsets0.shape[1] - 1) // per_old
-    caps, fills, seens, items = [], [], [], [[] for _ in range(n_tables)]
+    caps, fills, seens = [], [], []
+    items: list[list[np.ndarray]] = [[] for _ in range(n_tables)]
     for g in range(g0, g1):
         r, gl = divmod(g, per_old)
         z = states[r]

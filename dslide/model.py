@@ -30,6 +30,7 @@ rounding of sums over ranks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -456,7 +457,8 @@ class SlideModel:
         self.dirty[active] = 1
         return dh, loss, top_is_label, int(labelled.sum())
 
-    def _shared_stats(self, logits, corr, lab_ptr, lab_pos, top, gmax) -> np.ndarray:
+    def _shared_stats(self, logits: np.ndarray, corr: np.ndarray, lab_ptr: np.ndarray, lab_pos: np.ndarray,
+                      top: np.ndarray, gmax: np.ndarray) -> np.ndarray:
         """This rank's softmax statistics over a shared active set (:func:`kernels.softmax_stats`'s ``stats``),
         turning ``logits`` into ``exp(z + corr - gmax)`` in place: numpy's vectorised float32 exp on row chunks,
         one per thread (numba's exp is a scalar call per entry, ~3x slower here)."""
@@ -474,7 +476,7 @@ class SlideModel:
         self._on_chunks(exps, [(B * c // C, B * (c + 1) // C) for c in range(C)])
         return stats
 
-    def _on_chunks(self, fn, cuts: list[tuple[int, int]]) -> None:
+    def _on_chunks(self, fn: Callable[[int, int], None], cuts: list[tuple[int, int]]) -> None:
         """``fn(lo, hi)`` for every cut, on a pool of threads (inline when there is one cut)."""
         if len(cuts) == 1:
             fn(*cuts[0])

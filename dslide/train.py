@@ -91,6 +91,15 @@ def _emit_json(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
+def _checked_data(path: str | None, cfg: ModelConfig) -> XCData | None:
+    """The data set in ``path`` (None without one), refused unless its shape is the model's."""
+    if not path:
+        return None
+    data = load_xc(path)
+    check_shape(data, path, cfg.n_features, cfg.n_labels)
+    return data
+
+
 def run_training(
     model_cfg: ModelConfig,
     opts: TrainOptions,
@@ -103,24 +112,23 @@ def run_training(
     """Train for ``opts.epochs`` passes (in total, counting the passes a resumed checkpoint already made);
     ``progress`` (rank 0's) shows each pass as it goes."""
     comm = comm if comm is not None else SerialComm()
-    numba.set_num_threads(opts.threads or numba.config.NUMBA_NUM_THREADS)
+    # (numba's config sets its settings from the environment at run time: its type information lacks them)
+    numba.set_num_threads(opts.threads or numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
     if opts.resume:
+        assert opts.checkpoint is not None  # (TrainOptions refuses --resume without --checkpoint)
         model, meta = checkpoint.load_model(opts.checkpoint, comm)
         if comm.rank == 0:  # what a kill during the last save left goes now, not at the next save
             checkpoint.remove_stale(opts.checkpoint)
     else:
         model, meta = SlideModel(model_cfg, comm), {"passes": 0, "seconds": 0.0, "samples": 0}
-    test = load_xc(opts.test) if opts.test else None
-    if test is not None:
-        check_shape(test, opts.test, model.cfg.n_features, model.cfg.n_labels)
-    val = load_xc(opts.val) if opts.val else None
-    if val is not None:
-        check_shape(val, opts.val, model.cfg.n_features, model.cfg.n_labels)
+    test = _checked_data(opts.test, model.cfg)
+    val = _checked_data(opts.val, model.cfg)
     heldout = HeldOut(opts.val_fraction, opts.val_points, opts.seed) if opts.val_fraction else None
     records = []
     passes_done, seconds, samples = int(meta["passes"]), float(meta["seconds"]), int(meta["samples"])
     for pass_index in range(passes_done, opts.epochs):
         files = comm.bcast(lister(opts.train) if comm.rank == 0 else None)
+        assert isinstance(files, list)
         t0 = time.perf_counter()
         steps_before = model.step
         if progress is not None:

@@ -82,7 +82,12 @@ def parse_weights(text: str) -> tuple[float, float, float]:
     if len(ws) != 3 or any(not math.isfinite(w) or w < 0 for w in ws) or not any(ws):
         raise ValueError(f"weights must be three non-negative numbers loss,train_err,val_err (not all 0), "
                          f"got {text!r}")
-    return ws  # type: ignore[return-value]
+    return ws
+
+
+def _finite_real(w: object) -> bool:
+    """Whether ``w`` is a finite real number and not a bool (a weight may come from anywhere: JSON, a list)."""
+    return not isinstance(w, bool) and isinstance(w, numbers.Real) and math.isfinite(w)
 
 
 class Controller:
@@ -91,9 +96,7 @@ class Controller:
     mode: str = "off"
 
     def __init__(self, weights: Sequence[float] = (1.0, 1.0, 1.0)) -> None:
-        if len(weights) != 3 or not all(
-            isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) for w in weights
-        ):
+        if len(weights) != 3 or not all(map(_finite_real, weights)):
             raise ValueError(f"weights must be three finite numbers (loss, train_err, val_err), got {weights!r}")
         self.weights = tuple(float(w) for w in weights)
         self.history: list[dict[str, Any]] = []

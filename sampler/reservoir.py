@@ -211,7 +211,7 @@ def oneaccess_samples(
     """
     seed = _check_count("seed", seed, 0)
     epoch = _check_count("epoch", epoch, 0)
-    if isinstance(sample_size, (int, np.integer)) and not isinstance(sample_size, bool):
+    if isinstance(sample_size, (int, np.integer)):  # (a bool: refused there)
         m = _check_count("sample_size", sample_size, 1)
         counts: Iterator[int] = itertools.repeat(m)
         fixed = None

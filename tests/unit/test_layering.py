@@ -2,7 +2,8 @@
 daemon-free, ``sampler`` pure, ``dslide`` on the control client alone -- are import-linter contracts in
 pyproject.toml, which ``scripts/test.sh`` checks (``lint-imports``).  Here: that they hold and fail on a planted
 violation, what a training job's import loads at run time, and the rules of the daemon's code an import graph
-cannot see (no callables handed to parts, the policy asked, fingerprints compared in one place)."""
+cannot see (no callables handed to parts, the policy asked, fingerprints compared in one place).  That the engine
+implements each part's events Protocol is the type check's to say (tests/unit/test_types.py)."""
 
 from __future__ import annotations
 
@@ -181,35 +182,3 @@ def test_fingerprints_are_compared_in_one_place():
             if isinstance(node, ast.Compare) and any(map(_about_fingerprints, (node.left, *node.comparators))):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, found
-
-
-def test_the_engine_implements_every_parts_events_as_declared():
-    # (the events Protocols are the parts' typed interface upward; nothing type-checks them at run time, so
-    # here: every method of each, with the same parameters, async where declared so)
-    import importlib
-    import inspect
-
-    from tierfs.daemon.coordinator.engine import Engine
-    from tierfs.daemon.schedule.passes import PassRule
-
-    checked = 0
-    for path in _daemon_modules():
-        mod = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
-        for name, proto in vars(mod).items():
-            if not (name.endswith("Events") and getattr(proto, "_is_protocol", False)
-                    and proto.__module__ == mod.__name__):
-                continue
-            for meth, declared in vars(proto).items():
-                if meth.startswith("_") or not inspect.isfunction(declared):
-                    continue
-                implementer = PassRule if name == "NamespaceEvents" else Engine  # (listings: the pass rule's)
-                mine = getattr(implementer, meth, None)
-                assert mine is not None, f"{implementer.__name__} lacks {name}.{meth}"
-                assert inspect.iscoroutinefunction(mine) == inspect.iscoroutinefunction(declared), (name, meth)
-                want = list(inspect.signature(declared).parameters.values())
-                got = list(inspect.signature(mine).parameters.values())
-                # (the same names and kinds; a default the engine adds is no harm, one declared must be kept)
-                assert [(p.name, p.kind) for p in got] == [(p.name, p.kind) for p in want], (name, meth)
-                assert all(w.default in (inspect.Parameter.empty, g.default) for g, w in zip(got, want, strict=True))
-                checked += 1
-    assert checked >= 15  # (the stager's, data path's, revalidator's, pusher's, namespace's, planner's, rescan's)

@@ -21,9 +21,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, NoReturn, overload
 
 from tierfs import __version__
 from tierfs.cli.status_text import format_status
@@ -33,6 +33,9 @@ from tierfs.common.mountpoint_lock import holders
 from tierfs.common.options import GENERIC_MOUNT_OPTIONS, OPTION_SECTIONS, OPTIONS, MountConfig, parse_assignments
 from tierfs.common.protocol import Assignments
 from tierfs.daemon.fuse.scan_bar import ScanProgress
+
+if TYPE_CHECKING:
+    from tierfs.daemon.tree.tree import ScanCount
 
 __all__ = ["main"]
 
@@ -48,7 +51,7 @@ class RuntimeFailure(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not argparse's usage block
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
         raise UsageError(message)
 
 
@@ -221,7 +224,7 @@ def _serve(config: MountConfig, ns: argparse.Namespace, daemon_default: bool) ->
                          "for its ranks: mount in the foreground (tierfs mount, or add --foreground)")
     report = log_path = None
     terminal = ScanProgress(sys.stderr)  # (a foreground mount's; a daemon's parent shows its own)
-    scan_progress = terminal.update
+    scan_progress: Callable[[ScanCount], None] = terminal.update
     if daemon:
         log_path = default_log_path(config.mountpoint)
         report, scan_progress = daemonize(log_path)

@@ -116,7 +116,7 @@ def _docs_dir() -> Path | None:
         return None
     for f in dist.files or ():
         if f.parts[-4:-1] == ("share", "doc", "tierfs"):  # e.g. ../../../share/doc/tierfs/usage.md in a venv
-            return Path(dist.locate_file(f)).resolve().parent
+            return Path(str(dist.locate_file(f))).resolve().parent  # (a Path: the stub promises less)
     return None
 
 

@@ -55,7 +55,8 @@ class Sample(NamedTuple):
     path: str
     label: int
     copy: str | None = None
-    index: int = -1
+    # (a field named like the tuple method it shadows, tuple.index: the name users read stays)
+    index: int = -1  # type: ignore[assignment]
     size: int = -1
     copy_id: tuple[int, int] | None = None
 
@@ -465,6 +466,7 @@ class PassIndices:
 
     def _said_unread(self, passes: int, waited: float) -> None:
         """Rank 0 ended pass ``passes`` left unread: said every time it waited, once if it did not."""
+        assert self.client is not None
         if waited < self.NOTICE and self._told_unread:
             return
         self._told_unread = True

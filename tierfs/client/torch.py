@@ -528,7 +528,7 @@ class CopyReports:
             with self.lock:
                 current = self.current
                 whole = current is not None and self._read_whole()
-                if whole and whole_of != current.number:
+                if whole and current is not None and whole_of != current.number:
                     whole_of, whole_at = current.number, now
                 # (then the next pass is looked for every TICK for EVERY seconds, every EVERY after: other
                 # ranks may take a while)

@@ -45,7 +45,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from typing import Any, Protocol
 
 from tierfs.common.options import Settings, parse_assignments, parse_changes

@@ -24,6 +24,7 @@ import errno
 import os
 import random
 import stat
+from collections.abc import Sequence
 
 import pyfuse3
 import trio
@@ -51,7 +52,7 @@ class Passthrough(pyfuse3.Operations):
         try:
             ino = os.lstat(path).st_ino
         except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         if self.renumber:
             if ino not in self._numbers:
                 self._numbers[ino], self._next = self._next, self._next + 1
@@ -59,7 +60,7 @@ class Passthrough(pyfuse3.Operations):
         self.paths[ino] = path
         return ino
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         if not self.renumber:
             return
         gone = {inode for inode, _ in inode_list} - {pyfuse3.ROOT_INODE}
@@ -87,7 +88,7 @@ class Passthrough(pyfuse3.Operations):
         try:
             st = os.lstat(path)
         except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         a = pyfuse3.EntryAttributes()
         for f in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns", "st_mtime_ns",
                   "st_ctime_ns"):
@@ -136,7 +137,7 @@ class Passthrough(pyfuse3.Operations):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         self.fd_paths[fd] = path
         # Counting: no page cache kept from one open to the next (sshfs's default), so every read a client makes
         # after an open reaches this daemon and is counted.

@@ -31,8 +31,9 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
+_libc: ctypes.CDLL | None
 try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+    _libc = ctypes.CDLL(None, use_errno=True)
     _syscall = _libc.syscall
     _syscall.restype = ctypes.c_long
 except (OSError, AttributeError):  # pragma: no cover - no libc symbol table

@@ -110,24 +110,28 @@ def _read(name: str, dir_fd: int | None) -> Position:
         raise ValueError("it is not a JSON object")
     if type(version := raw.get("version")) is not int or version != _VERSION:
         raise ValueError(f"version {str(version)[:20]}, not {_VERSION}")
-    counters = {key: raw.get(key, 0 if key == "passes_total" else None)
+    rf_listed = _list(raw.get("rf_effective", [0]), "rf_effective")
+    counters = {key: _count(raw.get(key, 0 if key == "passes_total" else None), key)
                 for key in ("epoch", "mini_epoch", "pass", "passes_total")}
-    rf_effective = raw.get("rf_effective", [0])
-    for key, value in [*counters.items(), *(("rf_effective", v) for v in _list(rf_effective, "rf_effective"))]:
-        if type(value) is not int or not 0 <= value < _MOST:  # (not a bool, a float, a string of digits)
-            raise ValueError(f"{key} is missing" if value is None else
-                             f"{key} is {json.dumps(value)[:40]}, not a count from 0 to 2**40")
+    rf_effective = [_count(value, "rf_effective") for value in rf_listed]
     history = _list(raw.get("arf_history", []), "arf_history")
     if not all(isinstance(h, dict) for h in history):
         raise ValueError("arf_history holds something other than JSON objects")
     return Position(epoch=counters["epoch"], mini_epoch=counters["mini_epoch"], pass_index=counters["pass"],
-                    passes_total=counters["passes_total"], rf_effective=list(rf_effective) or [0],
+                    passes_total=counters["passes_total"], rf_effective=rf_effective or [0],
                     arf_history=history, last_pass=_pair(raw.get("last_pass")),
                     switch_due=raw.get("switch_due", False) is True, nm_asked=_count_or_none(raw.get("nm_asked")))
 
 
 def _count_or_none(value: Any) -> int | None:
     return value if type(value) is int and 0 < value < _MOST else None
+
+
+def _count(value: Any, key: str) -> int:
+    if type(value) is not int or not 0 <= value < _MOST:  # (not a bool, a float, a string of digits)
+        raise ValueError(f"{key} is missing" if value is None else
+                         f"{key} is {json.dumps(value)[:40]}, not a count from 0 to 2**40")
+    return value
 
 
 def _list(value: Any, key: str) -> list[Any]:

@@ -61,7 +61,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import itertools
 import logging
 import os
 import re
@@ -70,7 +69,7 @@ import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar, overload
 
 import numpy as np
 import trio
@@ -86,6 +85,8 @@ from tierfs.daemon.runtime.threads import in_thread
 from tierfs.daemon.runtime.wakeup import Wakeup
 from tierfs.daemon.tree.keeper import OLD_TREE_NAMES, TREE_NAME
 from tierfs.daemon.tree.tree import Fingerprint, Tree, path_hash
+
+T = TypeVar("T")
 
 __all__ = ["MARKER_NAME", "CacheEntry", "CacheEvents", "CacheStatistics", "CacheStore", "CopyRegistry", "allocated",
            "cache_block", "disk_estimates", "entry_name", "path_hash", "temp_copy_name"]
@@ -319,7 +320,13 @@ class _Index(OrderedDict[int, CacheEntry]):
         super().__delitem__(fidx)
         self.mask[fidx] = False
 
-    def pop(self, fidx: int, *default: object) -> object:  # type: ignore[override]
+    @overload
+    def pop(self, fidx: int, /) -> CacheEntry: ...
+
+    @overload
+    def pop(self, fidx: int, default: T, /) -> CacheEntry | T: ...
+
+    def pop(self, fidx: int, *default: object) -> object:
         if fidx in self:
             self.mask[fidx] = False
         return super().pop(fidx, *default)
@@ -791,7 +798,8 @@ class CacheStore:
         """Unlink the queued copies, _DELETE_BATCH a hop to the thread, each hop's bytes freed once it returned."""
         while self._deletes:
             fd = self._deletes[0][0]  # (one data dir a hop: a recreated one has another descriptor)
-            batch = list(itertools.takewhile(lambda d, fd=fd: d[0] == fd, self._deletes[:_DELETE_BATCH]))
+            batch = self._deletes[:_DELETE_BATCH]
+            batch = batch[:next((i for i, d in enumerate(batch) if d[0] != fd), len(batch))]
             await in_thread(_unlink_all, fd, [name for _, name, _ in batch], abandon_on_cancel=abandon_on_cancel)
             del self._deletes[:len(batch)]  # (queued only once gone: a cancel before the hop leaves them)
             self._gone(batch)

@@ -166,7 +166,7 @@ class StatusCollector:
         self.status = status
 
     def collect(self) -> Iterator[MetricFamily]:
-        family: MetricFamily | None = None
+        family: CounterMetricFamily | GaugeMetricFamily | None = None
         name = ""
         for m in METRICS:
             if family is None or m.name != name:

@@ -51,6 +51,8 @@ from tierfs.daemon.runtime.memory import trim_heap, tune_malloc
 from tierfs.daemon.runtime.threads import IDLE_THREAD_S, in_thread, keep_idle_threads
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from tierfs.daemon.fuse.operations import TierOperations
     from tierfs.daemon.kernel.pusher import KernelCache
     from tierfs.daemon.tree.tree import ScanCount
@@ -299,8 +301,11 @@ class RotatingLogHandler(WholeLineHandler):
     def reopen(self) -> None:
         """Write from now on to whatever file is at ``path`` (a new one if it was moved away).  ``OSError``
         (the dir gone, read-only) leaves the old file in use."""
-        with self.lock:  # (not between a record's size check and its write)
+        self.acquire()  # (not between a record's size check and its write)
+        try:
             self._open_path()
+        finally:
+            self.release()
 
     def _rotate(self, size: int) -> None:
         try:
@@ -521,7 +526,7 @@ async def _announce_when_answering(mountpoint: str, on_ready: Callable[[], None]
     sd_notify("READY=1\nSTATUS=serving")
 
 
-async def _stop_on_signal(cancel_scope: trio.CancelScope, ops: TierOperations, pyfuse3) -> None:
+async def _stop_on_signal(cancel_scope: trio.CancelScope, ops: TierOperations, pyfuse3: ModuleType) -> None:
     """On SIGTERM or SIGINT: close the kernel calls while still serving, then end the main loop and the engine's
     tasks (see the module docstring).  On SIGHUP: reopen the log, and go on serving."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -573,7 +578,7 @@ def _free_stuck_kernel_call(kernel: KernelCache, mountpoint: str, conn: str | No
         time.sleep(0.02)
 
 
-async def _serve(config: MountConfig, ops: TierOperations, pyfuse3, on_ready: Callable[[], None]) -> None:
+async def _serve(config: MountConfig, ops: TierOperations, pyfuse3: ModuleType, on_ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, nursery.cancel_scope, ops, pyfuse3)
         await nursery.start(ops.engine.run)
@@ -632,7 +637,7 @@ def run_mount(config: MountConfig, *, on_ready: Callable[[], None] = lambda: Non
     ops = TierOperations(engine)
     try:
         if config.settings.passthrough != "off" and PASSTHROUGH:  # (the kernel's answer: status.passthrough)
-            pyfuse3.init(ops, config.mountpoint, fuse_options(config), passthrough=True)  # type: ignore[call-arg]
+            pyfuse3.init(ops, config.mountpoint, fuse_options(config), passthrough=True)
         else:
             pyfuse3.init(ops, config.mountpoint, fuse_options(config))
     except RuntimeError as exc:

@@ -46,9 +46,9 @@ import itertools
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
@@ -68,6 +68,7 @@ __all__ = ["ATTR_TIMEOUT", "TierOperations"]
 
 log = logging.getLogger("tierfs")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: Seconds the kernel may cache names and attributes.  Long: the tree only changes by backing-file changes,
 #: which the engine notices on open and invalidates explicitly.
@@ -110,13 +111,15 @@ async def _erofs(*_args: Any, **_kwargs: Any) -> Any:
     raise pyfuse3.FUSEError(errno.EROFS)
 
 
-def _errors(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """The one error rule: ``OSError`` becomes its errno, a bug becomes ``EIO`` (logged), never a dead mount."""
+def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """The one error rule: ``OSError`` becomes its errno, a bug becomes ``EIO`` (logged), never a dead mount.
+    The wrapper keeps the handler's signature (``P``), so the type check still compares each handler with the
+    ``pyfuse3.Operations`` method it overrides."""
 
     @functools.wraps(handler)
-    async def wrapper(*args: Any) -> T:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return await handler(*args)
+            return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except OSError as exc:
@@ -253,8 +256,9 @@ class TierOperations(pyfuse3.Operations):
 
     # =============================================================================== directories
 
+    # (the FileInfo answer is the cache-readdir patch's, scripts/pyfuse3: its stub still says a handle alone)
     @_errors
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int | pyfuse3.FileInfo:
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int | pyfuse3.FileInfo:  # type: ignore[override]
         names = self.engine.names
         listing = await names.open_dir(inode, ctx.uid, ctx.pid)
         fh = next(self._fh)
@@ -357,11 +361,12 @@ class TierOperations(pyfuse3.Operations):
         fh = next(self._fh)
         self._handles[fh] = handle
         if handle.backing_id:  # (the kernel reads the copy itself: keep_cache and direct_io do not apply)
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=handle.backing_id)  # type: ignore[call-arg]
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=handle.backing_id)
         return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
 
+    # (pyfuse3 replies with any contiguous buffer, PyObject_GetBuffer in handlers.pxi; its stub says bytes)
     @_errors
-    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:
+    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
         h = self._handles[fh]
         if isinstance(h, _Virtual):
             return h.data[off:off + size]
@@ -395,7 +400,7 @@ class TierOperations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.EROFS)
 
     # Every other mutating request: the mount is read-only and the backing dir is never written.
-    mknod = mkdir = unlink = rmdir = symlink = rename = link = create = _erofs  # type: ignore[assignment]
+    mknod = mkdir = unlink = rmdir = symlink = rename = link = create = _erofs
 
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
         raise pyfuse3.FUSEError(errno.EROFS)

@@ -52,7 +52,7 @@ from tierfs.daemon.runtime.threads import in_thread
 from tierfs.daemon.runtime.wakeup import Wakeup
 from tierfs.daemon.schedule.schedule import Schedule
 from tierfs.daemon.staging.filequeue import FileQueue
-from tierfs.daemon.tree.tree import Tree
+from tierfs.daemon.tree.tree import Attributes, Tree
 
 __all__ = ["KernelCache", "KernelCalls", "KernelVersions", "Pusher", "PusherEvents", "PusherStatistics",
            "push_budget"]
@@ -457,7 +457,7 @@ class KernelVersions:
         """Whether some file's kernel attributes are held at an older version (see :meth:`kernel_stat`)."""
         return bool(self._page_stat)
 
-    def kernel_attributes(self, fidx: int, attrs: tuple[int, ...]) -> tuple[int, ...]:
+    def kernel_attributes(self, fidx: int, attrs: Attributes) -> Attributes:
         """``attrs`` (mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns, as the tree has them) as the
         kernel must be told them: size, blocks and times of :meth:`kernel_stat`'s version."""
         st = self._page_stat.get(fidx)

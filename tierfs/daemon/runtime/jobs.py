@@ -82,8 +82,10 @@ async def supervised(name: str, task: Callable[[], Awaitable[None]], failures: d
             cause: BaseException = error
             # (the one exception inside the task's own nurseries' groups: what went wrong, not "1 sub-exception";
             # Python 3.10 has no BaseExceptionGroup to test for)
-            while len(inner := getattr(cause, "exceptions", ())) == 1 and isinstance(inner[0], BaseException):
+            inner: tuple[object, ...] = getattr(cause, "exceptions", ())
+            while len(inner) == 1 and isinstance(inner[0], BaseException):
                 cause = inner[0]
+                inner = getattr(cause, "exceptions", ())
             failed += 1
             why = f"{type(cause).__name__}: {cause}"
             if failures is not None:

@@ -68,7 +68,8 @@ def keep_idle_threads(seconds: float) -> bool:
         return False
     if not isinstance(getattr(_thread_cache, "IDLE_TIMEOUT", None), (int, float)):
         return False
-    _thread_cache.IDLE_TIMEOUT = seconds
+    # (trio's own value is the int 10, so its type information says int; the cache waits on any number)
+    _thread_cache.IDLE_TIMEOUT = seconds  # type: ignore[assignment]
     return True
 
 

@@ -411,7 +411,7 @@ class Consumers:
         if now - c.looked_at < within:
             return c.gone_why
         c.looked_at, c.gone_why = now, None
-        dead = []
+        dead: list[tuple[int, int]] = []
         for key in reversed(list(c.processes)):
             if process_alive(*key):
                 for k in dead:

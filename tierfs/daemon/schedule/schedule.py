@@ -32,6 +32,7 @@ ends.  (Under ``lru`` the view is still made in the request.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -214,21 +215,21 @@ def make_plan(sizes: np.ndarray, groups: np.ndarray, settings: Settings, capacit
     """The plan of ``epoch`` and, if ``settings`` cannot plan it (the sizes changed since they were checked),
     why: it then takes as many mini-epochs as half the cache needs.  Pure: a worker thread runs it."""
     budget, nm = _budget(settings, capacity)
-    args = dict(seed=settings.seed, epoch=epoch, composition=settings.composition,
-                groups=groups if settings.composition == "stratified" else None, rank=settings.rank,
-                world_size=settings.world_size)
+    plan = functools.partial(plan_epoch, sizes, seed=settings.seed, epoch=epoch, composition=settings.composition,
+                             groups=groups if settings.composition == "stratified" else None, rank=settings.rank,
+                             world_size=settings.world_size)
     try:
         check_fits(sizes, settings, capacity)
     except ValueError as exc:
         note = f"epoch {epoch}: {exc}; this epoch uses more mini-epochs"
-        return _narrow_plan(plan_epoch(sizes, budget=capacity // 2, **args), len(sizes)), note
+        return _narrow_plan(plan(budget=capacity // 2), len(sizes)), note
     try:
-        return _narrow_plan(plan_epoch(sizes, nm=nm, budget=budget, **args), len(sizes)), None
+        return _narrow_plan(plan(nm=nm, budget=budget), len(sizes)), None
     except ValueError:
         # (nm is given: without it the planner picks a count that fits.)  On average a mini-epoch fits half the
         # cache (within a file), but no cut keeps every one under it.  Take the balanced cut: the stager never
         # passes the cap, and a mini-epoch a little over half is finished after the switch (PassRule.next_ready).
-        return _narrow_plan(plan_epoch(sizes, nm=nm, **args), len(sizes)), None
+        return _narrow_plan(plan(nm=nm), len(sizes)), None
 
 
 def _narrow_plan(plan: list[np.ndarray], n_files: int) -> list[np.ndarray]:
@@ -616,7 +617,8 @@ class Schedule:
         if self.settings.view == "full":
             return [(self._whole_next, None)] if self._whole_next is not None else []
         pos = self.pos
-        wanted = [(self._view_key(pos.epoch, pos.mini_epoch, pos.pass_index + 1), self.current)]
+        wanted: list[tuple[ViewKey, np.ndarray | None]] = [
+            (self._view_key(pos.epoch, pos.mini_epoch, pos.pass_index + 1), self.current)]
         if self.next_coords is not None and self.next_coords != (pos.epoch, pos.mini_epoch):
             wanted.append((self._view_key(*self.next_coords, 0), self.next_files))
         return wanted
@@ -627,10 +629,11 @@ class Schedule:
 
     def view_job(self) -> ViewJob | None:
         """A view the next pass may show that is not made yet, to make off the trio thread (no side effect)."""
-        for key, files in self._views_wanted():
-            if key not in self._views:
+        view = self.view
+        for key, files in self._views_wanted():  # (none without a view)
+            if key not in self._views and view is not None:
                 # (the next pass: the same files; a whole-tree view: the tree's)
-                mask = self.view.mask if files is self.current or files is None else None
+                mask = view.mask if files is self.current or files is None else None
                 return self._view_job(*key[1:], seed=self.settings.seed, files=files, mask=mask)
         return None
 

@@ -514,14 +514,14 @@ class DataPath:
         await self.backing.throttle(size)
         t0 = time.monotonic()
         try:
-            data = await self.backing.pread(handle.fd, size, offset, timeout=self._timeout(),
-                                            file=self.tree.file_path(handle.fidx))
+            got = await self.backing.pread(handle.fd, size, offset, timeout=self._timeout(),
+                                           file=self.tree.file_path(handle.fidx))
         except OSError as exc:
             raise BackingError(errno.EIO, f"backing read failed: {exc.strerror or exc}") from None
         finally:
             self.stall_seconds += time.monotonic() - t0
-        self.served_bytes += len(data)
-        return data
+        self.served_bytes += len(got)
+        return got
 
     async def _open_pinned(self, handle: FileHandle) -> None:
         """Open the pinned copy of a handle opened without it; a damaged copy is repaired, and the handle's

@@ -37,7 +37,7 @@ from tierfs.daemon.runtime.wakeup import Wakeup
 from tierfs.daemon.schedule.consumers import ANONYMOUS, Consumers
 from tierfs.daemon.schedule.schedule import Schedule
 from tierfs.daemon.serving.substitutions import Substitutions, SubstitutionStatistics
-from tierfs.daemon.tree.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Node, Tree
+from tierfs.daemon.tree.tree import CONTROL_INODES, KIND_DIR, KIND_FILE, KIND_LINK, Attributes, Node, Tree
 
 __all__ = ["KernelListings", "Listing", "ListingStatistics", "Namespace", "NamespaceEvents"]
 
@@ -296,7 +296,7 @@ class Namespace:
             entries = list(zip((stale[:, 0] + 1).tolist(), self.tree.names_of(stale[:, 1]), strict=True))
             subs.dropped(await self.pusher.kernel.drop_entries(entries))
 
-    def attributes(self, inode: int) -> tuple[int, int, int, int, int, int, int, int, int] | None:
+    def attributes(self, inode: int) -> Attributes | None:
         """(mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of a tree inode; None for none.  A
         file shows one link unless hard links are shared (each name is its own inode otherwise)."""
         i = inode - 1

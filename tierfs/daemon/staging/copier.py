@@ -39,7 +39,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -144,7 +144,8 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
     """
     size = expected[0]
     src, st = open_regular(root_fd, relpath, dev)
-    tmp: str | None = temp_copy_name(serial)
+    tmp = temp_copy_name(serial)
+    renamed = False
     try:
         wait_ns = settling_ns(st, time.time_ns()) if fingerprint(st, inodes) == expected else 0  # (else: changed)
         if wait_ns > SETTLE_IN_THREAD_NS:
@@ -178,12 +179,12 @@ def copy_into_cache(root_fd: int, dev: int, relpath: bytes, expected: Fingerprin
         if not may_commit():
             raise CopyAbandoned  # (the temp file goes in the finally below)
         os.rename(tmp, name, src_dir_fd=data_fd, dst_dir_fd=data_fd)
-        tmp = None
+        renamed = True
         cst = os.stat(name, dir_fd=data_fd, follow_symlinks=False)  # (after the rename: it moves ctime)
         return Copied(name, expected, digest, allocated(cst, block), (cst.st_ino, cst.st_ctime_ns), from_peer)
     finally:
         os.close(src)
-        if tmp is not None:
+        if not renamed:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=data_fd)
 
@@ -256,7 +257,7 @@ class CopyBatch:
     reservation is given back then: its temp file may hold disk until that moment).
     """
 
-    def __init__(self, jobs: list[Callable[..., Copied] | None], backing: Backing) -> None:
+    def __init__(self, jobs: Sequence[Callable[..., Copied] | None], backing: Backing) -> None:
         self.jobs = jobs
         self.outcomes: list[Copied | BaseException | None] = [None] * len(jobs)
         self.done = 0
@@ -286,17 +287,24 @@ class CopyBatch:
                         outcome = job(progress=self._progress, may_commit=self._may_commit)
                     except (BackingChanged, CopyTooSoon, CopyAbandoned, OSError) as exc:
                         outcome = exc
-                with self._lock:
-                    if self._stopped:
-                        break  # (abandoned: its outcome is nobody's; its copy did not land)
-                    self.outcomes[i] = outcome
-                    self.done = i + 1
-                    self._since, self._committing = time.monotonic(), False
+                if not self._record(i, outcome):
+                    break
         finally:
             with self._lock:
                 self.ended = True
             self._backing.untrack(rid)
         return time.thread_time() - cpu0
+
+    def _record(self, i: int, outcome: Copied | BaseException | None) -> bool:
+        """Keep copy ``i``'s outcome, unless the batch was abandoned or stopped meanwhile (its outcome is nobody's;
+        its copy did not land); whether the thread goes on."""
+        with self._lock:
+            if self._stopped:
+                return False
+            self.outcomes[i] = outcome
+            self.done = i + 1
+            self._since, self._committing = time.monotonic(), False
+            return True
 
     def _progress(self, nbytes: int) -> None:
         self._since = time.monotonic()  # (one attribute store: atomic under the GIL)

@@ -145,7 +145,9 @@ class PeerLink:
         hosts: set[str] = set()
         for host, _ in self.addresses:
             try:
-                hosts.update(_numeric(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+                # (an IPv4 or IPv6 address is a str: the stub's int is another family's)
+                hosts.update(_numeric(str(info[4][0]))
+                             for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
             except OSError as exc:
                 log.warning("peers: cannot resolve the address %s a peer announced (%s): it is not let in", host, exc)
         return frozenset(hosts)
@@ -209,7 +211,7 @@ def join_mpi_group(peer_addr: str) -> PeerLink:
     if not peer_addr and size > 1 and addr[0].startswith("127."):
         log.warning("peers: this node's host name resolves to %s, which peers on other nodes cannot reach: set "
                     "peer_addr to its address on the cluster's network", addr[0])
-    return PeerLink(rank, size, [tuple(a) for a in everyone], sock, token)  # type: ignore[misc]
+    return PeerLink(rank, size, [tuple(a) for a in everyone], sock, token)
 
 
 #: The job's token: a key of HMAC-SHA256 (bytes)
@@ -579,8 +581,8 @@ class _Doorman:
                     elif key.fileobj in self.pending:  # (not turned away by an accept of this round)
                         self._receive(key.data)
                 now = time.monotonic()
-                while self.pending and (first := next(iter(self.pending.values()))).deadline <= now:
-                    self._turn_away(first)
+                while self.pending and (due := next(iter(self.pending.values()))).deadline <= now:
+                    self._turn_away(due)
         finally:
             for caller in list(self.pending.values()):
                 self._turn_away(caller, counted=False)

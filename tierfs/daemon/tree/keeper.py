@@ -217,10 +217,10 @@ class TreeKeeper:
         if growth is not None:
             events.grew(growth)
         left = growth.left_out if growth is not None else len(news.added) if self.rescan == "never" else 0
-        st = self.stats
-        self.stats = replace(st, rescan="done", rescans=st.rescans + 1, changed=st.changed + len(news.changed),
-                             removed=st.removed + len(news.gone), added=st.added + (growth.files if growth else 0),
-                             left_out=st.left_out + left).with_unlistable(new)
+        was = self.stats
+        self.stats = replace(was, rescan="done", rescans=was.rescans + 1, changed=was.changed + len(news.changed),
+                             removed=was.removed + len(news.gone), added=was.added + (growth.files if growth else 0),
+                             left_out=was.left_out + left).with_unlistable(new)
         if growth is not None and (growth.files or growth.others):
             log.info("the backing dir gained %d files and %d other entries: they join the mini-epochs as the next "
                      "epoch planned with them starts", growth.files, growth.others)

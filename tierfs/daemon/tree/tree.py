@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -73,6 +73,7 @@ __all__ = [
     "NS_MIN",
     "AccessWatcher",
     "Additions",
+    "Attributes",
     "Comparison",
     "Fingerprint",
     "Growth",
@@ -96,6 +97,8 @@ CONTROL_INODES = {os.fsencode(name): CONTROL_BASE + i for i, name in enumerate((
 
 
 Fingerprint = tuple[int, int, int, int]
+#: (mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of a node: what a mount shows
+Attributes = tuple[int, int, int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class Additions:
         self.entries.append((parent, name, kind, st, text))
         return -len(self.entries)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[tuple[int, bytes, int, os.stat_result, bytes]]:
         return iter(self.entries)
 
     def __len__(self) -> int:
@@ -336,7 +339,8 @@ def _digest(h: xxhash.xxh3_64, a: np.ndarray) -> None:
     """Add an array (its type, shape and elements) to the saved tree's checksum: a flipped bit in a size or a
     name would otherwise load as a wrong tree, served until the rescan's news (names: until the next mount)."""
     h.update(f"{a.dtype.str}{a.shape}".encode())
-    h.update(np.ascontiguousarray(a).view(np.uint8) if a.size else b"")
+    # (numpy's stubs give ndarray its buffer, ``__buffer__``, for Python >= 3.12 only)
+    h.update(np.ascontiguousarray(a).view(np.uint8) if a.size else b"")  # type: ignore[arg-type]
 
 
 def _ends(parts: Sequence[bytes]) -> np.ndarray:
@@ -592,7 +596,7 @@ class Tree:
         return (self.meta[self.meta_idx[nodes]], self.size[nodes], self.blocks_[nodes].astype(np.int64),
                 self.mtime[nodes], self.ctime[nodes])
 
-    def attributes(self, i: int) -> tuple[int, int, int, int, int, int, int, int, int]:
+    def attributes(self, i: int) -> Attributes:
         """(mode, nlink, uid, gid, rdev, size, blocks, mtime_ns, ctime_ns) of node ``i``: what a mount shows."""
         mode, nlink, uid, gid, rdev = self._meta_rows[self.meta_idx.item(i)]
         return (mode, nlink, uid, gid, rdev, self.size.item(i), self.blocks_.item(i), self.mtime.item(i),
@@ -934,7 +938,9 @@ class Tree:
         was_gone[np.array(joining, np.int64)] = False
         mine_fp, theirs_fp = self.fingerprints(), new.fingerprints()
         differs = found & (np.any(mine_fp != theirs_fp[np.maximum(match, 0)], axis=1) if len(keys) else False)
-        changed, returned, gone = [], [], np.flatnonzero(~found).tolist()
+        changed: list[tuple[int, os.stat_result]] = []
+        returned: list[tuple[int, os.stat_result]] = []
+        gone: list[int] = np.flatnonzero(~found).tolist()
         for fidx in np.flatnonzero(differs | (found & was_gone)).tolist():
             g = int(match[fidx])
             if new.file_path(g) != self.file_path(fidx):  # (two paths with one 64-bit hash: compare the slow way)
@@ -1392,11 +1398,22 @@ class _Column:
             self._chunks.append(self._join(self._pending))
             self._pending, self._n_pending = [], 0
 
-    def take(self) -> np.ndarray | bytes:
-        """The whole column; the column is empty after."""
+    def _take(self) -> np.ndarray | bytes:
         self._merge()
         chunks, self._chunks = self._chunks, []
         return chunks[0] if len(chunks) == 1 else self._join(chunks)
+
+    def take(self) -> np.ndarray:
+        """The whole column of numbers; the column is empty after."""
+        whole = self._take()
+        assert isinstance(whole, np.ndarray), "a column of names: take_names"
+        return whole
+
+    def take_names(self) -> bytes:
+        """The whole column of names (``dtype`` None), joined; the column is empty after."""
+        whole = self._take()
+        assert isinstance(whole, bytes), "a column of numbers: take"
+        return whole
 
 
 def _gather(blob: bytes, starts: np.ndarray, ends: np.ndarray) -> bytes:
@@ -1493,6 +1510,7 @@ class _Scan:
             names = list(itertools.compress(names, keep.tolist()))
             fields, ino = fields[keep], ino[keep]
         rows = fields[:, _F_META]
+        idx: np.ndarray  # (each entry's row of ``table``)
         if len(rows) and (rows == rows[0]).all():  # (a directory of like files: one row)
             table, idx = rows[:1], np.zeros(len(rows), np.int32)
         else:
@@ -1631,7 +1649,7 @@ class _Scan:
         blocks = _narrow(blocks)
         lens = self.name_lens.take()
         ends = np.cumsum(lens, dtype=np.int64)
-        names = _gather(self.names.take(), (ends - lens)[perm], ends[perm])
+        names = _gather(self.names.take_names(), (ends - lens)[perm], ends[perm])
         del ends
         name_ends = np.cumsum(lens[perm], dtype=index_dtype(len(names)))
         del lens, perm
