@@ -181,6 +181,7 @@ def test_a_round_renews_what_the_readers_may_reach_not_the_whole_view(open_engin
     assert not renewed[order[100:]].any()
 
 
+@pytest.mark.slow
 def test_fuzzed_control_writes_fail_cleanly_and_change_nothing(open_engine):
     e = open_engine()
     rng = random.Random(11)
@@ -224,6 +225,7 @@ def test_absurd_values_are_refused(open_engine, text):
     assert e.control_text() == before and text.split("=")[0] in e.last_error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("full_of", ["space", "inodes"])
 def test_a_staging_error_stays_visible_until_staging_works(open_engine, t, tmp_path, full_of):
     """Any good control write used to clear an ENOSPC last_error; a staging error is the stager's, kept until

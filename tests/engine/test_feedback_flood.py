@@ -8,6 +8,7 @@ journal the same history as memory.  Counted in entries, not in RSS: what is kep
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from sampler.arf import HISTORY_KEPT
@@ -23,6 +24,7 @@ WRITES_PER_NAME = 2
 NAMES = 125  # 125 x 2 x 800 = 200,000 feedback lines
 
 
+@pytest.mark.slow
 def test_a_feedback_flood_from_many_consumers_keeps_history_and_controllers_bounded(open_engine):
     e = open_engine(rf=50, arf="score", arf_wait=1000)  # (scored, never an advance: the flood is all there is)
     anonymous_lines = 0

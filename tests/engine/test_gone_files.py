@@ -12,6 +12,7 @@ import trio
 from tierfs.daemon.backing.calls import BackingError
 
 
+@pytest.mark.slow
 def test_a_view_file_gone_mid_pass_leaves_the_view_and_the_pass_ends_without_it(open_engine, t):
     e = open_engine(rf=100)
 

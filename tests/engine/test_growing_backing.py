@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import trio
 
 NEW = {"class_000/zz_new.bin": b"new in an old class" * 50, "class_new/a.bin": b"a" * 3000,
        "class_new/b.bin": b"b" * 10}
 
 
+@pytest.mark.slow
 def test_files_the_backing_gains_join_a_later_epoch_without_a_remount(open_engine, t):
     e = open_engine(rf=1, advance="strict")
     n0 = e.tree.n_files
@@ -69,6 +71,7 @@ def test_files_the_backing_gains_join_a_later_epoch_without_a_remount(open_engin
     t.run(main)
 
 
+@pytest.mark.slow
 def test_rescan_never_keeps_the_tree_as_mounted(open_engine, t):
     e = open_engine(rf=1, advance="strict", rescan="never")
     n0 = e.tree.n_files

@@ -72,6 +72,7 @@ def test_a_fifo_in_a_later_mini_epoch_is_found_gone_once_named_and_the_schedule_
         t.run(main)
 
 
+@pytest.mark.slow
 def test_one_file_whose_calls_hang_holds_at_most_per_file_threads(open_engine, t):
     """A file whose backing calls never return (here: a FIFO opened the old, blocking way) holds PER_FILE
     threads; later calls on it fail at once, and every other file is still served."""

@@ -380,6 +380,7 @@ def many_fds():
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.slow
 def test_under_idle_and_slow_connections_the_peers_keep_fetching(pair, t, many_fds):
     # 2,000 idle connections and 32 trickling a byte at a time at rank 0's port, from an address of the job:
     # epochs 1 and 2 still come from the other node's cache, every copy (none from the slow tier)
@@ -483,6 +484,7 @@ def test_a_cap_too_small_for_the_owned_share_gives_up_owned_copies_for_the_mini_
     t.run(main)
 
 
+@pytest.mark.slow
 def test_after_the_first_epoch_the_staging_rate_is_the_peers_not_the_slow_tiers(pair, t, tmp_path):
     # The slow tier: backing reads capped at 32 kB/s (a peer's bytes are not: they are not the backing's), so the
     # first epoch's 256 KiB a node took at least 7 s.  What rf=auto reads (``rf_wanted``: consumption over this

@@ -73,6 +73,7 @@ def _engine_of_2m_files(open_engine, tmp_path, dataset, rf: int = 1):
     return e
 
 
+@pytest.mark.slow
 def test_ending_an_epochs_last_pass_at_2m_files_never_plans_on_the_trio_thread(open_engine, tmp_path, dataset, t,
                                                                                 plan_threads):
     e = _engine_of_2m_files(open_engine, tmp_path, dataset)
@@ -108,6 +109,7 @@ def _is_the_pass_view(sch) -> bool:
             and int(v.mask.sum()) == len(sch.current) and bool(v.mask[sch.current].all()))
 
 
+@pytest.mark.slow
 def test_ending_passes_mini_epochs_and_an_epoch_at_2m_files_makes_no_view_in_the_request(
         open_engine, tmp_path, dataset, t, plan_threads, view_threads):
     """What the request that ends a pass did at 2M files once its plan was made ahead: the next pass's serving
@@ -188,6 +190,7 @@ def test_a_whole_tree_view_is_made_ahead_only_in_the_last_eighth_of_a_pass(open_
     assert sch.view_job() is None  # the new pass: nothing ahead until its own last eighth
 
 
+@pytest.mark.slow
 def test_a_switch_at_2m_files_makes_no_python_object_per_file(open_engine, tmp_path, dataset):
     """The request that switches mini-epochs holds every reader of the mount (issue 25: under 50 ms at 2M files,
     docs/benchmarks.md).  What made it take 0.3-1.5 s was a Python object per file of the mini-epoch -- sets of

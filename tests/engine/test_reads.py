@@ -240,6 +240,7 @@ def test_cached_reads_are_whole_whether_or_not_the_copy_is_in_the_page_cache(ope
     t.run(main)
 
 
+@pytest.mark.slow
 def test_a_lent_copy_outlives_its_eviction_until_the_lease_ends(open_engine, t):
     e = open_engine()
 

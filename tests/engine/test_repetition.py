@@ -36,6 +36,7 @@ def test_ready_never_repeats_past_the_ceiling_without_staging(open_engine, t):
     t.run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rf", [1, "auto"])
 def test_passes_stay_within_the_ceiling_when_staging_is_slower_than_reading(open_engine, t, rf):
     e = open_engine(rf=rf, rf_max=3, bandwidth=_SLOW, advance="ready")
@@ -94,6 +95,7 @@ def test_lowering_rf_max_live_moves_a_mini_epoch_already_past_it_on(open_engine,
     t.run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(rf=1, rf_max=2, advance="ready"),
     dict(rf=2, advance="strict"),

@@ -61,6 +61,7 @@ def fast_tmp(tmp_path):
         shutil.rmtree(made, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_scans_peak_memory_is_at_most_250_bytes_a_file(fast_tmp):
     """200,000 files in 200 directories (names as ImageNet's are long): the scan's own peak, above the interpreter's
     memory before it, at most 250 bytes a file (it was ~350 when every name was an object of its own and the

@@ -48,6 +48,7 @@ def _orphans(e) -> set[str]:
     return set(os.listdir(e.cache.data_path)) - {entry.name for entry in e.cache.entries.values()}
 
 
+@pytest.mark.slow
 def test_a_stuck_copy_is_abandoned_its_batch_and_mini_epoch_staged_its_reader_released(hanging, open_engine, t):
     """One batch holds a file of the current mini-epoch and one of the next whose opens hang: each is skipped after
     the bound (the files before it in its batch land, the files after it are staged again), a reader waiting on
@@ -94,6 +95,7 @@ def test_a_stuck_copy_is_abandoned_its_batch_and_mini_epoch_staged_its_reader_re
     t.run(main)
 
 
+@pytest.mark.slow
 def test_a_backing_that_answers_nothing_is_a_stall_and_staging_waits(hanging, open_engine, t):
     """While the backing root does not answer either (a server that stopped), a hung copy is not the file's fault:
     nothing is skipped and the schedule waits; once the root answers again, the file that still hangs is skipped."""
@@ -115,6 +117,7 @@ def test_a_backing_that_answers_nothing_is_a_stall_and_staging_waits(hanging, op
     t.run(main)
 
 
+@pytest.mark.slow
 def test_under_lru_a_reader_whose_copy_hangs_gets_eio_and_the_copy_never_lands(hanging, open_engine, t):
     """``lru`` stages nothing ahead: a reader's open copies its file in and waits for it.  A copy that hangs is
     abandoned; the reader gets EIO from its own backing open, later readers too, every other file is served, and

@@ -61,6 +61,7 @@ def test_a_rewrite_dated_2300_is_applied_and_served(open_engine, t):
     assert not regular.any() or e.tree.holds_many([f], fps).all()
 
 
+@pytest.mark.slow
 def test_a_copy_of_a_file_changed_within_its_timestamp_tick_is_put_off(open_engine, t):
     """A file whose mtime is the current whole second (what a backing with 1-second timestamps stores) cannot be
     told from a rewrite later in that second: its copy is not made now -- the open reads the backing file -- but

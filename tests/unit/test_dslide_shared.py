@@ -165,28 +165,6 @@ def test_shared_softmax_and_gradient_match_a_float64_reference() -> None:
     assert stats[3, 3] == 1 and stats[1, 3] == 0
 
 
-def test_shared_training_learns_and_touches_only_the_shared_rows(numba_threads) -> None:
-    with numba_threads(2):
-        data = generate(2048, 600, 3000, seed=9)
-        cfg = ModelConfig(600, 3000, hidden=32, tables=4, batch_budget=512, lr_decay=0)
-        model = SlideModel(cfg)
-        before = model.W2.copy()
-        rows = np.arange(128, dtype=np.int64)
-        _, h = model._hidden(data, rows)
-        want, _, _, _ = model._select_shared(data, rows, h)
-        model.train_step(data, rows)
-        changed = np.flatnonzero(np.any(before != model.W2, axis=1))
-        np.testing.assert_array_equal(changed, np.sort(want))  # the shared set's rows and no other
-        assert (model.opt["T2"][want] == 1).all() and model.opt["T2"].sum() == 512
-        first = np.mean([model.train_step(data, np.arange(s, s + 128)).loss_sum / 128 for s in range(0, 1024, 128)])
-        for _ in range(3):
-            for s in range(0, 2048, 128):
-                model.train_step(data, np.arange(s, s + 128))
-        last = np.mean([model.train_step(data, np.arange(s, s + 128)).loss_sum / 128 for s in range(0, 1024, 128)])
-        assert last < first - 1.0
-        assert model.evaluate(data, 512)["p_at_1"] > 0.3  # the most frequent label alone scores ~0.05
-
-
 def test_batch_budget_is_checked_and_old_configs_have_none() -> None:
     with pytest.raises(ValueError, match="batch_budget must be >= 0"):
         ModelConfig(10, 10, batch_budget=-1)

@@ -14,8 +14,8 @@ import pytest
 
 from dslide.checkpoint import read_manifest
 from dslide.data import load_xc
-from dslide.gen import write_dataset
-from dslide.model import ModelConfig
+from dslide.gen import generate, write_dataset
+from dslide.model import ModelConfig, SlideModel
 from dslide.mpirun import job_env
 from dslide.train import TrainOptions, run_training
 
@@ -222,6 +222,30 @@ def test_a_bad_shard_found_mid_pass_changes_no_checkpoint(planted: Path, tmp_pat
     assert r.stderr == f"dslide: {train / 'zz-bad.txt'}:3: feature 3: value inf is not a finite number\n"
     after = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "ck").rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_shared_training_learns_and_touches_only_the_shared_rows(numba_threads) -> None:
+    """The batch-shared active set (``ModelConfig.batch_budget``, tests/unit/test_dslide_shared.py) trained: only
+    the shared set's rows change, and the model learns."""
+    with numba_threads(2):
+        data = generate(2048, 600, 3000, seed=9)
+        cfg = ModelConfig(600, 3000, hidden=32, tables=4, batch_budget=512, lr_decay=0)
+        model = SlideModel(cfg)
+        before = model.W2.copy()
+        rows = np.arange(128, dtype=np.int64)
+        _, h = model._hidden(data, rows)
+        want, _, _, _ = model._select_shared(data, rows, h)
+        model.train_step(data, rows)
+        changed = np.flatnonzero(np.any(before != model.W2, axis=1))
+        np.testing.assert_array_equal(changed, np.sort(want))  # the shared set's rows and no other
+        assert (model.opt["T2"][want] == 1).all() and model.opt["T2"].sum() == 512
+        first = np.mean([model.train_step(data, np.arange(s, s + 128)).loss_sum / 128 for s in range(0, 1024, 128)])
+        for _ in range(3):
+            for s in range(0, 2048, 128):
+                model.train_step(data, np.arange(s, s + 128))
+        last = np.mean([model.train_step(data, np.arange(s, s + 128)).loss_sum / 128 for s in range(0, 1024, 128)])
+        assert last < first - 1.0
+        assert model.evaluate(data, 512)["p_at_1"] > 0.3  # the most frequent label alone scores ~0.05
 
 
 def teardown_module() -> None:
