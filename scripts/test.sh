@@ -10,4 +10,5 @@ cd "$root"
 .venv/bin/lint-imports
 # the types: mypy over tierfs, sampler and dslide, at the strictness pyproject.toml's [tool.mypy] states
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+# every tier, slow tests included (a plain `pytest` is the fast tier: pyproject.toml), on 4 workers (pytest-xdist)
+exec .venv/bin/python -m pytest -o testpaths=tests -m "" -n 4 --dist loadgroup "$@"

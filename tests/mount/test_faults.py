@@ -217,6 +217,7 @@ def test_files_held_across_switches_never_lose_their_copies(tmp_path):
 # ------------------------------------------------------------------------------------------------ issue 11 C
 
 
+@pytest.mark.alone  # (it drops the kernel's caches, every mount's: others count their requests, page-cache hits)
 @pytest.mark.parametrize("verify", ["xxhash", "size-mtime"])
 def test_a_damaged_copy_is_never_served_or_lent_and_is_staged_again(tmp_path, verify):
     from tierfs.direct import cached_path

@@ -339,6 +339,7 @@ def _copy_descriptors(pid: int, cache: str) -> int:
     return n
 
 
+@pytest.mark.alone  # (it drops the kernel's caches, every mount's: others count their requests, page-cache hits)
 def test_an_open_of_pushed_bytes_holds_no_copy_until_a_read_reaches_the_daemon(tierfs_mount, dataset, mount_dirs):
     # Opens of files whose bytes the kernel was given pin their copies without opening them: a loader holding
     # many open costs the daemon no descriptors.  Once the kernel drops the pages, the reads that reach the daemon

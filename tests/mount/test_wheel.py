@@ -27,7 +27,8 @@ import pytest
 from tierfs.cli.install import Layout
 from tierfs.testing.harness import abort_connection, force_unmount, is_mounted, within
 
-pytestmark = pytest.mark.slow  # (a wheel build: ~5-10 s, once for the module)
+# (a wheel build: ~5-10 s, once for the module -- on one pytest-xdist worker, not once on each)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}

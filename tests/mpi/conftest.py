@@ -14,6 +14,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.mpi)
+            # one job at a time (under pytest-xdist, on one worker): a job runs 2-4 ranks that poll on 2 cores
+            item.add_marker(pytest.mark.xdist_group("mpi"))
 
 
 @pytest.fixture(scope="session", autouse=True)
