@@ -94,6 +94,11 @@ def _processes_of_rank(job: MpiJob, rank: int) -> list[int]:
     return pids
 
 
+def _parent(pid: int) -> int:
+    """The parent of process ``pid`` (``/proc/PID/stat``: the fields after the command name's last ')')."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _disk(cache: Path) -> int:
     """The cache's data on disk (a copy being staged is renamed, or dropped, between the listing and its stat)."""
     total = 0
@@ -126,7 +131,10 @@ def test_a_killed_peer_is_a_miss_and_the_others_finish_from_the_slow_tier(group)
         _mini_epoch(mnts, backing, (0, me))
     _mini_epoch(mnts, backing, (1, 0))
     before = [_at(m, (1, 1))["backing_bytes_read"] for m in mnts[:3]]
-    for pid in _processes_of_rank(job, 3):  # mid-epoch: rank 3's daemon (and its rank's process) die
+    rank3 = _processes_of_rank(job, 3)
+    # mid-epoch: rank 3's daemon (and its rank's process) die -- the rank's process first: killed after the daemon,
+    # its child, it would have exited by itself (and been reaped by the launcher) before its own kill
+    for pid in sorted(rank3, key=lambda pid: _parent(pid) in rank3):
         os.kill(pid, signal.SIGKILL)
     alive = mnts[:3]
     for epoch, me in [(1, 1), (1, 2), (1, 3), (2, 0), (2, 1)]:
