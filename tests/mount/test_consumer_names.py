@@ -243,6 +243,7 @@ def _go(p: subprocess.Popen) -> None:
     assert out.split() == ["ok"]
 
 
+@pytest.mark.alone  # (it sets the machine's next pid: a process another test starts meanwhile takes it)
 def test_a_reused_pid_is_not_the_consumer_that_had_it(tmp_path, shared):
     """A member's job named ``theirs`` reads and exits; root's unnamed job, then another job of the same member
     named ``mine`` get its pid in turn: each counted as itself, never as ``theirs``."""

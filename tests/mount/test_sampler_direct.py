@@ -37,6 +37,7 @@ def _opens(st: dict) -> int:
     return st["reads"]["hits"] + st["reads"]["misses"]
 
 
+@pytest.mark.alone  # (timed: a pass read slower than wait=10 s is ended by the sampler, under other tests' load too)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_the_sampler_reads_copies_directly_and_counts_each_read_once(tierfs_mount, dataset, context):
