@@ -305,6 +305,7 @@ def test_cached_opens_make_no_backing_call(tmp_path):
 # ------------------------------------------------------------------------------------------------ issue 19 B
 
 
+@pytest.mark.alone  # (timed: a status read under a stall answers within 1 s)
 def test_a_stalled_backing_leaves_cached_files_served_and_status_answering(tmp_path):
     """The backing is itself a FUSE mount whose daemon is SIGSTOPped (an NFS server that stops answering)."""
     data, inner, outer = tmp_path / "data", tmp_path / "inner", tmp_path / "outer"
