@@ -139,6 +139,7 @@ def test_an_open_served_from_the_backing_keeps_later_opens_plain_until_it_is_rel
                    and m.status()["passthrough"]["opens"] == 1, what="a passthrough open once the others went")
 
 
+@pytest.mark.alone  # (it measures the machine's page cache: other tests' files move it)
 def test_one_copy_of_a_cached_file_in_the_page_cache(tmp_path):
     """Reading a cached file through the mount adds at most its copy's pages to the page cache, never a second
     copy (the mount's own pages, as a daemon-served open does)."""
