@@ -10,7 +10,7 @@ Tests on several workers share the machine.  What two workers could collide on i
 and logs under each test's own tmp dir, ports ephemeral (0), names of namespaces and links with the worker's pid.
 What cannot be shared runs apart: ``xdist_group`` runs a group's tests one after the other on one worker (the MPI
 jobs, tests/mpi/conftest.py; a module's costly module-scoped fixture), and a test marked ``alone`` runs while no
-other test runs (:func:`_alone`: tests that act on the whole machine, such as dropping the kernel's caches).
+other test runs (:class:`_Alone`: tests that act on the whole machine, such as dropping the kernel's caches).
 """
 
 from __future__ import annotations
@@ -28,30 +28,77 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the xdist_group marks)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``alone`` in one ``xdist_group`` (but the MPI tier's, grouped as a tier): one after the
+    other on one worker, which keeps the others out once for the lot (:class:`_Alone`)."""
+    mpi = os.path.join(os.path.dirname(__file__), "mpi", "")
+    for item in items:
+        if item.get_closest_marker("alone") and not str(item.fspath).startswith(mpi):
+            item.add_marker(pytest.mark.xdist_group("alone"))
+
+
+_NEXT_ALONE = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    item.stash[_NEXT_ALONE] = nextitem is not None and nextitem.get_closest_marker("alone") is not None
+
+
+class _Alone:
+    """Under pytest-xdist, a test marked ``alone`` runs while no other worker runs a test: every test holds a shared
+    lock on a file of the run's base temp dir (the workers' common parent) from its first function-scoped fixture
+    to its last teardown, an ``alone`` test the exclusive lock.  A turnstile lock in front keeps new tests from
+    starting while an ``alone`` test waits for the running ones to end.  A worker keeps the exclusive lock from one
+    ``alone`` test to the next if that is its next test (they are one group: the others wait once)."""
+
+    def __init__(self, base: Path) -> None:
+        self.turnstile = open(base / "tests-alone.turnstile", "a")  # noqa: SIM115 (the worker's life long)
+        self.lock = open(base / "tests-alone.lock", "a")  # noqa: SIM115
+        self.held = False  # the exclusive lock, kept for this worker's next test
+
+    def enter(self, alone: bool) -> None:
+        if alone and self.held:
+            return
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        except BaseException:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            raise
+        if alone:
+            self.held = True
+        else:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+    def leave(self, alone: bool, next_alone: bool) -> None:
+        if alone and next_alone:
+            return
+        fcntl.flock(self.lock, fcntl.LOCK_UN)
+        if alone:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            self.held = False
+
+
+_alone_locks: list[_Alone] = []
+
+
 @pytest.fixture(autouse=True)
 def _alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Under pytest-xdist, a test marked ``alone`` runs while no other worker runs a test: every test holds a
-    shared lock on a file of the run's base temp dir (the workers' common parent) from its first function-scoped
-    fixture to its last teardown, an ``alone`` test the exclusive lock.  A turnstile lock in front keeps new tests
-    from starting while an ``alone`` test waits for the running ones to end.  Without xdist: nothing to do."""
+    """Runs each test under :class:`_Alone`'s locks (under pytest-xdist; without it, nothing to do)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
-    base = tmp_path_factory.getbasetemp().parent
+    if not _alone_locks:
+        _alone_locks.append(_Alone(tmp_path_factory.getbasetemp().parent))
+    locks = _alone_locks[0]
     alone = request.node.get_closest_marker("alone") is not None
-    with open(base / "tests-alone.turnstile", "a") as turnstile, open(base / "tests-alone.lock", "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
+    locks.enter(alone)
+    try:
+        yield
+    finally:
+        locks.leave(alone, request.node.stash.get(_NEXT_ALONE, False))
 
 
 @pytest.fixture
