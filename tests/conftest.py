@@ -38,20 +38,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("alone"))
 
 
-_NEXT_ALONE = pytest.StashKey[bool]()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    item.stash[_NEXT_ALONE] = nextitem is not None and nextitem.get_closest_marker("alone") is not None
-
-
 class _Alone:
     """Under pytest-xdist, a test marked ``alone`` runs while no other worker runs a test: every test holds a shared
-    lock on a file of the run's base temp dir (the workers' common parent) from its first function-scoped fixture
-    to its last teardown, an ``alone`` test the exclusive lock.  A turnstile lock in front keeps new tests from
-    starting while an ``alone`` test waits for the running ones to end.  A worker keeps the exclusive lock from one
-    ``alone`` test to the next if that is its next test (they are one group: the others wait once)."""
+    lock on a file of the run's base temp dir (the workers' common parent) for the whole of its run -- its
+    fixtures, module- and session-scoped ones included, set up and torn down --, an ``alone`` test the exclusive
+    lock.  A turnstile lock in front keeps new tests from starting while an ``alone`` test waits for the running
+    ones to end.  A worker keeps the exclusive lock from one ``alone`` test to the next if that is its next test
+    (they are one group: the others wait once)."""
 
     def __init__(self, base: Path) -> None:
         self.turnstile = open(base / "tests-alone.turnstile", "a")  # noqa: SIM115 (the worker's life long)
@@ -81,24 +74,23 @@ class _Alone:
             self.held = False
 
 
-_alone_locks: list[_Alone] = []
+_ALONE = pytest.StashKey[_Alone]()
 
 
-@pytest.fixture(autouse=True)
-def _alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Runs each test under :class:`_Alone`'s locks (under pytest-xdist; without it, nothing to do)."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """Each test's whole run under :class:`_Alone`'s locks (on pytest-xdist's workers; without them, nothing)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
-    if not _alone_locks:
-        _alone_locks.append(_Alone(tmp_path_factory.getbasetemp().parent))
-    locks = _alone_locks[0]
-    alone = request.node.get_closest_marker("alone") is not None
+        return (yield)
+    if _ALONE not in item.config.stash:  # (the worker's basetemp, set by pytest-xdist: BASE/popen-gwN)
+        item.config.stash[_ALONE] = _Alone(Path(item.config.option.basetemp).parent)
+    locks = item.config.stash[_ALONE]
+    alone = item.get_closest_marker("alone") is not None
     locks.enter(alone)
     try:
-        yield
+        return (yield)
     finally:
-        locks.leave(alone, request.node.stash.get(_NEXT_ALONE, False))
+        locks.leave(alone, nextitem is not None and nextitem.get_closest_marker("alone") is not None)
 
 
 @pytest.fixture
