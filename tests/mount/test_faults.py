@@ -378,6 +378,8 @@ def test_a_cache_dir_that_others_damage_is_a_cache_miss(tmp_path):
 
         assert not _run_with_deadline(str(mnt), [read_all], 60)
         assert _status(m)["cache_repairs"] >= 10
+        # (the repaired copies staged again first: an rm -rf racing the stager's writes ends "Directory not empty")
+        wait_until(lambda: _status(m)["next_ready"] and _status(m)["staging"]["inflight"] == 0)
         subprocess.run(["rm", "-rf", data], check=True)  # a cleaner takes the whole data dir
         assert not _run_with_deadline(str(mnt), [read_all], 60)
         # recreated, everything staged again
