@@ -28,14 +28,27 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+#: On pytest-xdist's workers the tests are handed out in this order (after the groups, largest first): the slow
+#: ones, then tier by tier, the longest tests first, so that the many short ones fill the end evenly.
+_TIERS = ("mpi", "mount", "dslide", "engine", "unit")
+
+
+def _schedule(item: pytest.Item) -> tuple[bool, int]:
+    tier = Path(str(item.fspath)).relative_to(Path(__file__).parent).parts[0]
+    return item.get_closest_marker("slow") is None, _TIERS.index(tier) if tier in _TIERS else len(_TIERS)
+
+
 @pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the xdist_group marks)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests marked ``alone`` in one ``xdist_group`` (but the MPI tier's, grouped as a tier): one after the
-    other on one worker, which keeps the others out once for the lot (:class:`_Alone`)."""
+    other on one worker, which keeps the others out once for the lot (:class:`_Alone`).  On pytest-xdist's workers,
+    the longest tests first (:data:`_TIERS`; a stable sort: a module's tests stay in their order)."""
     mpi = os.path.join(os.path.dirname(__file__), "mpi", "")
     for item in items:
         if item.get_closest_marker("alone") and not str(item.fspath).startswith(mpi):
             item.add_marker(pytest.mark.xdist_group("alone"))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=_schedule)
 
 
 class _Alone:
