@@ -61,7 +61,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dslide.mpirun import descendants  # noqa: E402
 from tierfs.testing.harness import mounted, process_cpu  # noqa: E402
 
 WAYS = ("relist", "minepoch", "sampler", "substitute")
@@ -312,7 +313,6 @@ class _Side:
                 "idle_share": self.idle_ticks / max(1, self.all_ticks)}
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_ticks(cpus: set[int]) -> tuple[int, int]:
@@ -340,21 +340,9 @@ def _cpu() -> float:
     the mount's daemon): all the CPU the loop and the mount cost, whatever else the box runs."""
     t = os.times()
     total = t.user + t.system + t.children_user + t.children_system
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            kids.setdefault(int(fields[1]), []).append(int(d))
-            kids.setdefault(-int(d), []).append(int(fields[11]) + int(fields[12]))  # utime + stime
-    todo = list(kids.get(os.getpid(), []))
-    while todo:
-        pid = todo.pop()
-        total += sum(kids.get(-pid, [])) / _TICK
-        todo += kids.get(pid, [])
+    for pid in descendants(os.getpid()):  # (walked down from this process: no other process is read)
+        with suppress(OSError):  # (one that exited meanwhile)
+            total += sum(process_cpu(pid))
     return total
 
 

@@ -1,9 +1,9 @@
 """Run ``mpiexec`` jobs from Python (tests, benchmarks): always with a deadline, never leaving a rank behind.
 
 Hydra puts its proxy and every rank in sessions of their own, so killing ``mpiexec``'s process group does not
-reach them.  :class:`MpiJob` therefore remembers every descendant of ``mpiexec`` it has seen (from ``/proc``)
-and, on a timeout or when the test is done, sends SIGTERM to ``mpiexec`` (Hydra then stops the ranks) and
-SIGKILL, by pid, to whatever is still alive.
+reach them.  :class:`MpiJob` therefore remembers every descendant of ``mpiexec`` it has seen (walked down from
+``mpiexec``'s pid, ``/proc/PID/task/TID/children``) and, on a timeout or when the test is done, sends SIGTERM to
+``mpiexec`` (Hydra then stops the ranks) and SIGKILL, by pid, to whatever is still alive.
 """
 
 from __future__ import annotations
@@ -39,27 +39,29 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def _children(pid: int) -> list[int]:
+    """The children of process ``pid``, from its threads' ``/proc/PID/task/TID/children``: only the job's own
+    processes are looked at, never every process of the machine (a process stuck on a hung FUSE mount elsewhere
+    cannot make this wait)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tids:
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            kids += map(int, Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
         except OSError:
             continue
-        # The command name may hold spaces and parentheses: the fields after the last ')' are fixed.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    return children
+    return kids
 
 
 def descendants(pid: int) -> set[int]:
-    children = _children_map()
+    """Every live descendant of ``pid`` still parented within its tree (walked down from ``pid``)."""
     found: set[int] = set()
     todo = [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in _children(todo.pop()):
             if child not in found:
                 found.add(child)
                 todo.append(child)
