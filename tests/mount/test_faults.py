@@ -61,6 +61,14 @@ def _run_with_deadline(mnt: str, workers: list[Callable[[], None]], deadline_s: 
     return errors
 
 
+def _disk_bytes(path: str) -> int:
+    """The blocks a cache file holds, 0 once gone (a temp file renamed or a copy evicted between listdir and stat)."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
 def _status(m) -> dict:
     """status with a deadline: a status that hangs is a hung mount."""
     out: list[dict] = []
@@ -441,8 +449,7 @@ def test_the_cap_counts_disk_blocks_and_sparse_copies_stay_sparse(tmp_path):
         peak = 0
         end = time.monotonic() + 30
         while time.monotonic() < end:
-            used = sum(os.stat(os.path.join(data, n)).st_blocks * 512 for n in os.listdir(data)
-                       if os.path.exists(os.path.join(data, n)))
+            used = sum(_disk_bytes(os.path.join(data, n)) for n in os.listdir(data))
             peak = max(peak, used)
             st = _status(m)
             if st["next_ready"] and st["staging"]["inflight"] == 0:

@@ -104,12 +104,14 @@ def test_drop_last_costs_no_idle_time_between_passes(tierfs_mount, dataset, capl
 
         ds = ImageFolderLike(m.mountpoint)
         sampler = MountSampler(ds, wait=30)
+        # (workers from a fork server: loaders iterated from threads (_epoch), never forked from a process whose
+        # other thread may hold a lock -- two workers forked so died with status 1 on a loaded CI box)
         base = timed(DataLoader(ds, batch_size=5, sampler=sampler, num_workers=2, persistent_workers=True,
-                                collate_fn=list), 4)
+                                collate_fn=list, multiprocessing_context="forkserver"), 4)
         passes = m.status()["passes_total"]
         with caplog.at_level(logging.WARNING, logger="tierfs"):
             dropping = timed(DataLoader(ds, batch_size=5, sampler=sampler, num_workers=2, persistent_workers=True,
-                                        collate_fn=list, drop_last=True), 8)
+                                        collate_fn=list, drop_last=True, multiprocessing_context="forkserver"), 8)
         assert m.status()["passes_total"] - passes >= 7  # (each epoch a pass; the last one ends at the next iter)
         allowed = max(2 * statistics.median(base), statistics.median(base) + 20)
         assert max(dropping) <= allowed, (base, dropping)
@@ -121,8 +123,8 @@ def test_drop_last_costs_no_idle_time_between_passes(tierfs_mount, dataset, capl
         sets = [ImageFolderLike(m.mountpoint) for _ in range(2)]
         told = [MountSampler(s, rank=r, world_size=2, wait=30, batch_size=5, drop_last=True)
                 for r, s in enumerate(sets)]
-        loaders = [DataLoader(s, batch_size=5, sampler=t, num_workers=1, collate_fn=list, drop_last=True)
-                   for s, t in zip(sets, told, strict=True)]
+        loaders = [DataLoader(s, batch_size=5, sampler=t, num_workers=1, collate_fn=list, drop_last=True,
+                              multiprocessing_context="forkserver") for s, t in zip(sets, told, strict=True)]
         caplog.clear()
         with ThreadPoolExecutor(2) as pool, caplog.at_level(logging.WARNING, logger="tierfs"):
             for _ in range(4):
@@ -143,8 +145,8 @@ def test_drop_last_costs_no_idle_time_between_passes(tierfs_mount, dataset, capl
         # untold: 2 ranks, each loader drops its last partial batch; each rank says when its share is done, and
         # the pass ends once both did -- no rank waits for rank 0's ``wait`` (the old code: 30 s each pass)
         untold = [MountSampler(s, rank=r, world_size=2, wait=30) for r, s in enumerate(sets)]
-        loaders = [DataLoader(s, batch_size=5, sampler=u, num_workers=1, collate_fn=list, drop_last=True)
-                   for s, u in zip(sets, untold, strict=True)]
+        loaders = [DataLoader(s, batch_size=5, sampler=u, num_workers=1, collate_fn=list, drop_last=True,
+                              multiprocessing_context="forkserver") for s, u in zip(sets, untold, strict=True)]
         dropped = 0
         with ThreadPoolExecutor(2) as pool:
             for _ in range(5):
