@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="at most this share of a block's active neurons from LSH, the rest random fill (default: the model's)",
     )
+    t.add_argument("--read", choices=("rank0", "node"), default="rank0",
+                   help="who lists and opens the training files: rank 0 (default), or the first rank of each node, "
+                   "its node's own mount (a tierfs mount per node, peers=mpi: each node's share; a pass is their "
+                   "union); the points go to every rank")
     t.add_argument("--checkpoint", metavar="DIR", help="write a checkpoint here after every pass (default: none)")
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
     t.add_argument("--eval-points", type=_nonneg_int, default=10_000,
@@ -222,6 +226,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
         seed=a.seed,
         eval_points=a.eval_points or None, eval_mode=a.eval_mode, eval_every=a.eval_every,
         checkpoint=a.checkpoint, resume=a.resume, val=a.val, val_fraction=_val_fraction(a), val_points=a.val_points,
+        read=a.read,
     )  # fmt: skip
     comm = make_comm()
     # rank 0 alone touches the training directory (on a tierfs mount every listing and open counts)
@@ -237,7 +242,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
         tables=a.tables, bucket_cap=a.bucket_cap, lr=a.lr, seed=a.seed, rehash=RehashSchedule(),
         batch_budget=a.batch_budget, **{k: v for k, v in extra.items() if v is not None},
     )  # fmt: skip
-    reporter = PassReporter(comm, a.control, list_train_files, a.feedback_score)
+    reporter = PassReporter(comm, a.control, list_train_files, a.feedback_score, per_node=a.read == "node")
     # rank 0 alone shows it; on a mount, with the mount's hit rate, slow-tier rate and stalls
     mount = a.control or (a.train[0] if len(a.train) == 1 else None)
     progress = PassProgress(mount, sys.stderr, mode=a.progress, rank=0) if comm.rank == 0 else None

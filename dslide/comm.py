@@ -37,6 +37,10 @@ class Comm(Protocol):
 
     def barrier(self) -> None: ...
 
+    def node_comm(self) -> Comm:
+        """The ranks on this rank's node (its rank 0 reads the node's files for them: ``--read node``)."""
+        ...
+
     def abort(self, code: int = 1) -> None:
         """End the whole job now (every rank), with exit status ``code``."""
         ...
@@ -65,6 +69,9 @@ class SerialComm:
 
     def barrier(self) -> None:
         pass
+
+    def node_comm(self) -> Comm:
+        return self
 
     def abort(self, code: int = 1) -> None:
         raise SystemExit(code)

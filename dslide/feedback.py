@@ -18,7 +18,8 @@ trainer does not measure is left out.  Each line is one ``write(2)`` ending in a
 split between two writes.
 
 Only rank 0 talks to the mount: it lists the training directory (so a listing ends tierfs's pass exactly
-once), snapshots ``status`` right after listing (the view that pass trains on), and writes the feedback.
+once), snapshots ``status`` right after listing (the view that pass trains on), and writes the feedback.  With
+``--read node`` (a mount on every node, ``peers=mpi``) the first rank of each node does so on its node's mount.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def write_control(control: str | os.PathLike[str], line: str) -> None:
 class PassReporter:
     """The hooks :func:`dslide.train.run_training` takes: ``lister`` for each pass's file list, and the
     ``before_report(record)`` call that adds tierfs's position and the communication split to the JSON line
-    and writes the ``feedback`` line.  Every rank calls both; only rank 0 touches the file system.
+    and writes the ``feedback`` line.  Every rank calls both; only rank 0 touches the file system (each node's
+    first rank, ``per_node``).
     """
 
     def __init__(
@@ -81,10 +83,13 @@ class PassReporter:
         control: str | None = None,
         list_files: Callable[[Sequence[str]], list[str]] | None = None,
         score: str = "val_loss",
+        per_node: bool = False,
     ) -> None:
         if score not in FEEDBACK_SCORES:
             raise ValueError(f"feedback score must be one of {', '.join(FEEDBACK_SCORES)}, got {score!r}")
         self.comm = comm
+        # (``--read node``: the first rank of each node writes to its node's mount; else rank 0 alone)
+        self.writes = (comm.node_comm().rank if per_node else comm.rank) == 0
         self.control = control
         self.score = score  # the record's field sent as score=; "none": the mount's arf_weights decide
         self._list_files = list_files
@@ -106,7 +111,7 @@ class PassReporter:
         by_op = getattr(self.comm, "bytes_by_op", None)
         if by_op is not None:
             record["comm_bytes_by_op"] = dict(by_op)
-        if self.comm.rank != 0 or not self.control:
+        if not self.writes or not self.control:
             return
         if self._status is not None:
             record["tierfs"] = {k: self._status.get(k) for k in STATUS_FIELDS}

@@ -186,6 +186,7 @@ class MpiComm:
         self.bytes_by_op: dict[str, int] = {"allgather": 0, "allreduce": 0, "bcast": 0}
         self.calls: dict[str, int] = {"allgather": 0, "allreduce": 0, "bcast": 0, "barrier": 0}
         self.seconds = 0.0
+        self._node: MpiComm | None = None
 
     def _count(self, op: str, nbytes: int, started: float) -> None:
         self.bytes_sent += nbytes
@@ -241,6 +242,12 @@ class MpiComm:
         nbytes = tree_bcast_children(self.rank, self.size, root) * (_INT64 + int(length[0]))
         self._count("bcast", nbytes, started)
         return result
+
+    def node_comm(self) -> MpiComm:
+        """The ranks sharing this rank's node (MPI's ``COMM_TYPE_SHARED``: the launcher's hosts), made once."""
+        if self._node is None:
+            self._node = MpiComm(self._comm.Split_type(self._MPI.COMM_TYPE_SHARED, key=self.rank))
+        return self._node
 
     def barrier(self) -> None:
         started = time.perf_counter()

@@ -53,6 +53,10 @@ class TrainOptions:
     val: str | None = None  # a validation file, scored after every pass
     val_fraction: float = 0.0  # or: hold out this share of the training points (dslide.heldout)
     val_points: int = 2000  # the most validation points scored
+    #: who opens the training files: "rank0" (its listing is the pass; it sends the points to every rank) or
+    #: "node" (the first rank of each node lists and reads its node's own mount -- a tierfs mount per node with
+    #: ``peers=mpi`` shows each node its share -- and sends the points to every rank: the pass is the union)
+    read: str = "rank0"
 
     def __post_init__(self) -> None:
         if self.epochs < 0 or self.batch < 1 or self.eval_every < 1:
@@ -68,6 +72,8 @@ class TrainOptions:
             raise ValueError(f"val fraction must be in [0, 1), got {self.val_fraction}")
         if self.val and self.val_fraction:
             raise ValueError("give --val FILE or --val-fraction, not both")
+        if self.read not in ("rank0", "node"):
+            raise ValueError(f"read must be 'rank0' or 'node', got {self.read!r}")
         if self.val_points < 1:
             raise ValueError(f"val points must be >= 1, got {self.val_points}")
 
@@ -126,9 +132,9 @@ def run_training(
     heldout = HeldOut(opts.val_fraction, opts.val_points, opts.seed) if opts.val_fraction else None
     records = []
     passes_done, seconds, samples = int(meta["passes"]), float(meta["seconds"]), int(meta["samples"])
+    readers = _readers(comm, opts.read)
     for pass_index in range(passes_done, opts.epochs):
-        files = comm.bcast(lister(opts.train) if comm.rank == 0 else None)
-        assert isinstance(files, list)
+        files = _pass_files(comm, readers, lister, opts.train)
         t0 = time.perf_counter()
         steps_before = model.step
         if progress is not None:
@@ -182,19 +188,20 @@ def run_training(
 
 
 def _one_pass(
-    model: SlideModel, files: list[str], opts: TrainOptions, pass_index: int, heldout: HeldOut | None = None,
-    progress: PassProgress | None = None,
+    model: SlideModel, files: list[tuple[int, str]], opts: TrainOptions, pass_index: int,
+    heldout: HeldOut | None = None, progress: PassProgress | None = None,
 ) -> tuple[float, int, int, int, int]:
     """Every file once, in a shuffled order, each file's points shuffled (less those ``heldout`` keeps out);
     returns (loss sum, labelled, labelled with a label on top, points, bytes this rank sent in training steps)."""
     order = np.random.default_rng((opts.seed, 5, pass_index)).permutation(len(files))
     loss_sum, n_labelled, n_top, n_points, step_bytes = 0.0, 0, 0, 0, 0
     for fi in order:
-        data = _load_on_rank0(files[fi], model.comm)
-        check_shape(data, files[fi], model.cfg.n_features, model.cfg.n_labels)
+        reader, path = files[fi]
+        data = _load_on(reader, path, model.comm)
+        check_shape(data, path, model.cfg.n_features, model.cfg.n_labels)
         perm = np.random.default_rng((opts.seed, 6, pass_index, int(fi))).permutation(len(data))
         if heldout is not None:
-            perm = perm[heldout.split(files[fi], data)[perm]]
+            perm = perm[heldout.split(path, data)[perm]]
         for start in range(0, len(perm), opts.batch):
             sent = model.comm.bytes_sent
             res = model.train_step(data, perm[start : start + opts.batch])
@@ -208,12 +215,33 @@ def _one_pass(
     return loss_sum, n_labelled, n_top, n_points, step_bytes
 
 
-def _load_on_rank0(path: str, comm: Comm) -> XCData:
-    """Rank 0 reads the file and sends the parsed points to the others, so a tierfs mount sees one open per
-    file per pass (opens from every rank would end its passes early) and every rank trains on the same points.
-    """
+def _readers(comm: Comm, read: str) -> list[int]:
+    """The ranks that open training files: rank 0 (``read="rank0"``), or the first rank of every node."""
+    if read == "rank0" or comm.size == 1:
+        return [0]
+    first = np.array([comm.node_comm().rank == 0], dtype=np.int64)
+    return [int(r) for r in np.flatnonzero(comm.allgather(first))]
+
+
+def _pass_files(comm: Comm, readers: list[int], lister: Callable[[Sequence[str]], list[str]],
+                train: Sequence[str]) -> list[tuple[int, str]]:
+    """The pass's training files, each with the rank that reads it: every reader lists its own view (on a tierfs
+    mount the listing is where its pass begins) and tells the others."""
+    mine = lister(train) if comm.rank in readers else None
+    files: list[tuple[int, str]] = []
+    for r in readers:
+        theirs = comm.bcast(mine if comm.rank == r else None, root=r)
+        assert isinstance(theirs, list)
+        files += [(r, f) for f in theirs]
+    return files
+
+
+def _load_on(reader: int, path: str, comm: Comm) -> XCData:
+    """Rank ``reader`` reads the file and sends the parsed points to the others, so a tierfs mount sees one open
+    per file per pass (opens from every rank would end its passes early) and every rank trains on the same
+    points."""
     if comm.size == 1:
         return load_xc(path)
-    data = comm.bcast(load_xc(path) if comm.rank == 0 else None)
+    data = comm.bcast(load_xc(path) if comm.rank == reader else None, root=reader)
     assert isinstance(data, XCData)
     return data

@@ -8,7 +8,8 @@ cd "$root"
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-apt_pkgs=(fuse3 libfuse3-dev pkg-config gcc patch python3-dev python3-venv iproute2 rsync strace util-linux)
+apt_pkgs=(fuse3 libfuse3-dev pkg-config gcc patch python3-dev python3-venv iproute2 rsync strace util-linux
+          slurm-wlm munge sshfs openssh-server)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
