@@ -357,18 +357,43 @@ def start(root: Path, **settings: str) -> Cluster:
 
 def stop(c: Cluster) -> None:
     """End every host (its namespaces, processes and mounts with it), munged and the network."""
-    for name in [*c.nodes, "slow", "ctl", "munged"]:
-        proc = c.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-    end = time.monotonic() + 30
+    _end([c.pids[n] for n in [*c.nodes, "slow", "ctl"] if n in c.pids], c.pids.get("munged"))
     for proc in c.procs.values():
-        try:
-            proc.wait(max(end - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(1)  # (reaped: ended above)
     _unnetwork(c.tag)
+
+
+def _end(hosts: list[int], munged: int | None, timeout: float = 30) -> None:
+    """SIGTERM each host's first process (``unshare`` ignores it: its child is the host's :func:`node_init`, whose
+    end ends the namespace), then munged; SIGKILL what is left after ``timeout`` (the unshare passes a SIGTERM
+    on to its child as it dies: ``--kill-child``)."""
+    def alive(pid: int, comm: str) -> bool:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip() == comm  # (not a pid reused by another)
+        except OSError:
+            return False
+
+    hosts = [pid for pid in hosts if alive(pid, "unshare")]
+    for pid in hosts:
+        for first in _children(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(first, signal.SIGTERM)
+    end = time.monotonic() + timeout
+    while any(alive(pid, "unshare") for pid in hosts) and time.monotonic() < end:
+        time.sleep(0.1)
+    for pid in [*hosts, *([munged] if munged and alive(munged, "munged") else [])]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL if pid != munged else signal.SIGTERM)
+
+
+def down(root: Path) -> None:
+    """End the cluster ``start`` left in ``root`` (from its ``cluster.json``): what ``up`` started, or what a
+    killed test or benchmark could not end itself."""
+    info = json.loads((Path(root) / "cluster.json").read_text())
+    pids = info.get("pids", {})
+    _end([pid for name, pid in pids.items() if name != "munged"], pids.get("munged"))
+    _unnetwork(info["tag"])
 
 
 @contextlib.contextmanager
@@ -389,10 +414,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     init.add_argument("root", type=Path)
     init.add_argument("name")
     init.add_argument("sshfs_options", nargs="?", default="")
+    up = sub.add_parser("up", help="start a cluster in ROOT and return once its nodes are idle")
+    up.add_argument("root", type=Path)
+    up.add_argument("--slow-rate", default=Cluster.slow_rate, help="the slow host's egress (tc tbf rate)")
+    sub.add_parser("down", help="end the cluster in ROOT").add_argument("root", type=Path)
     args = p.parse_args(argv)
     if args.command == "init":
         return node_init(args.role, args.root, args.name, args.sshfs_options)
-    return 2
+    if args.command == "up":
+        c = start(args.root, slow_rate=args.slow_rate)
+        print(f"export SLURM_CONF={c.root / 'slurm.conf'}  # (then sbatch, squeue; down: {p.prog} down {c.root})")
+        return 0
+    down(args.root)
+    return 0
 
 
 if __name__ == "__main__":
