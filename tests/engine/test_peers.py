@@ -171,11 +171,11 @@ def test_a_request_without_the_jobs_token_gets_no_byte(pair, t):
         fidx = _held_by(a, b)
         with socket.create_connection(a.peers.link.addresses[0], timeout=10) as sock:
             try:
-                size, _, _ = peers._ask(sock, token, 1, fidx, a.tree.path_hash_of(fidx),
-                                        fingerprint(a.tree.file_node(fidx).st), time.monotonic() + 10)
+                answer = peers._ask(sock, token, 1, fidx, a.tree.path_hash_of(fidx),
+                                    fingerprint(a.tree.file_node(fidx).st), time.monotonic() + 10)
             except peers.PeerMiss:
                 return b""
-            return size.to_bytes(8, "big") + _recv_all(sock)
+            return answer.size.to_bytes(8, "big") + peers._recv_exactly(sock, answer.size, time.monotonic() + 10)
 
     async def main() -> None:
         async with _running(a, b) as n:
@@ -201,12 +201,13 @@ class _Relay:
         self.address = self.listener.getsockname()
         self.sent: list[bytes] = []  # per connection: client -> target
         self.answered: list[bytes] = []  # per connection: target -> client
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         with contextlib.suppress(OSError):
-            while True:
+            while not self._stop.is_set():
                 client, _ = self.listener.accept()
                 with client, socket.create_connection(self.target, timeout=10,
                                                       source_address=(self.source, 0)) as server:
@@ -218,7 +219,7 @@ class _Relay:
         self.answered.append(answered)
         ends = {client: (server, sent), server: (client, answered)}
         deadline = time.monotonic() + 10
-        while ends and time.monotonic() < deadline:
+        while ends and time.monotonic() < deadline and not self._stop.is_set():
             readable, _, _ = select.select(list(ends), [], [], 0.1)
             for sock in readable:
                 other, record = ends[sock]
@@ -236,6 +237,7 @@ class _Relay:
                     other.sendall(chunk)
 
     def close(self) -> None:
+        self._stop.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
