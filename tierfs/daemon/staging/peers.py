@@ -33,7 +33,7 @@ stalled peer (its port accepts, nothing answers: a stopped daemon, a hung node) 
 ``peer_timeout`` per window, never one per file or per stream (``peers.peers[].waited_s`` counts it).
 
 **Connections** are kept: a request's connection, once its answer (and the bytes) came whole, waits in a pool of
-at most :data:`POOL` per peer for the next request to that peer, for at most :data:`IDLE_S` / 2 seconds; the
+at most :data:`POOL` per peer for the next request to that peer, for at most :data:`KEEP_S` seconds; the
 server keeps it :data:`IDLE_S`.  A pooled connection the server closed meanwhile (it ends before the answer) is
 tried again once on a new one: neither a miss nor a reason to think the peer down.
 
@@ -105,7 +105,7 @@ from tierfs.daemon.schedule.schedule import make_plan
 from tierfs.daemon.staging.copier import PeerMissed
 from tierfs.daemon.tree.tree import Fingerprint, Tree
 
-__all__ = ["DOWN_MAX_S", "DOWN_S", "IDLE_S", "MISS_REASONS", "POOL", "PeerFetch", "PeerGroup", "PeerLink",
+__all__ = ["DOWN_MAX_S", "DOWN_S", "IDLE_S", "KEEP_S", "MISS_REASONS", "POOL", "PeerFetch", "PeerGroup", "PeerLink",
            "PeerMiss", "PeerServer", "PeerStatistics", "PeerStats", "PinsForPeers", "detach_from_launcher",
            "join_mpi_group", "listen", "plan_owners"]
 
@@ -117,9 +117,10 @@ log = logging.getLogger("tierfs")
 DOWN_S = 5.0
 DOWN_MAX_S = 60.0
 #: kept connections: at most this many idle per peer (client) and per rank (server; its threads serve as many at
-#: once), each kept IDLE_S by the server and IDLE_S / 2 by the client (so that it rarely meets one closed)
+#: once), each kept IDLE_S by the server and KEEP_S by the client (less: it rarely meets one the server closed)
 POOL = 16
 IDLE_S = 60.0
+KEEP_S = 30.0
 SERVING = 16  # proven requests served at once (a thread each, holding a copy's descriptor); more wait their turn
 #: accepted connections not yet proven; beyond, the oldest is closed (a real peer proves itself within a round
 #: trip: to push it out, an attacker must open this many connections in that time)
@@ -471,7 +472,7 @@ class PeerGroup:
             now = time.monotonic()
             while peer.pool:
                 kept, since = peer.pool.pop()
-                if now - since < IDLE_S / 2:
+                if now - since < KEEP_S:
                     sock = kept
                     break
                 stale.append(kept)  # (the server closes it about now, if it has not yet)
