@@ -641,8 +641,9 @@ class PeerFetch:
             if answer.status != _OK:
                 whole = True
                 raise PeerMiss("not_held" if answer.status in (_NOT_HELD, _UNKNOWN) else "other_version")
-            if answer.fp != expected or answer.size != expected[0]:
-                raise PeerMiss("other_version", f"the peer sent {answer.fp}, asked {expected}")  # (its bug)
+            sent = answer.fp  # (the same check as before kept connections: the answer against the request)
+            if sent != expected or answer.size != expected[0]:
+                raise PeerMiss("other_version", f"the peer sent {sent}, asked {expected}")  # (its bug)
             total = self._receive(sock, dst, answer.size, hasher, alive)
             whole = True
         finally:
