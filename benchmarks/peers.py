@@ -222,13 +222,16 @@ def run_mode(mode: str, backing: Path, work: Path, cap: int, nodes: list[tuple[s
             barrier = threading.Barrier(len(watched), action=record)
             threads = [threading.Thread(target=_reader, args=(m, args.compute, barrier, done, errors), daemon=True)
                        for m in watched]
-            if args.stall:
-                threads.append(free)
             for th in threads:
                 th.start()
+            if args.stall:
+                free.start()
             for th in threads:
                 th.join()
         finally:
+            free_done.set()  # (the watched readers ended, or failed: node 3's too)
+            if free.is_alive():
+                free.join(_READ_TIMEOUT)
             for pid in stopped:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)  # (before the job's end stops it)

@@ -484,7 +484,7 @@ def test_a_dead_or_stalled_peer_is_a_miss_and_the_file_comes_from_the_backing(pa
             b.passes.request_advance()
             await t.settle(b)
             b.passes.request_advance()
-            with trio.fail_after(60):  # (a deadline of 0.5 s per peer call; the peer is then skipped DOWN_S)
+            with trio.fail_after(60):  # (a deadline of 0.5 s per peer call; then down, probed once a window)
                 await _walk([b], t, (1, 1))
             n.cancel_scope.cancel()
 
