@@ -25,6 +25,11 @@ Per epoch (the cluster's: from the first barrier at which every node reached it 
 bytes (the daemons' ``backing_bytes_read``), the peers' bytes, the seconds, the readers' stall seconds
 (``stall_seconds``), passes repeated beyond rf because staging was behind, the rf each node ran.
 
+``--stall``: the ``peers`` mode only, node 3 reading on its own (not in the others' step); once the other three
+reach epoch ``--stall-at`` its daemon is stopped (SIGSTOP: its port accepts, nothing answers -- a hung node)
+until the run ends.  Printed: the others' longest pass in the epochs before the stall (from epoch 1) and after
+it, and the seconds each waited on node 3 (its ``peers.peers[].waited_s``), at ``--peer-timeout``.
+
 Needs root, sshd, sshfs, iproute2 (``tc``), nsenter.  ``python benchmarks/peers.py`` is the docs' run (a few
 minutes on a 2-core box); writes ``--out`` (JSON) and ``--plot`` (PNG).
 """
@@ -33,8 +38,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -116,25 +123,45 @@ def _snapshot(m: Path) -> dict:
             "backing_bytes_read": st["backing_bytes_read"], "peer_bytes": peers.get("fetched_bytes", 0),
             "stall_seconds": st["stall_seconds"], "repeats": st["slow_tier"]["repeats_beyond_rf"],
             "staging_bytes_per_s": st["staging"]["bytes_per_s"],
-            "consumption_bytes_per_s": st["consumption_bytes_per_s"], "cache_bytes": st["cache_bytes"]}
+            "consumption_bytes_per_s": st["consumption_bytes_per_s"], "cache_bytes": st["cache_bytes"],
+            "waited_on": {str(p["rank"]): p["waited_s"] for p in peers.get("peers", [])}}
 
 
-def _reader(m: Path, compute: float, barrier: threading.Barrier, done: threading.Event,
+def _reader(m: Path, compute: float, barrier: threading.Barrier | None, done: threading.Event,
             errors: list[BaseException]) -> None:
-    """Read ``m``'s view every pass, ``compute`` seconds after each file; meet the others after each pass."""
+    """Read ``m``'s view every pass, ``compute`` seconds after each file; meet the others after each pass
+    (without ``barrier``: on its own, and ``done`` ends it between two files)."""
     try:
         while not done.is_set():
             names = within(str(m), (m / ".tierfs" / "order0").read_bytes, _READ_TIMEOUT)
             assert isinstance(names, bytes), names
             for name in names.split(b"\0")[:-1]:
+                if barrier is None and done.is_set():
+                    return
                 data = within(str(m), (m / os.fsdecode(name)).read_bytes, _READ_TIMEOUT)
+                if isinstance(data, FileNotFoundError) and barrier is None:
+                    continue  # (on its own its mount may move on mid-pass: only its pace matters)
                 if isinstance(data, OSError):
-                    raise data
+                    raise RuntimeError(f"{m / os.fsdecode(name)}: {data!r}")
                 time.sleep(compute)
-            barrier.wait()
+            if barrier is not None:
+                barrier.wait()
     except BaseException as exc:
         errors.append(exc)
-        barrier.abort()
+        if barrier is not None:
+            barrier.abort()
+
+
+def _serving_daemon(job: MpiJob, rank: int) -> int:
+    """Rank ``rank``'s serving daemon: its process whose parent is of the rank too (the one peers.py forks)."""
+    job.track()
+    of_rank = set()
+    for pid in job.seen:
+        with contextlib.suppress(OSError):
+            if f"PMI_RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                of_rank.add(pid)
+    parent = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in of_rank}
+    return next(pid for pid in of_rank if parent[pid] in of_rank)
 
 
 def _node_argv(mode: str, k: int, backing: Path, work: Path, cap: int, addr: str, args: argparse.Namespace
@@ -144,7 +171,7 @@ def _node_argv(mode: str, k: int, backing: Path, work: Path, cap: int, addr: str
             "--rf", "auto" if mode == "peers-auto" else str(args.rf), "--composition", "random"]
     if mode == "sharded":
         return [*argv, "--rank", str(k), "--world-size", str(N)]
-    return [*argv, "--peers", "mpi", "--peer-addr", addr, "--peer-timeout", "5"]
+    return [*argv, "--peers", "mpi", "--peer-addr", addr, "--peer-timeout", str(args.peer_timeout)]
 
 
 def run_mode(mode: str, backing: Path, work: Path, cap: int, nodes: list[tuple[str, str]],
@@ -171,27 +198,68 @@ def run_mode(mode: str, backing: Path, work: Path, cap: int, nodes: list[tuple[s
         done = threading.Event()
         errors: list[BaseException] = []
         t0 = time.monotonic()
+        # (--stall: node 3 reads on its own, apart from the others' step and records, until it is stopped)
+        watched = mnts[:N - 1] if args.stall else mnts
+        free_done = threading.Event()
+        free = threading.Thread(target=_reader, args=(mnts[-1], args.compute, None, free_done, errors), daemon=True)
+        stopped: list[int] = []
 
         def record() -> None:  # (the barrier's action: one thread, while the others wait)
-            snaps = [_snapshot(m) for m in mnts]
-            records.append({"t": time.monotonic() - t0, "nodes": snaps})
+            snaps = [_snapshot(m) for m in watched]
+            records.append({"t": time.monotonic() - t0, "nodes": snaps, "stalled": bool(stopped)})
+            if args.stall and not stopped and min(s["epoch"] for s in snaps) >= args.stall_at:
+                free_done.set()
+                free.join(_READ_TIMEOUT)
+                stopped.append(_serving_daemon(job, N - 1))
+                os.kill(stopped[0], signal.SIGSTOP)
+                records[-1]["stall"] = True  # (the passes after this record ran with node 3 stopped)
             if min(s["epoch"] for s in snaps) >= args.epochs or time.monotonic() - t0 > args.mode_timeout:
                 done.set()
+                free_done.set()
 
-        record()
-        barrier = threading.Barrier(N, action=record)
-        threads = [threading.Thread(target=_reader, args=(m, args.compute, barrier, done, errors), daemon=True)
-                   for m in mnts]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        try:
+            record()
+            barrier = threading.Barrier(len(watched), action=record)
+            threads = [threading.Thread(target=_reader, args=(m, args.compute, barrier, done, errors), daemon=True)
+                       for m in watched]
+            for th in threads:
+                th.start()
+            if args.stall:
+                free.start()
+            for th in threads:
+                th.join()
+        finally:
+            free_done.set()  # (the watched readers ended, or failed: node 3's too)
+            if free.is_alive():
+                free.join(_READ_TIMEOUT)
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)  # (before the job's end stops it)
         if errors:
             raise RuntimeError(f"{mode}: a reader failed: {errors[0]!r}")
         job.track()
     finally:
         end_mount_job(job, mnts)
-    return {"mode": mode, "load_before": load0, "records": records, "epochs": per_epoch(records, args.epochs)}
+    out = {"mode": mode, "load_before": load0, "records": records, "epochs": per_epoch(records, args.epochs)}
+    if args.stall:
+        out["stall"] = stall_summary(records, args.peer_timeout)
+    return out
+
+
+def stall_summary(records: list[dict], peer_timeout: float) -> dict:
+    """(--stall) The watched nodes' longest pass before the stall (from epoch 1: the first reads the slow tier)
+    and after it, and the seconds each waited on node 3."""
+    before, during = [], []
+    stalled = False
+    for prev, cur in itertools.pairwise(records):
+        stalled = stalled or bool(prev.get("stall"))
+        if stalled:
+            during.append(cur["t"] - prev["t"])
+        elif min(n["epoch"] for n in prev["nodes"]) >= 1:
+            before.append(cur["t"] - prev["t"])
+    return {"peer_timeout": peer_timeout, "passes_before": len(before), "passes_during": len(during),
+            "longest_pass_before_s": max(before, default=None), "longest_pass_during_s": max(during, default=None),
+            "waited_s": [n["waited_on"].get(str(N - 1), 0.0) for n in records[-1]["nodes"]]}
 
 
 def per_epoch(records: list[dict], epochs: int) -> list[dict]:
@@ -287,11 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slack", type=float, default=0.05, help="cache beyond share + 2 mini-epochs, as a fraction "
                     "of the data set (default 0.05)")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--peer-timeout", type=float, default=5.0, help="the nodes' peer_timeout (default 5)")
+    ap.add_argument("--stall", action="store_true", help="the peers mode only, node 3 stopped (SIGSTOP) once the "
+                    "others reach epoch --stall-at")
+    ap.add_argument("--stall-at", type=int, default=2, help="the epoch node 3 stops at under --stall (default 2)")
     ap.add_argument("--mode-timeout", type=float, default=300.0, help="seconds a mode may run (default 300)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "peers.json")
     ap.add_argument("--plot", type=Path, default=ROOT / "bench-out" / "peers.png")
     args = ap.parse_args(argv)
-    modes = args.modes.split(",")
+    modes = ["peers"] if args.stall else args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}: choose from {', '.join(MODES)}")
     if os.geteuid() != 0:
@@ -314,6 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(res, indent=1))
     plot(res, args.plot)
     print(table(res["summary"]))
+    for m in res["modes"]:
+        if "stall" in m:
+            st = m["stall"]
+            print(f"stall (peer_timeout {st['peer_timeout']:g} s): the others' longest pass "
+                  f"{st['longest_pass_before_s']:.1f} s before ({st['passes_before']} passes), "
+                  f"{st['longest_pass_during_s']:.1f} s with node 3 stopped ({st['passes_during']}); "
+                  f"waited on it: {', '.join(f'{w:.1f}' for w in st['waited_s'])} s")
     print(f"load {res['load_after']:.1f}; wrote {args.out} and {args.plot}")
     return 0
 

@@ -171,11 +171,11 @@ def test_a_request_without_the_jobs_token_gets_no_byte(pair, t):
         fidx = _held_by(a, b)
         with socket.create_connection(a.peers.link.addresses[0], timeout=10) as sock:
             try:
-                size, _, _ = peers._ask(sock, token, 1, fidx, a.tree.path_hash_of(fidx),
-                                        fingerprint(a.tree.file_node(fidx).st), time.monotonic() + 10)
+                answer = peers._ask(sock, token, 1, fidx, a.tree.path_hash_of(fidx),
+                                    fingerprint(a.tree.file_node(fidx).st), time.monotonic() + 10)
             except peers.PeerMiss:
                 return b""
-            return size.to_bytes(8, "big") + _recv_all(sock)
+            return answer.size.to_bytes(8, "big") + peers._recv_exactly(sock, answer.size, time.monotonic() + 10)
 
     async def main() -> None:
         async with _running(a, b) as n:
@@ -193,21 +193,33 @@ def test_a_request_without_the_jobs_token_gets_no_byte(pair, t):
 class _Relay:
     """A TCP relay on 127.0.0.1 in front of ``target`` that records what each connection's client sent (a
     sniffer on the path) and what came back; it connects to ``target`` from ``source`` (a node outside the
-    job when not 127.0.0.1).  A thread; closed by :meth:`close`."""
+    job when not 127.0.0.1).  While ``stalled`` is set it forwards nothing, and accepts connections and holds
+    them without a byte (a stopped daemon: its port accepts, nothing answers).  A thread, one connection
+    forwarded at a time (those after it wait in the backlog); closed by :meth:`close`."""
 
-    def __init__(self, target: tuple[str, int], source: str = "127.0.0.1") -> None:
+    def __init__(self, target: tuple[str, int], source: str = "127.0.0.1", stalled: bool = False) -> None:
         self.target, self.source = target, source
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()
         self.sent: list[bytes] = []  # per connection: client -> target
         self.answered: list[bytes] = []  # per connection: target -> client
+        self.accepted = 0
+        self.held: list[socket.socket] = []  # accepted while stalled
+        self.stalled = threading.Event()
+        if stalled:
+            self.stalled.set()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         with contextlib.suppress(OSError):
-            while True:
+            while not self._stop.is_set():
                 client, _ = self.listener.accept()
+                self.accepted += 1
+                if self.stalled.is_set():
+                    self.held.append(client)
+                    continue
                 with client, socket.create_connection(self.target, timeout=10,
                                                       source_address=(self.source, 0)) as server:
                     self._pump(client, server)
@@ -217,8 +229,11 @@ class _Relay:
         self.sent.append(sent)
         self.answered.append(answered)
         ends = {client: (server, sent), server: (client, answered)}
-        deadline = time.monotonic() + 10
-        while ends and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        while ends and time.monotonic() < deadline and not self._stop.is_set():
+            if self.stalled.is_set():
+                self._stop.wait(0.05)
+                continue
             readable, _, _ = select.select(list(ends), [], [], 0.1)
             for sock in readable:
                 other, record = ends[sock]
@@ -236,26 +251,46 @@ class _Relay:
                     other.sendall(chunk)
 
     def close(self) -> None:
+        self._stop.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         self._thread.join(15)
+        for sock in self.held:
+            sock.close()
 
 
 def _fetch(a: Engine, b: Engine, fidx: int, tmp_path) -> int:
     """(a thread) ``b`` asks ``a`` for ``fidx`` as its stager does; the bytes' count, or -1 for a miss."""
-    with open(tmp_path / f"fetched-{fidx}", "wb") as dst:
+    got = _fetch_or_why(a, b, fidx, tmp_path / f"fetched-{fidx}")
+    return got if isinstance(got, int) else -1
+
+
+def _fetch_or_why(a: Engine, b: Engine, fidx: int, path: Path) -> int | str:
+    """(a thread) ``b`` asks ``a`` for ``fidx`` into ``path`` as its stager does: the bytes' count, or the
+    miss's reason ("down" too when the stager would not even make the request)."""
+    with open(path, "wb") as dst:
         fetch = b.peers.source_for(fidx)
-        assert fetch is not None and fetch.peer.rank == a.peers.rank
+        if fetch is None:
+            return "down"
+        assert fetch.peer.rank == a.peers.rank
         try:
             return fetch.fetch_into(dst.fileno(), fingerprint(b.tree.file_node(fidx).st), None, lambda: None)
-        except peers.PeerMiss:
-            return -1
+        except peers.PeerMiss as miss:
+            return miss.reason
+
+
+def _held_files(a: Engine) -> list[int]:
+    """Files ``a`` owns and holds (its peer asks ``a`` for them)."""
+    return [int(f) for f in a.schedule.current
+            if a.cache.get(int(f)) is not None and int(a.peers.owners[f]) == a.peers.rank]
 
 
 def test_a_sniffed_request_sent_again_gets_no_byte(pair, t, tmp_path):
-    # rank 1 reaches rank 0 through a relay that records its request; the recording, sent again on a new
-    # connection from the same address, must get nothing of the file (today's token went in clear)
+    # rank 1 reaches rank 0 through a relay that records its requests: two files, asked on one kept connection.
+    # The first request's recording, sent again on a new connection from the same address, and the second's,
+    # sent again on a connection that has just carried a proven request, must get nothing of the files (today's
+    # token went in clear, and a kept connection's next request gets a nonce of its own)
     relay: list[_Relay] = []
 
     def through_relay(real):
@@ -263,31 +298,45 @@ def test_a_sniffed_request_sent_again_gets_no_byte(pair, t, tmp_path):
         return [relay[0].address, real[1]]
 
     a, b = pair(addresses=through_relay)
+    one = peers._REQUEST.size + peers._MAC
 
-    async def main() -> tuple[int, bytes, bytes]:
+    async def main() -> tuple[list[int], list[bytes], bytes, bytes]:
         async with _running(a, b) as n:
             await _settled([a, b], t)
-            fidx = _held_by(a, b)
-            got = await trio.to_thread.run_sync(_fetch, a, b, fidx, tmp_path)
-            data = (tmp_path / f"fetched-{fidx}").read_bytes()
+            files = [f for f in _held_files(a) if a.cache.get(f).size >= 256][:2]
+            got = [await trio.to_thread.run_sync(_fetch, a, b, f, tmp_path) for f in files]
+            data = [(tmp_path / f"fetched-{f}").read_bytes() for f in files]
 
-            def replay() -> bytes:
+            def replay_first() -> bytes:
                 with socket.create_connection(relay[0].target, timeout=10) as sock:
-                    sock.sendall(relay[0].sent[0])
+                    sock.sendall(relay[0].sent[0][:one])
                     return _recv_all(sock)
 
-            answer = await trio.to_thread.run_sync(replay)
+            def replay_second() -> bytes:
+                with socket.create_connection(relay[0].target, timeout=10) as sock:  # (a member's, a file first)
+                    fidx = files[0]
+                    answer = peers._ask(sock, a.peers.link.token, 1, fidx, a.tree.path_hash_of(fidx),
+                                        fingerprint(a.tree.file_node(fidx).st), time.monotonic() + 10)
+                    assert peers._recv_exactly(sock, answer.size, time.monotonic() + 10) == data[0]
+                    sock.sendall(relay[0].sent[0][one:2 * one])
+                    return _recv_all(sock)
+
+            first = await trio.to_thread.run_sync(replay_first)
+            second = await trio.to_thread.run_sync(replay_second)
             n.cancel_scope.cancel()
-        return got, data, answer
+        return got, data, first, second
 
     try:
-        got, data, answer = t.run(main)
+        got, data, first, second = t.run(main)
     finally:
         relay[0].close()
-    assert got == len(data) >= 256 and data in relay[0].answered[0]  # (the member's fetch, through the relay)
-    assert data not in answer and data[:64] not in answer
-    assert len(answer) <= peers._HELLO.size  # the new connection's challenge, and nothing after it
-    assert a.peers.statistics(a.cache).strangers == 1
+    assert got == [len(d) for d in data] and min(got) >= 256  # (the member's fetches, through the relay ...)
+    assert len(relay[0].sent) == 1 and len(relay[0].sent[0]) == 2 * one  # (... two requests on one connection)
+    assert all(d in relay[0].answered[0] for d in data)
+    for answer in (first, second):
+        assert not any(d in answer or d[:64] in answer for d in data)
+        assert len(answer) <= peers._HELLO.size  # the challenge, and nothing after it
+    assert a.peers.statistics(a.cache).strangers == 2
 
 
 def test_a_connection_from_outside_the_job_is_dropped_at_accept(pair, t, tmp_path):
@@ -435,7 +484,7 @@ def test_a_dead_or_stalled_peer_is_a_miss_and_the_file_comes_from_the_backing(pa
             b.passes.request_advance()
             await t.settle(b)
             b.passes.request_advance()
-            with trio.fail_after(60):  # (a deadline of 0.5 s per peer call; the peer is then skipped DOWN_S)
+            with trio.fail_after(60):  # (a deadline of 0.5 s per peer call; then down, probed once a window)
                 await _walk([b], t, (1, 1))
             n.cancel_scope.cancel()
 
@@ -446,6 +495,151 @@ def test_a_dead_or_stalled_peer_is_a_miss_and_the_file_comes_from_the_backing(pa
     p = b.peers.statistics(b.cache)
     assert p.misses[peer] >= 1 and p.fetched_files == 0
     assert p.peers[0].alive is False or p.misses["down"] > 0
+
+
+def test_a_stalled_peer_costs_one_timeout_per_window_not_one_per_file(pair, t, tmp_path):
+    # rank 1's peer (rank 0) accepts and never answers (a stopped daemon, a hung node) while rank 1 stages a whole
+    # epoch of its files, 4 streams at once: only the requests already out when it went down, and one probe per
+    # window, reach it; every other request for its files is a "down" miss without a connection
+    backing = tmp_path / "many"
+    make_dataset(backing, dirs=4, files_per_dir=32, max_size=4096, seed=6)
+    relay: list[_Relay] = []
+
+    def stalled(real):
+        relay.append(_Relay(real[0], stalled=True))
+        return [relay[0].address, real[1]]
+
+    _, b = pair(addresses=stalled, backing=backing, staging_streams=4)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(b.run)
+            with trio.fail_after(120):
+                await _walk([b], t, (2, 0))  # (epoch 1 whole: its files rank 0 owns asked of rank 0)
+            n.cancel_scope.cancel()
+
+    try:
+        t.run(main)
+    finally:
+        relay[0].close()
+    p = b.peers.statistics(b.cache)
+    peer = p.peers[0]
+    timeout = b.config.settings.peer_timeout
+    assert p.fetched_files == 0 and p.misses["down"] >= 20  # (every file correct: _walk read them, the backing's)
+    assert relay[0].accepted == peer.connections == p.misses["timeout"]  # (each connection: one timeout)
+    assert peer.probes <= 3 and relay[0].accepted <= 4 + peer.probes  # (the streams out at once, the probes)
+    assert peer.waited_s <= (2 + peer.probes) * timeout + 0.5, peer  # (those out at once waited together)
+    assert not peer.alive and peer.backoff_s >= peers.DOWN_S
+
+
+def test_the_window_doubles_while_a_peer_stays_down_and_starts_over_once_a_probe_is_answered(
+        pair, t, tmp_path, monkeypatch):
+    monkeypatch.setattr(peers, "DOWN_S", 0.2)  # (the first window: peer_timeout, 0.5 s; then 1 s, the cap)
+    monkeypatch.setattr(peers, "DOWN_MAX_S", 1.0)
+    relay: list[_Relay] = []
+
+    def through_relay(real):
+        relay.append(_Relay(real[0], stalled=True))
+        return [relay[0].address, real[1]]
+
+    a, b = pair(addresses=through_relay)
+    asked = iter(range(1000))
+
+    async def at_once(k: int) -> list[int | str]:
+        """``k`` copies ask rank 0 for a file at once: each one's bytes or its miss's reason."""
+        fidx = _held_by(a, b)
+        results: list[int | str] = []
+
+        async def one() -> None:
+            path = tmp_path / f"asked-{next(asked)}"
+            results.append(await trio.to_thread.run_sync(_fetch_or_why, a, b, fidx, path))
+
+        async with trio.open_nursery() as n:
+            for _ in range(k):
+                n.start_soon(one)
+        return sorted(results, key=str)
+
+    async def main() -> None:
+        async with _running(a, b) as n:
+            await _settled([a, b], t)
+            size = a.cache.get(_held_by(a, b)).size
+
+            def stats() -> peers.PeerStats:
+                return b.peers.statistics(b.cache).peers[0]
+
+            async def window_over() -> None:
+                await trio.sleep(stats().backoff_s + 0.1)
+
+            with trio.fail_after(60):
+                assert await at_once(1) == ["timeout"]  # stalled: down, the first window
+                assert stats().backoff_s == 0.5 and relay[0].accepted == 1 and not stats().alive
+                assert await at_once(3) == ["down"] * 3  # within it: misses at once, no connection
+                assert relay[0].accepted == 1
+                await window_over()
+                # the window over: of 4 copies at once one probes, on a connection of its own; the others are
+                # "down" misses, never a second connection.  It fails: the window doubles
+                assert await at_once(4) == ["down"] * 3 + ["timeout"]
+                assert relay[0].accepted == 2 and stats().probes == 1 and stats().backoff_s == 1.0
+                await window_over()
+                assert await at_once(1) == ["timeout"]
+                assert relay[0].accepted == 3 and stats().probes == 2 and stats().backoff_s == 1.0  # (the cap)
+                relay[0].stalled.clear()  # it recovers: the next probe is answered, the peer is up
+                await window_over()
+                assert await at_once(1) == [size]
+                assert stats().probes == 3 and stats().alive and stats().backoff_s == 0
+                assert await at_once(1) == [size] and relay[0].accepted == 4  # (on the probe's, kept)
+                relay[0].stalled.set()  # down again: the first window again, not the doubled one
+                assert await at_once(1) == ["timeout"]
+                assert stats().backoff_s == 0.5 and stats().probes == 3
+            n.cancel_scope.cancel()
+        p = b.peers.statistics(b.cache)
+        assert p.fetched_files == 2 and p.misses["timeout"] == 4 and p.misses["down"] == 6
+
+    try:
+        t.run(main)
+    finally:
+        relay[0].close()
+
+
+def test_kept_connections_carry_many_requests(pair, t):
+    engines = pair(staging_streams=4)
+
+    async def main() -> None:
+        async with _running(*engines) as n:
+            await _walk(engines, t, (2, 1))
+            kept = [e.peers.statistics(e.cache).kept_connections for e in engines]
+            n.cancel_scope.cancel()
+        assert all(0 < k <= 4 for k in kept)  # (each node's server holds the other's kept connections)
+
+    t.run(main)
+    for e in engines:
+        p = e.peers.statistics(e.cache)
+        assert p.fetched_files >= 8 and sum(p.misses.values()) == 0
+        assert 0 < p.connections <= 4 < p.requests  # (at most one a stream; a request a file)
+        assert p.requests == p.fetched_files and p.peers[0].connections == p.connections
+
+
+def test_a_kept_connection_the_peer_closed_meanwhile_is_tried_again_and_is_no_miss(pair, t, tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.setattr(peers, "IDLE_S", 0.3)  # (the server lets a kept connection go after 0.3 s, the client
+    a, b = pair()  # keeps it KEEP_S: it meets one closed)
+
+    async def main() -> tuple[list[int], int]:
+        async with _running(a, b) as n:
+            await _settled([a, b], t)
+            files = _held_files(a)[:2]
+            got = [await trio.to_thread.run_sync(_fetch, a, b, files[0], tmp_path)]
+            await trio.sleep(1.0)  # (the server closed it)
+            closed = a.peers.statistics(a.cache).kept_connections
+            got.append(await trio.to_thread.run_sync(_fetch, a, b, files[1], tmp_path))
+            n.cancel_scope.cancel()
+        return got, closed
+
+    got, closed = t.run(main)
+    p = b.peers.statistics(b.cache)
+    assert closed == 0 and min(got) >= 0 and p.fetched_files == 2 and sum(p.misses.values()) == 0
+    assert p.connections == 2 and p.requests == 3  # (the second file: asked on the closed one, then a new one)
+    assert p.peers[0].alive and a.peers.statistics(a.cache).strangers == 0
 
 
 def test_placement_keeps_owned_copies_and_evicts_the_others_first(pair, t):

@@ -144,3 +144,29 @@ def test_a_killed_peer_is_a_miss_and_the_others_finish_from_the_slow_tier(group)
     assert misses > 0  # what rank 3 owned ...
     assert sum(st["backing_bytes_read"] for st in statuses) > sum(before)  # ... came from the slow tier
     assert all(st["peers"]["alive"] == N - 2 for st in statuses)
+
+
+def test_a_stalled_peer_costs_the_others_about_one_timeout_per_window(group):
+    # rank 3's daemon stops (SIGSTOP: its port still accepts, nothing answers -- a hung node) mid-epoch; the others
+    # run two more mini-epochs: what it owned comes from the slow tier, and each waited on it a deadline or two
+    # (those asking when it stopped waited together; then one probe per window), not one per file
+    backing, mnts, job, _ = group
+    for me in range(NM):
+        _mini_epoch(mnts, backing, (0, me))
+    _mini_epoch(mnts, backing, (1, 0))
+    rank3 = _processes_of_rank(job, 3)
+    daemon = next(pid for pid in rank3 if _parent(pid) in rank3)
+    alive = mnts[:3]
+    os.kill(daemon, signal.SIGSTOP)
+    try:
+        for at in [(1, 1), (1, 2)]:
+            _mini_epoch(alive, backing, at)  # correct bytes, every read within its deadline
+        statuses = [_at(m, (1, 3)) for m in alive]
+    finally:
+        os.kill(daemon, signal.SIGCONT)  # (before the cleanup stops it)
+    timeout = 2  # (--peer-timeout)
+    for st in statuses:
+        stalled = next(p for p in st["peers"]["peers"] if p["rank"] == 3)
+        assert stalled["misses"] > 0 and not stalled["alive"], stalled
+        assert stalled["waited_s"] <= 2 * timeout * 2, stalled  # (two mini-epochs)
+        assert stalled["connections"] <= stalled["probes"] + 16, stalled

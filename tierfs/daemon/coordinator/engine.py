@@ -222,6 +222,7 @@ class Engine:
             self.passes.save_journal()
             self.cache.save_index(self.tree)
         self.cache.close()
+        self.peers.close()  # (its kept connections)
         if self.link is not None:
             self.link.close()
         if self.root_fd >= 0:

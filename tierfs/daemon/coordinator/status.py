@@ -379,9 +379,19 @@ METRICS: tuple[Metric, ...] = (
     *(Metric("peer_misses_total", "counter", "Files a peer did not give, by reason: read from the slow tier "
              "instead.", ("peers.misses",), _miss_of(reason), constant=(("reason", reason),))
       for reason in MISS_REASONS),
-    Metric("peers_alive", "gauge", "Peers whose last contact succeeded.", ("peers.alive",)),
+    Metric("peers_alive", "gauge", "Peers not down.", ("peers.alive",)),
     Metric("peer_strangers_total", "counter", "Connections to the peer port turned away: no token of this job.",
            ("peers.strangers",)),
+    Metric("peer_waited_seconds_total", "counter", "Seconds copies waited on peers in requests that ended as a "
+           "miss (per peer, waits at once counted once).", ("peers.waited_s",)),
+    Metric("peer_probes_total", "counter", "Requests that probed a peer that was down, its window over.",
+           ("peers.probes",)),
+    Metric("peer_connections_total", "counter", "Connections this node opened to its peers.",
+           ("peers.connections",)),
+    Metric("peer_requests_total", "counter", "Requests this node sent its peers (more than connections: kept "
+           "ones reused).", ("peers.requests",)),
+    Metric("peer_kept_connections", "gauge", "Connections from peers the peer port holds open for their next "
+           "request.", ("peers.kept_connections",)),
     Metric("owned_files", "gauge", "Files this node owns for its peers (staged in epoch 0), kept while the cap "
            "allows.", ("peers.owned_files",)),
     Metric("owned_cached_files", "gauge", "Owned files cached now.", ("peers.owned_cached_files",)),
