@@ -140,3 +140,18 @@ def test_unlistable_refuse_makes_the_scan_fail_naming_the_directory(closed_class
     got, _ = _scan_unprivileged(closed_classes, "refuse")
     assert got["refused"].startswith(f"cannot list {closed_classes}/shut_00 (EACCES: Permission denied) (and 11 "
                                      "more): unlistable=refuse refuses the mount")
+
+
+def test_a_backing_whose_root_cannot_be_listed_is_refused_never_an_empty_data_set(tmp_path):
+    """(A tier's I/O error -- sshfs reconnecting, an NFS outage -- or a root the daemon may not read) No file seen
+    and a directory unlistable: the scan fails naming it, where it made an empty data set before (a mount then
+    failed with "nm=4 is more mini-epochs than the data set has files: use at most 0")."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (to drop CAP_DAC_OVERRIDE)")
+    root = tmp_path / "backing"
+    (root / "class").mkdir(parents=True)
+    (root / "class" / "0.bin").write_bytes(b"x")
+    os.chown(root, 65534, 65534)
+    os.chmod(root, 0o744)  # (its names list, its entries cannot be seen: as a tier that fails every lstat)
+    got, _ = _scan_unprivileged(root, "skip")
+    assert got["refused"] == f"no file of the backing dir could be seen: cannot list {root} (EACCES: Permission denied)"

@@ -299,9 +299,11 @@ def node_init(role: str, root: Path, name: str, sshfs_options: str) -> int:
 
 def _sshfs(root: Path, at: Path, more: str) -> None:
     """Mount the slow host's data set at ``at`` (retried until its sshd answers, 30 s)."""
+    # (dir_cache=no: sshfs 3.7's directory cache can list a directory empty, libfuse/sshfs#375)
     options = ",".join(o for o in (f"IdentityFile={root}/ssh/id", "StrictHostKeyChecking=no",
                                    "UserKnownHostsFile=/dev/null", "LogLevel=ERROR", "ro", "allow_other",
-                                   "reconnect", "ServerAliveInterval=5", more) if o)
+                                   "dir_cache=no", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=8",
+                                   more) if o)
     end = time.monotonic() + 30
     while True:
         done = subprocess.run(["sshfs", f"root@slow:{root}/slow-data", str(at), "-o", options],

@@ -137,6 +137,8 @@ def check_fits(sizes: np.ndarray, settings: Settings, capacity: int) -> None:
     the cache has ``total <= budget x nm x world_size``, and when no cut fits, the balanced cut is taken as
     long as a mini-epoch fits on average within one file: ``total <= (budget + biggest) x nm x world_size``."""
     budget, nm = _budget(settings, capacity)
+    if not len(sizes):
+        raise ValueError("the backing dir holds no file (or lists none: a network file system's fault?)")
     if nm is not None and nm > len(sizes):
         raise ValueError(f"nm={nm} is more mini-epochs than the data set has files: use at most {len(sizes):,}")
     ws = settings.world_size

@@ -195,8 +195,20 @@ class TreeKeeper:
         self.stats = replace(self.stats, rescan="running")
         settled_ns = time.time_ns() - int(ADD_SETTLE_S * 1e9)
         # (abandoned on unmount: it works on its own dup of the root descriptor)
-        new = await in_thread(_scan_live, self.root_fd, self.backing, not first, abandon_on_cancel=True)
+        try:
+            new = await in_thread(_scan_live, self.root_fd, self.backing, not first, abandon_on_cancel=True)
+        except ValueError as exc:  # (no file seen, a directory unlistable: the tier failed, not the data set)
+            log.warning("rescan: %s; the mount keeps the files it knows", exc)
+            self.stats = replace(self.stats, rescan="done")
+            return
         if new is None:  # (the root itself was removed: a lost backing, nothing is taken for gone)
+            self.stats = replace(self.stats, rescan="done")
+            return
+        if not new.n_files and tree.n_files:
+            # (a network tier that lists a directory empty for a moment -- seen of sshfs under load, on four
+            # nodes at once -- must not take the data set away; a file really gone is found at its next open)
+            log.warning("rescan: the backing dir lists no file where %d were: taken for a fault of the tier; the "
+                        "mount keeps the files it knows", tree.n_files)
             self.stats = replace(self.stats, rescan="done")
             return
         new.stable_inodes = self.stable_inodes  # (compared as this mount's tree is)

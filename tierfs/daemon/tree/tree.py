@@ -1196,7 +1196,11 @@ class Tree:
                              scan.unlistable)
 
         progress(ScanCount(0, 0, 0, 0.0, total))  # (the start: nothing found yet)
-        level: list[tuple[int, int, bytes]] = [(0, os.dup(root_fd), b"")]  # (node, fd, path + "/") to list
+        # (node, fd, path + "/") to list.  The root through an open of its own, not a dup of ``root_fd``: a dup
+        # shares the mount's long-lived directory handle, which sshfs lists as empty once read to its end, rewound
+        # and its listing cache expired -- every file "gone" at a rescan)
+        root = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+        level: list[tuple[int, int, bytes]] = [(0, root, b"")]
         waits = True  # (a tier that waits, until a level's first batches show it does not)
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="tierfs-scan") as pool:
             try:
@@ -1244,6 +1248,8 @@ class Tree:
                     os.close(fd)
         done = count(time.monotonic() - t0)
         scan.said_unlistable()
+        if scan.unlistable and not done.files:  # (an I/O error of the tier is not an empty data set)
+            raise ValueError(scan.nothing_seen())
         tree = scan.tree()
         progress(ScanCount(done.entries, done.files, done.bytes, done.seconds, total and done.entries,
                            done.unlistable))
@@ -1604,6 +1610,13 @@ class _Scan:
         return (f"cannot list {self.shown(path)} ({_errno_text(err)}){more}: unlistable=refuse refuses the mount "
                 f"rather than leave its files out of the data set; let this daemon's user read and search it, or "
                 f"mount with unlistable=skip")
+
+    def nothing_seen(self) -> str:
+        """The one line that refuses a mount whose scan saw no file, some directory unlistable."""
+        path, err = self.unlistable_dirs[0]
+        more = f" (and {self.unlistable - 1} more)" if self.unlistable > 1 else ""
+        return (f"no file of the backing dir could be seen: cannot list {self.shown(path)} ({_errno_text(err)})"
+                f"{more}")
 
     def tree(self) -> Tree:
         """Renumber (root, files in storage order, the rest in scan order) and make the tree."""
