@@ -13,8 +13,9 @@ before it:
 * ``peers-auto``: the same with ``rf=auto``: rf 1 (a full shuffle of the data set every epoch) once staging keeps up.
 
 sshfs numbers inodes per mount, so each node sees its own numbers (tierfs: ``stable_inodes=auto``, a copy known by
-size, mtime and ctime); ``--stable`` mounts the nodes' sshfs with ``use_ino`` (the server's numbers, the same on
-every node) and tells tierfs ``stable_inodes=yes``: the peers' bytes of the two runs compare the two identities.
+size, mtime and ctime); ``--stable`` gives the nodes the slow tier's directory bound instead (as NFS keeps the
+server's file ids: the same numbers on every node, the inode in a copy's identity; unthrottled): the peers' bytes
+of the two runs compare the two identities.
 
 Per mode: the bytes the slow host sent (its link's counter: sshfs's and ssh's overhead included) in all and after
 the first epoch, the tierfs daemons' ``backing_bytes_read`` and ``peers.fetched_bytes``, the job's seconds, the
@@ -93,8 +94,6 @@ def run_mode(c: slurm.Cluster, mode: str, args: argparse.Namespace, data: int, b
     # records say which epoch each pass was in; the job stops once the mounts are in epoch --epochs)
     if mode != "direct":
         passes = args.epochs * nm * args.rf
-    if args.stable:  # (sshfs -o use_ino: every node sees the server's inode numbers, and tierfs is told so)
-        env["TIERFS_OPTIONS"] += ",stable_inodes=yes"
     sent0, t0 = _slow_sent(c), time.monotonic()
     job = subprocess.run(
         ["sbatch", "--parsable", "--nodes=4", "--output", str(out / "job.out"), str(script),
@@ -128,7 +127,7 @@ def run_mode(c: slurm.Cluster, mode: str, args: argparse.Namespace, data: int, b
         "samples_per_s": round(sum(r["samples_per_s"] for r in recs) / len(recs), 1),
         "rf_last": recs[-1].get("tierfs", {}).get("rf") if mode != "direct" else 1,
         "p_at_1": [r["p_at_1"] for r in recs],
-        # the inode number each node's sshfs gives one file: all alike with use_ino, else numbered per node
+        # the inode number each node sees for one file: numbered per node by sshfs, the same bound (--stable)
         "inodes": [c.run_on(n, ["stat", "-c", "%i", str(train / sorted(os.listdir(c.data / "xc" / "train"))[-1])]
                             ).stdout.strip() for n in c.nodes],
     }
@@ -162,14 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-rate", default="40mbit")
     p.add_argument("--mode-timeout", type=float, default=600)
     p.add_argument("--stable", action="store_true",
-                   help="the nodes' sshfs with use_ino (the server's inode numbers) and stable_inodes=yes")
+                   help="the slow tier's directory bound on every node (stable inode numbers), not sshfs")
     p.add_argument("--root", type=Path, default=Path("/tmp/tierfs-cluster-bench"))
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cluster.json")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupted)  # (a kill ends the cluster too: the context manager's exit)
     shutil.rmtree(args.root, ignore_errors=True)
     results = []
-    with slurm.cluster(args.root, slow_rate=args.slow_rate, sshfs_options="use_ino" if args.stable else "") as c:
+    with slurm.cluster(args.root, slow_rate=args.slow_rate, slow_tier="bind" if args.stable else "sshfs") as c:
         subprocess.run([sys.executable, "-m", "dslide", "gen", str(c.data / "xc"), "--points", str(args.points),
                         "--features", "2000", "--labels", "500", "--shards", str(args.shards), "--seed", "2",
                         "--test-points", "2000"], check=True, capture_output=True)

@@ -8,7 +8,8 @@ first process, :func:`node_init`, reaps them and whose end ends them all), an ad
 
 - ``SITE/slow``: the shared slow tier, the same directory of the *slow* host mounted by sshfs over the node's
   link (the slow host's egress is throttled with ``tc tbf``: the nodes share its bandwidth, as they share an NFS
-  server's).  sshfs numbers inodes per mount (each node its own), unless ``use_ino`` is asked for;
+  server's).  sshfs numbers inodes per mount (each node its own); ``slow_tier="bind"`` binds the directory instead
+  (every node the same numbers, as NFS; unthrottled);
 - ``SITE/nvme``: the node's local disk (a directory of its own, ``ROOT/nodes/NAME/nvme``, bound there);
 - ``SITE/mnt``: an empty directory where a job mounts tierfs.
 
@@ -51,7 +52,9 @@ class Cluster:
     nodes: list[str] = field(default_factory=lambda: [f"n{i + 1}" for i in range(NODES)])
     epilog: Path | None = None  # the site's Epilog script (run with PATH this Python's, TIERFS_MNT_BASE site/mnt)
     slow_rate: str = "400mbit"  # the slow host's egress (every node's reads of the slow tier), "" unthrottled
-    sshfs_options: str = ""  # more ``-o`` options of the nodes' sshfs mounts (``use_ino``: the server's numbers)
+    #: how the nodes see the slow tier: ``sshfs`` (over the network; inode numbers per node) or ``bind`` (the same
+    #: directory bound, as an NFS mount keeps the server's file ids: every node the same numbers; unthrottled)
+    slow_tier: str = "sshfs"
     pids: dict[str, int] = field(default_factory=dict)  # (each host's namespaces: its ``unshare``)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
@@ -255,7 +258,7 @@ Subsystem sftp internal-sftp
 
 # ================================================================================ one host's first process
 
-def node_init(role: str, root: Path, name: str, sshfs_options: str) -> int:
+def node_init(role: str, root: Path, name: str, slow_tier: str = "sshfs") -> int:
     """(The first process of a host's PID namespace, in its mount and UTS namespaces) Set the host up, run its
     daemon in the foreground, reap every process the namespace orphans, and end with the daemon: the kernel then
     ends the namespace's other processes (a job's, a tierfs daemon's) and the mount namespace with its mounts."""
@@ -270,7 +273,10 @@ def node_init(role: str, root: Path, name: str, sshfs_options: str) -> int:
     else:
         site = root / "site"
         subprocess.run(["mount", "--bind", str(root / "nodes" / name / "nvme"), str(site / "nvme")], check=True)
-        _sshfs(root, site / "slow", sshfs_options)
+        if slow_tier == "bind":
+            subprocess.run(["mount", "--bind", "-o", "ro", str(root / "slow-data"), str(site / "slow")], check=True)
+        else:
+            _sshfs(root, site / "slow")
         # (``ip netns exec`` mounted a sysfs of the network namespace over /sys, cgroups not in it; slurmd wants
         # cgroup v1's "systemd" hierarchy there even with proctrack/linuxproc, which uses none of it)
         cgroups = Path("/sys/fs/cgroup")
@@ -297,13 +303,12 @@ def node_init(role: str, root: Path, name: str, sshfs_options: str) -> int:
             return os.waitstatus_to_exitcode(status)
 
 
-def _sshfs(root: Path, at: Path, more: str) -> None:
+def _sshfs(root: Path, at: Path) -> None:
     """Mount the slow host's data set at ``at`` (retried until its sshd answers, 30 s)."""
     # (dir_cache=no: sshfs 3.7's directory cache can list a directory empty, libfuse/sshfs#375)
-    options = ",".join(o for o in (f"IdentityFile={root}/ssh/id", "StrictHostKeyChecking=no",
+    options = ",".join((f"IdentityFile={root}/ssh/id", "StrictHostKeyChecking=no",
                                    "UserKnownHostsFile=/dev/null", "LogLevel=ERROR", "ro", "allow_other",
-                                   "dir_cache=no", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=8",
-                                   more) if o)
+                                   "dir_cache=no", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=8"))
     end = time.monotonic() + 30
     while True:
         done = subprocess.run(["sshfs", f"root@slow:{root}/slow-data", str(at), "-o", options],
@@ -321,7 +326,7 @@ def _start_host(c: Cluster, role: str, name: str) -> None:
     ns = f"tfc{c.tag}-{name}"
     argv = ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private", "--pid",
             "--fork", "--mount-proc", "--kill-child=SIGTERM", sys.executable, "-m", "tierfs.testing.cluster",
-            "init", role, str(c.root), name, c.sshfs_options]
+            "init", role, str(c.root), name, c.slow_tier]
     with open(c.root / f"{name}.init", "ab") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
@@ -415,14 +420,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     init.add_argument("role", choices=("ctl", "slow", "node"))
     init.add_argument("root", type=Path)
     init.add_argument("name")
-    init.add_argument("sshfs_options", nargs="?", default="")
+    init.add_argument("slow_tier", nargs="?", default="sshfs", choices=("sshfs", "bind"))
     up = sub.add_parser("up", help="start a cluster in ROOT and return once its nodes are idle")
     up.add_argument("root", type=Path)
     up.add_argument("--slow-rate", default=Cluster.slow_rate, help="the slow host's egress (tc tbf rate)")
     sub.add_parser("down", help="end the cluster in ROOT").add_argument("root", type=Path)
     args = p.parse_args(argv)
     if args.command == "init":
-        return node_init(args.role, args.root, args.name, args.sshfs_options)
+        return node_init(args.role, args.root, args.name, args.slow_tier)
     if args.command == "up":
         c = start(args.root, slow_rate=args.slow_rate)
         print(f"export SLURM_CONF={c.root / 'slurm.conf'}  # (then sbatch, squeue; down: {p.prog} down {c.root})")

@@ -222,7 +222,8 @@ class Engine:
             self.passes.save_journal()
             self.cache.save_index(self.tree)
         self.cache.close()
-        self.peers.close()  # (its kept connections)
+        if self._opened:
+            self.peers.close()  # (its kept connections; an open that failed made none)
         if self.link is not None:
             self.link.close()
         if self.root_fd >= 0:

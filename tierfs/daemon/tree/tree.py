@@ -1199,7 +1199,10 @@ class Tree:
         # (node, fd, path + "/") to list.  The root through an open of its own, not a dup of ``root_fd``: a dup
         # shares the mount's long-lived directory handle, which sshfs lists as empty once read to its end, rewound
         # and its listing cache expired -- every file "gone" at a rescan)
-        root = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+        try:
+            root = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+        except OSError:  # (a root we may read but not search: listed through the mount's handle, or said unlistable)
+            root = os.dup(root_fd)
         level: list[tuple[int, int, bytes]] = [(0, root, b"")]
         waits = True  # (a tier that waits, until a level's first batches show it does not)
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="tierfs-scan") as pool:
