@@ -84,10 +84,6 @@ class Cluster:
         return f"{self.subnet}.{_HOSTS.index(host) + 1}" if host in _HOSTS else \
             f"{self.subnet}.{10 + self.nodes.index(host)}"
 
-    def node_pid(self, node: str) -> int:
-        """The first process of ``node``'s namespaces (its mount table: ``/proc/PID/mounts``)."""
-        return self.pids[node]
-
     def mounts(self, node: str) -> list[tuple[str, str]]:
         """(mount point, type) of the mounts ``node`` sees under ``ROOT``."""
         with open(f"/proc/{self.pids[node]}/mounts") as f:
@@ -111,7 +107,7 @@ class Cluster:
     def run_on(self, node: str, argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in ``node``'s namespaces (as a site's admin would, by ssh)."""
         pid = str(self.pids[node])
-        return subprocess.run(["nsenter", "-t", pid, "-n", "-m", "-u", "-p", "--", *argv], text=True,
+        return subprocess.run(["nsenter", "-t", pid, "-n", "-m", "-u", "--", *argv], text=True,
                               capture_output=True, **kw)  # type: ignore[call-overload]
 
     def wait_idle(self, timeout: float = 60) -> None:
@@ -279,11 +275,14 @@ def node_init(role: str, root: Path, name: str, slow_tier: str = "sshfs") -> int
             _sshfs(root, site / "slow")
         # (``ip netns exec`` mounted a sysfs of the network namespace over /sys, cgroups not in it; slurmd wants
         # cgroup v1's "systemd" hierarchy there even with proctrack/linuxproc, which uses none of it)
+        # (or, where the kernel mounts no cgroup v1 hierarchy, cgroup v2 itself)
         cgroups = Path("/sys/fs/cgroup")
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "cgroups", str(cgroups)], check=True)
         (cgroups / "systemd").mkdir()
-        subprocess.run(["mount", "-t", "cgroup", "-o", "none,name=systemd", "cgroup", str(cgroups / "systemd")],
-                       check=True)
+        if subprocess.run(["mount", "-t", "cgroup", "-o", "none,name=systemd", "cgroup", str(cgroups / "systemd")],
+                          capture_output=True).returncode:
+            subprocess.run(["umount", str(cgroups)], check=True)
+            subprocess.run(["mount", "-t", "cgroup2", "cgroup2", str(cgroups)], check=True)
         argv = ["slurmd", "-D", "-N", name, "-f", conf]
     log = open(root / f"{name}.out", "ab")  # noqa: SIM115 (the daemon's until it ends)
     daemon = subprocess.Popen(argv, stdout=log, stderr=log)
