@@ -117,7 +117,9 @@ def test_jobs_mount_every_node_train_from_the_mounts_and_find_the_caches_warm(si
     slow = sum(r["backing_bytes_read"] for r in reports.values())
     from_peers = sum(r["peers"]["fetched_bytes"] for r in reports.values())
     assert slow <= data * 1.01, (slow, data)  # epoch 0: the data set once; after it <= 1 %
-    assert from_peers >= data * (EPOCHS - 1) * 0.9, (from_peers, data)  # (each later epoch: the others' shares)
+    # (each later epoch a node reads its share, of which it owns about a quarter: the rest, ~3/4 of the data set
+    # an epoch for the four, from the peers)
+    assert from_peers >= data * (EPOCHS - 1) * 0.6, (from_peers, data)
     assert all(r["peers"]["world_size"] == 4 and r["peers"]["alive"] == 3 for r in reports.values())
     assert records[-1]["p_at_1"] > records[0]["p_at_1"]  # (it learned)
 
