@@ -274,6 +274,7 @@ def test_substitute_gives_a_loader_built_once_mini_epochs_with_no_change(mount_d
         assert st["backing_bytes_read"] <= total * epochs / rf + 2 * biggest
 
 
+@pytest.mark.alone  # (it counts the kernel's LOOKUPs: under others' load an entry dropped late, or forgotten, is two)
 def test_under_substitute_an_open_is_one_lookup_from_the_first_epoch(mount_dirs, benchmark_module):
     """The data set built once listed every name, so the kernel got an entry of each, at its own file; an open of a
     name now served as another file would be two LOOKUPs and a FORGET (the kernel asks about its entry, gets this
