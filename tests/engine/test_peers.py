@@ -534,8 +534,9 @@ def test_a_stalled_peer_costs_one_timeout_per_window_not_one_per_file(pair, t, t
 
 def test_the_window_doubles_while_a_peer_stays_down_and_starts_over_once_a_probe_is_answered(
         pair, t, tmp_path, monkeypatch):
-    monkeypatch.setattr(peers, "DOWN_S", 0.2)  # (the first window: peer_timeout, 0.5 s; then 1 s, the cap)
-    monkeypatch.setattr(peers, "DOWN_MAX_S", 1.0)
+    # (the first window 2 s, then 4 s, the cap: the copies asked "within it" start well inside it on a loaded box)
+    monkeypatch.setattr(peers, "DOWN_S", 2.0)
+    monkeypatch.setattr(peers, "DOWN_MAX_S", 4.0)
     relay: list[_Relay] = []
 
     def through_relay(real):
@@ -572,17 +573,17 @@ def test_the_window_doubles_while_a_peer_stays_down_and_starts_over_once_a_probe
 
             with trio.fail_after(60):
                 assert await at_once(1) == ["timeout"]  # stalled: down, the first window
-                assert stats().backoff_s == 0.5 and relay[0].accepted == 1 and not stats().alive
+                assert stats().backoff_s == 2.0 and relay[0].accepted == 1 and not stats().alive
                 assert await at_once(3) == ["down"] * 3  # within it: misses at once, no connection
                 assert relay[0].accepted == 1
                 await window_over()
                 # the window over: of 4 copies at once one probes, on a connection of its own; the others are
                 # "down" misses, never a second connection.  It fails: the window doubles
                 assert await at_once(4) == ["down"] * 3 + ["timeout"]
-                assert relay[0].accepted == 2 and stats().probes == 1 and stats().backoff_s == 1.0
+                assert relay[0].accepted == 2 and stats().probes == 1 and stats().backoff_s == 4.0
                 await window_over()
                 assert await at_once(1) == ["timeout"]
-                assert relay[0].accepted == 3 and stats().probes == 2 and stats().backoff_s == 1.0  # (the cap)
+                assert relay[0].accepted == 3 and stats().probes == 2 and stats().backoff_s == 4.0  # (the cap)
                 relay[0].stalled.clear()  # it recovers: the next probe is answered, the peer is up
                 await window_over()
                 assert await at_once(1) == [size]
@@ -590,7 +591,7 @@ def test_the_window_doubles_while_a_peer_stays_down_and_starts_over_once_a_probe
                 assert await at_once(1) == [size] and relay[0].accepted == 4  # (on the probe's, kept)
                 relay[0].stalled.set()  # down again: the first window again, not the doubled one
                 assert await at_once(1) == ["timeout"]
-                assert stats().backoff_s == 0.5 and stats().probes == 3
+                assert stats().backoff_s == 2.0 and stats().probes == 3
             n.cancel_scope.cancel()
         p = b.peers.statistics(b.cache)
         assert p.fetched_files == 2 and p.misses["timeout"] == 4 and p.misses["down"] == 6
