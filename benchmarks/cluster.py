@@ -89,11 +89,9 @@ def run_mode(c: slurm.Cluster, mode: str, args: argparse.Namespace, data: int, b
     env = {**c.env(), "TIERFS_DATA": str(train), "TIERFS_CACHE": str(c.site / "nvme" / "tierfs"),
            "TIERFS_CAPACITY": str(capacity), "TIERFS_OPTIONS": f"nm={nm},rf={rf},seed=1,composition=random",
            "TIERFS_REPORT": str(out)}
-    passes = args.epochs if mode == "direct" else 0
-    # (tierfs modes: as many passes as the epochs take -- rf passes a mini-epoch, or fewer at rf=auto -- the
-    # records say which epoch each pass was in; the job stops once the mounts are in epoch --epochs)
-    if mode != "direct":
-        passes = args.epochs * nm * args.rf
+    # (direct: a pass is an epoch; tierfs modes: the passes of --epochs at rf --rf -- rf=auto makes more epochs of
+    # them -- the records say which epoch each pass was in)
+    passes = args.epochs if mode == "direct" else args.epochs * nm * args.rf
     sent0, t0 = _slow_sent(c), time.monotonic()
     job = subprocess.run(
         ["sbatch", "--parsable", "--nodes=4", "--output", str(out / "job.out"), str(script),
@@ -105,7 +103,7 @@ def run_mode(c: slurm.Cluster, mode: str, args: argparse.Namespace, data: int, b
         state = c.slurm("scontrol", "show", "job", job)
         if sent_after_first is None and (out / "job.out").exists():
             recs = _records(out)
-            if _epoch_of(recs, mode, nm, args.rf) >= 1:
+            if _epoch_of(recs, mode) >= 1:
                 sent_after_first = _slow_sent(c)
         if not any(s in state for s in ("JobState=PENDING", "JobState=RUNNING", "JobState=COMPLETING")):
             break
@@ -138,10 +136,9 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def _epoch_of(recs: list[dict], mode: str, nm: int, rf: int) -> int:
-    if not recs:
-        return 0
-    if mode == "direct":
+def _epoch_of(recs: list[dict], mode: str) -> int:
+    """The epoch the job is in, by its records so far (direct: one a pass; else the mount's, rank 0's)."""
+    if mode == "direct" or not recs:
         return len(recs)
     return int(recs[-1].get("tierfs", {}).get("epoch") or 0)
 

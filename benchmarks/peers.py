@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from dslide.mpirun import MpiJob  # noqa: E402
+from dslide.mpirun import MpiJob, parent  # noqa: E402
 from sidebyside import drop_caches, slow_tier  # noqa: E402
 from tierfs.testing.harness import end_mount_job, is_mounted, within  # noqa: E402
 
@@ -154,14 +154,8 @@ def _reader(m: Path, compute: float, barrier: threading.Barrier | None, done: th
 
 def _serving_daemon(job: MpiJob, rank: int) -> int:
     """Rank ``rank``'s serving daemon: its process whose parent is of the rank too (the one peers.py forks)."""
-    job.track()
-    of_rank = set()
-    for pid in job.seen:
-        with contextlib.suppress(OSError):
-            if f"PMI_RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                of_rank.add(pid)
-    parent = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in of_rank}
-    return next(pid for pid in of_rank if parent[pid] in of_rank)
+    of_rank = job.processes_of_rank(rank)
+    return next(pid for pid in of_rank if parent(pid) in of_rank)
 
 
 def _node_argv(mode: str, k: int, backing: Path, work: Path, cap: int, addr: str, args: argparse.Namespace

@@ -39,7 +39,7 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     """The children of process ``pid``, from its threads' ``/proc/PID/task/TID/children``: only the job's own
     processes are looked at, never every process of the machine (a process stuck on a hung FUSE mount elsewhere
     cannot make this wait)."""
@@ -56,12 +56,17 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def parent(pid: int) -> int:
+    """The parent of process ``pid`` (``/proc/PID/stat``: the fields after the command name's last ')')."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def descendants(pid: int) -> set[int]:
     """Every live descendant of ``pid`` still parented within its tree (walked down from ``pid``)."""
     found: set[int] = set()
     todo = [pid]
     while todo:
-        for child in _children(todo.pop()):
+        for child in children(todo.pop()):
             if child not in found:
                 found.add(child)
                 todo.append(child)
@@ -156,7 +161,16 @@ class MpiJob:
             return f.read()
 
     def rank_pids(self) -> dict[int, int]:
-        """The job's rank processes by rank (from ``PMI_RANK`` in their environment), as far as seen yet."""
+        """The job's rank processes by rank (from ``PMI_RANK`` in their environment), as far as seen yet (of a rank
+        with several processes, one of them)."""
+        return {rank: pid for pid, rank in self._ranks().items()}
+
+    def processes_of_rank(self, rank: int) -> list[int]:
+        """Every process of ``rank`` seen yet: the one the launcher started and any it forked."""
+        return [pid for pid, r in self._ranks().items() if r == rank]
+
+    def _ranks(self) -> dict[int, int]:
+        """The rank (``PMI_RANK`` in its environment) of each of the job's processes seen yet that has one."""
         self.track()
         ranks = {}
         for pid in self.seen:
@@ -166,7 +180,7 @@ class MpiJob:
                 continue
             for item in environ:
                 if item.startswith(b"PMI_RANK="):
-                    ranks[int(item[9:])] = pid
+                    ranks[pid] = int(item[9:])
         return ranks
 
     def wait(self, timeout: float) -> Result:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dslide.mpirun import MpiJob
+from dslide.mpirun import MpiJob, parent
 from tierfs.testing.harness import end_mount_job, is_mounted, make_dataset, within
 
 N, NM, FILES, SIZE = 4, 4, 64, 16 << 10  # 16 KiB files: whole blocks, so the caps below are exact
@@ -81,22 +81,9 @@ def _mini_epoch(mnts: list[Path], backing: Path, at: tuple[int, int]) -> None:
 
 def _processes_of_rank(job: MpiJob, rank: int) -> list[int]:
     """Every process of ``rank``: the one the launcher started and the daemon it forked."""
-    job.track()
-    pids = []
-    for pid in job.seen:
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"PMI_RANK={rank}".encode() in environ:
-            pids.append(pid)
+    pids = job.processes_of_rank(rank)
     assert len(pids) == 2, pids
     return pids
-
-
-def _parent(pid: int) -> int:
-    """The parent of process ``pid`` (``/proc/PID/stat``: the fields after the command name's last ')')."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _disk(cache: Path) -> int:
@@ -134,7 +121,7 @@ def test_a_killed_peer_is_a_miss_and_the_others_finish_from_the_slow_tier(group)
     rank3 = _processes_of_rank(job, 3)
     # mid-epoch: rank 3's daemon (and its rank's process) die -- the rank's process first: killed after the daemon,
     # its child, it would have exited by itself (and been reaped by the launcher) before its own kill
-    for pid in sorted(rank3, key=lambda pid: _parent(pid) in rank3):
+    for pid in sorted(rank3, key=lambda pid: parent(pid) in rank3):
         os.kill(pid, signal.SIGKILL)
     alive = mnts[:3]
     for epoch, me in [(1, 1), (1, 2), (1, 3), (2, 0), (2, 1)]:
@@ -155,7 +142,7 @@ def test_a_stalled_peer_costs_the_others_about_one_timeout_per_window(group):
         _mini_epoch(mnts, backing, (0, me))
     _mini_epoch(mnts, backing, (1, 0))
     rank3 = _processes_of_rank(job, 3)
-    daemon = next(pid for pid in rank3 if _parent(pid) in rank3)
+    daemon = next(pid for pid in rank3 if parent(pid) in rank3)
     alive = mnts[:3]
     os.kill(daemon, signal.SIGSTOP)
     try:

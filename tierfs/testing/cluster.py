@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dslide.mpirun import children, descendants
+
 __all__ = ["Cluster", "cluster", "node_init"]
 
 NODES = 4
@@ -91,17 +93,13 @@ class Cluster:
         return [(p, t) for p, t in rows if p.startswith(str(self.root))]
 
     def processes(self, node: str) -> list[str]:
-        """The names (``comm``) of ``node``'s processes but its first: found by walking down from it (each
-        process's ``/proc/PID/task/TID/children``), never by reading other processes' command lines."""
-        names, todo = [], _children(self.pids[node])  # (the unshare's child: the node's first process)
-        todo = [p for first in todo for p in _children(first)]
-        while todo:
-            pid = todo.pop()
-            try:
+        """The names (``comm``) of ``node``'s processes but its first: found by walking down from it
+        (:func:`dslide.mpirun.descendants`), never by reading other processes' command lines."""
+        unshare = self.pids[node]
+        names = []
+        for pid in descendants(unshare) - set(children(unshare)):  # (its child: the node's first process)
+            with contextlib.suppress(OSError):  # (gone meanwhile)
                 names.append(Path(f"/proc/{pid}/comm").read_text().strip())
-            except OSError:
-                continue  # (gone meanwhile)
-            todo += _children(pid)
         return names
 
     def run_on(self, node: str, argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -126,17 +124,6 @@ class Cluster:
     def log(self, host: str) -> str:
         path = self.root / ("ctld/slurmctld.log" if host == "ctld" else f"nodes/{host}/slurmd.log")
         return path.read_text(errors="replace") if path.exists() else ""
-
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                kids += [int(k) for k in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    except OSError:
-        pass
-    return kids
 
 
 _HOSTS = ("ctl", "slow")  # (10.X.Y.1, .2; the bridge is .254; nodes .10 up)
@@ -382,7 +369,7 @@ def _end(hosts: list[int], munged: int | None, timeout: float = 30) -> None:
 
     hosts = [pid for pid in hosts if alive(pid, "unshare")]
     for pid in hosts:
-        for first in _children(pid):
+        for first in children(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(first, signal.SIGTERM)
     end = time.monotonic() + timeout
